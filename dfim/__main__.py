@@ -1,0 +1,5 @@
+import sys
+
+from dfim.cli import main
+
+sys.exit(main())

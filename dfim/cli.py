@@ -1,0 +1,53 @@
+"""The `dfim` command: one entry point, one module per subcommand.
+
+Each subcommand lives next to the code it drives and exposes two functions:
+`add_arguments(parser)` and `run(args) -> int`. This file only dispatches, so the engine
+never imports the server and adding a command never touches another one's module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Modules are imported only when their command runs.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "fill": ("engine.fill_command", "print the code that belongs at a position of a file"),
+    "serve": ("server.serve_command", "run the language server (stdio by default)"),
+    "eval": ("engine.evaluate", "fill-in-the-middle evaluation with execution-based pass@1"),
+    "train": ("engine.train", "train or fine-tune a checkpoint on one GPU"),
+    "stats": ("server.telemetry", "acceptance rate and latency from local telemetry"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dfim", description="Fill code in the middle with a diffusion model.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        command_parser.set_defaults(_module=module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            command_parser.set_defaults(_missing=True)
+            continue
+        module.add_arguments(command_parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    if getattr(args, "_missing", False):
+        print(f"dfim: the '{args.command}' command is not available in this build", file=sys.stderr)
+        return 2
+    module = importlib.import_module(args._module)
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

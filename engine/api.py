@@ -1,0 +1,96 @@
+"""The engine's public types: what a front end (CLI, server, eval) sends and gets back.
+
+The engine never imports the server; front ends only need these types and `engine.Engine`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+
+class EngineError(Exception):
+    """A request the engine cannot serve; the message is one line meant for a person."""
+
+
+class CheckpointError(EngineError):
+    """A checkpoint folder is missing, incomplete or corrupt. The message names the path and the problem."""
+
+
+class FillCancelled(EngineError):
+    """The caller's cancel flag was raised between two denoising steps."""
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """Denoising knobs. Defaults equal the released DiffusionGemma `generation_config.json`."""
+
+    max_steps: int = 48
+    entropy_bound: float = 0.1
+    t_max: float = 0.8  # temperature at the first step
+    t_min: float = 0.4  # temperature at the last step
+    stability_threshold: int = 1  # steps the argmax canvas must stay unchanged before stopping
+    confidence_threshold: float = 0.005  # mean entropy under which a stable canvas may stop
+    early_stop: bool = True  # False: always run max_steps (for sweeps)
+    self_conditioning: bool = True
+
+
+@dataclass(frozen=True)
+class Hole:
+    """A run of canvas tokens to denoise inside a middle skeleton."""
+
+    width: int
+
+
+@dataclass
+class StepInfo:
+    """Reported after every denoising step (progress bars, `$/progress`, traces)."""
+
+    step: int  # 1-based
+    max_steps: int
+    accepted: int  # canvas positions accepted (not renoised) this step
+    canvas_length: int
+    mean_entropy: float
+    argmax_text: str  # what the canvas reads now if it were committed
+
+
+@dataclass
+class FillRequest:
+    """Fill the middle between `prefix` and `suffix`.
+
+    `middle` is an optional skeleton: strings are pinned verbatim, `Hole`s are denoised. Empty means one open
+    hole of up to `max_tokens` tokens that ends at the first EOS. The last `Hole` of a skeleton may also end
+    early with EOS; inner holes are filled to their width.
+    """
+
+    prefix: str
+    suffix: str
+    middle: Sequence[str | Hole] = ()
+    max_tokens: int = 64  # rounded up to a canvas bucket (16/32/64/128/256)
+    warm_start: str | None = None  # rewrite: the old text seeds the open canvas (not pinned)
+    settings: SamplerSettings = field(default_factory=SamplerSettings)
+    seed: int | None = None
+    candidates: int = 1  # >1: that many canvases denoised in one batch; results best-first
+    cancel: Callable[[], bool] | None = None  # polled between steps; True raises FillCancelled
+    on_step: Callable[[StepInfo], None] | None = None
+
+
+@dataclass
+class TokenScore:
+    text: str
+    confidence: float  # exp(-entropy) of the final distribution at that position, in (0, 1]
+    pinned: bool = False
+
+
+@dataclass
+class FillResult:
+    text: str  # the middle, pins included, cut at the first EOS, token healing undone
+    steps: int
+    canvas_length: int
+    tokens: int  # committed non-pad tokens
+    encoded_tokens: int  # context tokens the encoder ran for this request (the rest came from the cache)
+    context_tokens: int
+    latency_ms: float
+    stop_reason: str  # "stable" | "eos_confident" | "max_steps"
+    token_scores: list[TokenScore] = field(default_factory=list)
+    alternatives: list[str] = field(default_factory=list)  # other candidates' texts, best first
