@@ -1,0 +1,259 @@
+"""Checkpoint folders in the HF format: `config.json`, `generation_config.json`, safetensors shards
+(with `model.safetensors.index.json` when sharded), `tokenizer.json`, and our own `dfim.json` notes.
+
+Weights are read only from safetensors (memory-mapped, no pickle). Every problem with a folder is a
+`CheckpointError` whose message names the path and what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tokenizers import Tokenizer
+
+from engine.api import CheckpointError, SamplerSettings
+from engine.config import ModelConfig
+from engine.model import DiffusionGemma
+
+DEFAULT_MODEL_DIR = Path(__file__).parent / "weights" / "dfim-small"
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+INFO_FILE = "dfim.json"
+TRANSFORMERS_VERSION = "5.17.0"  # the reference release our files are checked against
+
+# Checkpoint keys our text-only network does not use: the vision tower, and copies of tied weights.
+IGNORED_PREFIXES = ("model.encoder.vision_tower.", "model.encoder.embed_vision.", "lm_head.")
+
+
+def _is_ignored(key: str) -> bool:
+    if key.startswith(IGNORED_PREFIXES):
+        return True
+    # Tied encoder weights, if a writer stored them: everything of the encoder but its layer scalars.
+    return key.startswith("model.encoder.language_model.") and not key.endswith(".layer_scalar")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return value
+
+
+def read_config(folder: Path) -> ModelConfig:
+    path = folder / "config.json"
+    raw = _read_json(path)
+    archs = raw.get("architectures") or []
+    if raw.get("model_type") != "diffusion_gemma" and "DiffusionGemmaForBlockDiffusion" not in archs:
+        found = raw.get("model_type") or archs or "unknown"
+        raise CheckpointError(f"{path}: not a DiffusionGemma checkpoint (model_type {found!r})")
+    try:
+        return ModelConfig.from_hf(raw)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{path}: unsupported or incomplete config ({err})") from None
+
+
+def read_settings(folder: Path) -> SamplerSettings:
+    """Sampler defaults from `generation_config.json`; absent file or fields keep the released defaults."""
+    path = folder / "generation_config.json"
+    if not path.exists():
+        return SamplerSettings()
+    raw = _read_json(path)
+    defaults = SamplerSettings()
+    sampler = raw.get("sampler_config") or {}
+
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else type(default)(value)
+
+    return SamplerSettings(
+        max_steps=pick(raw.get("max_denoising_steps"), defaults.max_steps),
+        entropy_bound=pick(sampler.get("entropy_bound"), defaults.entropy_bound),
+        t_max=pick(raw.get("t_max"), defaults.t_max),
+        t_min=pick(raw.get("t_min"), defaults.t_min),
+        stability_threshold=pick(raw.get("stability_threshold"), defaults.stability_threshold),
+        confidence_threshold=pick(raw.get("confidence_threshold"), defaults.confidence_threshold),
+    )
+
+
+def read_info(folder: Path) -> dict[str, Any]:
+    """Our notes on a checkpoint (name, whether it is an untrained random one, training summary)."""
+    path = Path(folder) / INFO_FILE
+    return _read_json(path) if path.exists() else {}
+
+
+def _shard_files(folder: Path) -> dict[str, list[str]]:
+    """Shard file name -> the keys it holds, according to the index (or the single file)."""
+    index_path = folder / INDEX_FILE
+    if index_path.exists():
+        weight_map = _read_json(index_path).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index_path}: no weight_map")
+        files: dict[str, list[str]] = {}
+        for key, name in weight_map.items():
+            files.setdefault(name, []).append(key)
+        return files
+    if (folder / SINGLE_FILE).exists():
+        return {SINGLE_FILE: []}  # keys read from the file itself
+    raise CheckpointError(f"{folder}: no {INDEX_FILE} or {SINGLE_FILE}")
+
+
+def read_tensors(folder: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for name in _shard_files(folder):
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"{path}: shard listed in the index is missing")
+        try:
+            with safe_open(str(path), framework="pt", device=device) as shard:
+                for key in shard.keys():
+                    if not _is_ignored(key):
+                        tensors[key] = shard.get_tensor(key)
+        except CheckpointError:
+            raise
+        except Exception as err:  # safetensors raises several types for truncated/corrupt files
+            raise CheckpointError(f"{path}: corrupt safetensors file ({err})") from None
+    return tensors
+
+
+def load_model(
+    folder: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[DiffusionGemma, SamplerSettings]:
+    """Build the network from a checkpoint folder, checking every key and shape against the config."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: checkpoint folder not found")
+    config = read_config(folder)
+    settings = read_settings(folder)
+    with torch.device("meta"):
+        model = DiffusionGemma(config)
+    expected = model.state_dict()
+    tensors = read_tensors(folder)
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing:
+        raise CheckpointError(f"{folder}: {len(missing)} weights missing, e.g. {missing[:3]}")
+    if unexpected:
+        raise CheckpointError(f"{folder}: {len(unexpected)} unknown weights, e.g. {unexpected[:3]}")
+    for key, want in expected.items():
+        if tuple(tensors[key].shape) != tuple(want.shape):
+            raise CheckpointError(
+                f"{folder}: {key} has shape {tuple(tensors[key].shape)}, config.json implies {tuple(want.shape)}"
+            )
+        if not tensors[key].is_floating_point():
+            raise CheckpointError(f"{folder}: {key} is not a floating-point tensor")
+    state = {key: t.to(device=device, dtype=dtype) for key, t in tensors.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    model.eval()
+    return model, settings
+
+
+def save_model(
+    model: DiffusionGemma,
+    folder: str | Path,
+    settings: SamplerSettings | None = None,
+    max_shard_bytes: int = 16 * 2**20,
+    dtype: torch.dtype = torch.bfloat16,
+    info: dict[str, Any] | None = None,
+) -> Path:
+    """Write config, generation config and safetensors shards of at most `max_shard_bytes` each."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = settings or SamplerSettings()
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
+
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key in sorted(state):
+        nbytes = state[key].numel() * state[key].element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = state[key]
+        size += nbytes
+
+    for old in list(folder.glob("model*.safetensors")) + [folder / INDEX_FILE]:
+        old.unlink(missing_ok=True)
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards, start=1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(folder / name), metadata={"format": "pt"})
+        weight_map.update({key: name for key in shard})
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+    dtype_name = str(dtype).removeprefix("torch.")
+    (folder / "config.json").write_text(json.dumps(model.config.to_hf(dtype_name), indent=2) + "\n")
+    (folder / "generation_config.json").write_text(
+        json.dumps(generation_config(model.config, settings), indent=2) + "\n"
+    )
+    if info is not None:
+        (folder / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    return folder
+
+
+def generation_config(config: ModelConfig, settings: SamplerSettings) -> dict[str, Any]:
+    """`generation_config.json` in the shape transformers' DiffusionGemmaGenerationConfig reads."""
+    return {
+        "max_new_tokens": config.canvas_length,
+        "max_denoising_steps": settings.max_steps,
+        "sampler_config": {"entropy_bound": settings.entropy_bound, "_cls_name": "EntropyBoundSamplerConfig"},
+        "t_min": settings.t_min,
+        "t_max": settings.t_max,
+        "stability_threshold": settings.stability_threshold,
+        "confidence_threshold": settings.confidence_threshold,
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": config.eos_token_id,
+        "pad_token_id": config.pad_token_id,
+        "transformers_version": TRANSFORMERS_VERSION,
+    }
+
+
+def write_random_checkpoint(
+    folder: str | Path, tokenizer_json: str | Path, seed: int = 0, **config_overrides: Any
+) -> Path:
+    """A small randomly initialised checkpoint for tests and demos. `dfim.json` marks it untrained."""
+    tokenizer_json = Path(tokenizer_json)
+    vocab_size = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
+    values: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "global_head_dim": 64,
+        "num_global_key_value_heads": 1,
+        "sliding_window": 64,
+        "num_experts": 2,
+        "top_k_experts": 1,
+        "moe_intermediate_size": 64,
+        "canvas_length": 64,
+    }
+    values.update(config_overrides)
+    config = ModelConfig.from_dict(values)
+    model = DiffusionGemma(config)
+    model.init_weights(generator=torch.Generator().manual_seed(seed))
+    folder = Path(folder)
+    save_model(model, folder, dtype=torch.float32, info={"name": "random-tiny", "random": True, "seed": seed})
+    (folder / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
+    return folder
+
+
+def parameter_bytes(folder: str | Path) -> int:
+    return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
+
+
+def count_parameters(config: ModelConfig) -> int:
+    with torch.device("meta"):
+        return DiffusionGemma(config).num_parameters()

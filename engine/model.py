@@ -1,0 +1,488 @@
+"""DiffusionGemma in plain PyTorch: one text stack used twice.
+
+The *encoder* runs the context causally and writes a KV cache; the *decoder* runs the canvas with
+bidirectional attention over [cached context ; canvas] and never writes the cache. Both share every
+weight; only the per-layer `layer_scalar` buffers are separate, and only the decoder has the
+self-conditioning MLP. Module names equal the HF checkpoint keys (`model.decoder.layers.3.mlp...`),
+so a released checkpoint loads with `load_state_dict` and no converter.
+
+Shapes: B batch, T new tokens, P cached context tokens, L canvas tokens, H hidden, V vocab,
+Hq/Hkv query/key-value heads, D head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.config import FULL, ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """Gemma-4 RMSNorm: computed in fp32; `with_scale=False` is the scale-free variant (v norm, router)."""
+
+    def __init__(self, dim: int, eps: float, with_scale: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = x.float()
+        y = y * torch.pow(y.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        if self.weight is not None:
+            y = y * self.weight.float()
+        return y.type_as(x)
+
+
+def gelu(x: Tensor) -> Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_inv_freq(config: ModelConfig, layer_type: str) -> Tensor:
+    """Sliding layers rotate the whole head; full layers ("proportional" RoPE) only a leading share,
+    with the exponent still taken over the whole head dim and zero frequencies for the rest.
+    Always built on the CPU (also while the model is built on the meta device) and moved when used."""
+    if layer_type == FULL:
+        dim = config.global_head_dim
+        angles = int(config.full_partial_rotary_factor * dim // 2)
+        rotated = 1.0 / (
+            config.full_rope_theta ** (torch.arange(0, 2 * angles, 2, device="cpu").float() / dim)
+        )
+        return torch.cat([rotated, torch.zeros(dim // 2 - angles, device="cpu")])
+    dim = config.head_dim
+    return 1.0 / (config.sliding_rope_theta ** (torch.arange(0, dim, 2, device="cpu").float() / dim))
+
+
+class Rotary:
+    """cos/sin tables per layer type for given positions. Plain tensors, not buffers: nothing to load."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.inv_freq = {t: rope_inv_freq(config, t) for t in set(config.layer_types or [])}
+
+    def __call__(self, positions: Tensor, dtype: torch.dtype) -> dict[str, tuple[Tensor, Tensor]]:
+        # positions: [B, T] -> cos, sin: [B, T, D] per layer type, computed in fp32
+        tables = {}
+        for layer_type, inv_freq in self.inv_freq.items():
+            freqs = positions.float()[..., None] * inv_freq.to(positions.device)[None, None, :]
+            emb = torch.cat([freqs, freqs], dim=-1)
+            tables[layer_type] = (emb.cos().to(dtype), emb.sin().to(dtype))
+        return tables
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x: [B, T, Hx, D]; cos/sin: [B, T, D]
+    return x * cos[:, :, None] + rotate_half(x) * sin[:, :, None]
+
+
+class Attention(nn.Module):
+    """Gemma-4 attention: q/k RMSNorm, scale-free v norm, scaling 1.0. Full layers have wider heads,
+    their own KV head count and no v_proj: V is k_proj's output before the k norm."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        assert config.layer_types is not None
+        self.is_sliding = config.layer_types[layer_idx] != FULL
+        self.head_dim = config.head_dim if self.is_sliding else config.global_head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads if self.is_sliding else config.global_kv_heads
+        hidden, d = config.hidden_size, self.head_dim
+        self.q_proj = nn.Linear(hidden, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=False) if self.is_sliding else None
+        self.o_proj = nn.Linear(self.num_heads * d, hidden, bias=False)
+        self.q_norm = RMSNorm(d, config.rms_norm_eps)
+        self.k_norm = RMSNorm(d, config.rms_norm_eps)
+        self.v_norm = RMSNorm(d, config.rms_norm_eps, with_scale=False)
+
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x: [B, T, H] -> q [B, Hq, T, D], k and v [B, Hkv, T, D], rotated and normed."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k_raw = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim) if self.v_proj is not None else k_raw
+        q = apply_rope(self.q_norm(q), cos, sin)
+        k = apply_rope(self.k_norm(k_raw), cos, sin)
+        v = self.v_norm(v)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """q: [B, Hq, T, D], k/v: [B, Hkv, S, D], mask: bool [B|1, 1, T, S] (True = attend) -> [B, T, H]."""
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+        b, _, t, _ = q.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """Gated GELU MLP (dense branch of every layer)."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(gelu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.top_k = config.top_k_experts
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, with_scale=False)
+        self.proj = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.scale = nn.Parameter(torch.ones(config.hidden_size))
+        self.per_expert_scale = nn.Parameter(torch.ones(config.num_experts))
+        self.root_size = config.hidden_size**-0.5
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x: [N, H] -> weights [N, k] (fp32), expert indices [N, k]."""
+        scores = self.proj(self.norm(x) * self.scale * self.root_size)
+        probs = scores.softmax(dim=-1, dtype=torch.float32)
+        weights, index = torch.topk(probs, self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights * self.per_expert_scale[index], index
+
+
+class Experts(nn.Module):
+    """Expert weights as 3-D tensors, as in the checkpoint: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
+
+    # Up to this many experts every token runs through every expert in one batched matmul (no host
+    # sync, compile-friendly); beyond it only the chosen experts run, one gathered matmul each.
+    dense_max_experts = 8
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        e, h, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        self.num_experts = e
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.down_proj = nn.Parameter(torch.empty(e, h, i))
+
+    def forward(self, x: Tensor, weights: Tensor, index: Tensor) -> Tensor:
+        """x: [N, H], weights/index: [N, k] -> [N, H]."""
+        if self.num_experts <= self.dense_max_experts:
+            return self._dense(x, weights, index)
+        return self._sparse(x, weights, index)
+
+    def _dense(self, x: Tensor, weights: Tensor, index: Tensor) -> Tensor:
+        gate, up = torch.einsum("nh,eoh->eno", x, self.gate_up_proj).chunk(2, dim=-1)
+        out = torch.einsum("eni,ehi->enh", gelu(gate) * up, self.down_proj)  # [E, N, H]
+        routing = torch.zeros(x.shape[0], self.num_experts, dtype=weights.dtype, device=x.device)
+        routing.scatter_(1, index, weights)  # [N, E], zero for experts not chosen
+        return torch.einsum("enh,ne->nh", out.to(weights.dtype), routing).to(x.dtype)
+
+    def _sparse(self, x: Tensor, weights: Tensor, index: Tensor) -> Tensor:
+        out = torch.zeros_like(x)
+        flat_index = index.reshape(-1)
+        order = flat_index.argsort()
+        counts = torch.bincount(flat_index, minlength=self.num_experts).tolist()
+        token_of_slot = order // index.shape[1]
+        weight_of_slot = weights.reshape(-1)[order]
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            tokens = token_of_slot[start : start + count]
+            gate, up = F.linear(x[tokens], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            y = F.linear(gelu(gate) * up, self.down_proj[expert])
+            out.index_add_(0, tokens, (y * weight_of_slot[start : start + count, None]).to(x.dtype))
+            start += count
+        return out
+
+
+class Layer(nn.Module):
+    """One Gemma-4 layer: attention, then a dense MLP and a mixture of experts summed."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = Attention(config, layer_idx)
+        self.mlp = MLP(hidden, config.intermediate_size)
+        self.router = Router(config)
+        self.experts = Experts(config)
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.pre_feedforward_layernorm = RMSNorm(hidden, eps)
+        self.post_feedforward_layernorm = RMSNorm(hidden, eps)
+        self.post_feedforward_layernorm_1 = RMSNorm(hidden, eps)
+        self.pre_feedforward_layernorm_2 = RMSNorm(hidden, eps)
+        self.post_feedforward_layernorm_2 = RMSNorm(hidden, eps)
+        self.register_buffer("layer_scalar", torch.ones(1))  # the decoder's; the encoder has its own
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
+        flat = x.reshape(-1, x.shape[-1])
+        weights, index = self.router(flat)  # the router reads the un-normed residual
+        moe = self.experts(self.pre_feedforward_layernorm_2(flat), weights, index).reshape(x.shape)
+        return self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(moe))
+
+
+class SelfConditioning(nn.Module):
+    """Feeds the previous step's prediction back in: softmax(logits) @ E * sqrt(H), normed, through a
+    gated MLP, added to the canvas embeddings, then a scale-free RMSNorm (also on the first step)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.pre_norm = RMSNorm(hidden, eps)
+        self.post_norm = RMSNorm(hidden, eps, with_scale=False)
+        self.gate_proj = nn.Linear(hidden, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, hidden, bias=False)
+
+    def forward(self, canvas_embeds: Tensor, soft_embeds: Tensor) -> Tensor:
+        normed = self.pre_norm(soft_embeds)
+        signal = self.down_proj(gelu(self.gate_proj(normed)) * self.up_proj(normed))
+        return self.post_norm(canvas_embeds + signal)
+
+
+class Decoder(nn.Module):
+    """The shared text stack (named `decoder` as in the checkpoint, where the encoder's copy is tied to it)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Layer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_conditioning = SelfConditioning(config)
+        self.embed_scale = config.hidden_size**0.5
+
+    def embed(self, ids: Tensor) -> Tensor:
+        weight = self.embed_tokens.weight
+        # The scale is rounded to the weight dtype first, as the reference does (sqrt(H) in bf16).
+        return F.embedding(ids, weight) * torch.tensor(self.embed_scale, dtype=weight.dtype)
+
+
+class EncoderLayerScalar(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("layer_scalar", torch.ones(1))
+
+
+class EncoderLanguageModel(nn.Module):
+    """All the encoder owns: one scalar per layer. Everything else is the decoder's (tied) weights."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayerScalar() for _ in range(config.num_hidden_layers))
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.language_model = EncoderLanguageModel(config)
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+
+
+class KVCache:
+    """Keys and values of the encoded context, per layer: [B, Hkv, P, D]. Sliding layers keep the whole
+    context too (the window is applied when attending), so truncating to any length stays exact."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.keys: list[Tensor | None] = [None] * num_layers
+        self.values: list[Tensor | None] = [None] * num_layers
+        self.length = 0
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        old_k, old_v = self.keys[layer], self.values[layer]
+        if old_k is not None and old_v is not None:
+            k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+    def get(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
+        return self.keys[layer], self.values[layer]
+
+    def truncate(self, length: int) -> None:
+        """Forget everything after the first `length` context tokens."""
+        if length >= self.length:
+            return
+        for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+            if k is not None and v is not None:
+                self.keys[i], self.values[i] = k[:, :, :length], v[:, :, :length]
+        self.length = length
+
+
+def causal_mask(q_pos: Tensor, k_pos: Tensor, window: int | None) -> Tensor:
+    """q_pos: [T], k_pos: [S] absolute indices -> bool [T, S]: key at or before the query (and inside
+    the window: q - k < window, the query itself included)."""
+    diff = q_pos[:, None] - k_pos[None, :]
+    mask = diff >= 0
+    if window is not None:
+        mask = mask & (diff < window)
+    return mask
+
+
+class DiffusionGemma(nn.Module):
+    """`DiffusionGemmaForBlockDiffusion`, text only. The LM head is the (tied) embedding matrix."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.rotary = Rotary(config)
+
+    @property
+    def decoder(self) -> Decoder:
+        return self.model.decoder
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.config.num_hidden_layers)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        logits = F.linear(self.decoder.norm(hidden), self.decoder.embed_tokens.weight).float()
+        cap = self.config.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap
+
+    def canvas_embeddings(self, canvas_ids: Tensor, self_cond_logits: Tensor | None) -> Tensor:
+        decoder = self.decoder
+        x = decoder.embed(canvas_ids)
+        if self_cond_logits is None:
+            soft = torch.zeros_like(x)
+        else:
+            weight = decoder.embed_tokens.weight
+            probs = self_cond_logits.softmax(dim=-1, dtype=torch.float32).to(weight.dtype)
+            soft = (probs @ weight) * torch.tensor(decoder.embed_scale, dtype=x.dtype)
+        return decoder.self_conditioning(x, soft)
+
+    # --- inference --------------------------------------------------------------------------------
+
+    def encode(self, input_ids: Tensor, cache: KVCache) -> None:
+        """Run the context causally and append its keys/values to `cache`. input_ids: [B, T]."""
+        b, t = input_ids.shape
+        start = cache.length
+        positions = torch.arange(start, start + t, device=input_ids.device)
+        tables = self.rotary(positions[None].expand(b, t), self.decoder.embed_tokens.weight.dtype)
+        x = self.decoder.embed(input_ids)
+        key_positions = torch.arange(start + t, device=input_ids.device)
+        masks = {
+            False: causal_mask(positions, key_positions, None),
+            True: causal_mask(positions, key_positions, self.config.sliding_window),
+        }
+        layers = self.decoder.layers
+        for i, layer in enumerate(layers):
+            attn = layer.self_attn
+            q, k, v = attn.project(layer.input_layernorm(x), *tables[self.config.layer_types[i]])
+            k, v = cache.append(i, k, v)
+            x = x + layer.post_attention_layernorm(attn.attend(q, k, v, masks[attn.is_sliding][None, None]))
+            if i == len(layers) - 1:
+                break  # the last layer's feed-forward only shapes hidden states nobody reads
+            x = (x + layer.feed_forward(x)) * self.model.encoder.language_model.layers[i].layer_scalar
+        cache.length = start + t
+
+    def denoise(self, canvas_ids: Tensor, cache: KVCache, self_cond_logits: Tensor | None = None) -> Tensor:
+        """One decoder pass: canvas_ids [B, L] over [cache ; canvas] -> logits [B, L, V] (fp32, capped)."""
+        b, length = canvas_ids.shape
+        positions = torch.arange(cache.length, cache.length + length, device=canvas_ids.device)
+        tables = self.rotary(positions[None].expand(b, length), self.decoder.embed_tokens.weight.dtype)
+        x = self.canvas_embeddings(canvas_ids, self_cond_logits)
+        # A sliding layer sees the last `window - 1` context tokens plus the whole canvas (as the
+        # reference's sliding cache keeps them), a full layer sees everything: no mask needed.
+        window = self.config.sliding_window - 1
+        for i, layer in enumerate(self.decoder.layers):
+            attn = layer.self_attn
+            q, k, v = attn.project(layer.input_layernorm(x), *tables[self.config.layer_types[i]])
+            past_k, past_v = cache.get(i)
+            if past_k is not None and past_v is not None:
+                if attn.is_sliding:
+                    first = max(0, cache.length - window)
+                    past_k, past_v = past_k[:, :, first:], past_v[:, :, first:]
+                if past_k.shape[0] != b:
+                    past_k, past_v = past_k.expand(b, -1, -1, -1), past_v.expand(b, -1, -1, -1)
+                k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+            x = x + layer.post_attention_layernorm(attn.attend(q, k, v, None))
+            x = (x + layer.feed_forward(x)) * layer.layer_scalar
+        return self.logits(x)
+
+    # --- training ---------------------------------------------------------------------------------
+
+    def forward_train(
+        self,
+        context_ids: Tensor,
+        canvas_ids: Tensor,
+        self_cond_logits: Tensor | None = None,
+        context_pad: Tensor | None = None,
+    ) -> Tensor:
+        """Encoder over the context and decoder over the canvas in one call -> canvas logits [B, L, V].
+
+        context_pad: bool [B, n], True on LEFT padding; pads are never attended and positions count
+        real tokens only, so a padded example computes what `encode` + `denoise` compute unpadded.
+        """
+        b, n = context_ids.shape
+        length = canvas_ids.shape[1]
+        device = context_ids.device
+        dtype = self.decoder.embed_tokens.weight.dtype
+        if context_pad is None:
+            context_pad = torch.zeros(b, n, dtype=torch.bool, device=device)
+        real = (~context_pad).long()
+        ctx_positions = (real.cumsum(dim=1) - 1).clamp(min=0)  # [B, n]
+        canvas_positions = real.sum(dim=1, keepdim=True) + torch.arange(length, device=device)  # [B, L]
+        ctx_tables = self.rotary(ctx_positions, dtype)
+        canvas_tables = self.rotary(canvas_positions, dtype)
+
+        idx = torch.arange(n, device=device)
+        key_ok = ~context_pad[:, None, None, :]  # [B, 1, 1, n]
+        eye = torch.eye(n, dtype=torch.bool, device=device)  # pad queries attend to themselves: no NaN
+        enc_masks = {
+            False: (causal_mask(idx, idx, None) & key_ok) | eye,
+            True: (causal_mask(idx, idx, self.config.sliding_window) & key_ok) | eye,
+        }
+        window = self.config.sliding_window - 1
+        in_window = idx >= n - window  # the sliding cache keeps the last window-1 context tokens
+        canvas_ok = torch.ones(b, 1, 1, length, dtype=torch.bool, device=device)
+        dec_masks = {
+            False: torch.cat([key_ok, canvas_ok], dim=-1),
+            True: torch.cat([key_ok & in_window, canvas_ok], dim=-1),
+        }
+
+        x = self.decoder.embed(context_ids)
+        y = self.canvas_embeddings(canvas_ids, self_cond_logits)
+        layers = self.decoder.layers
+        for i, layer in enumerate(layers):
+            attn = layer.self_attn
+            layer_type = self.config.layer_types[i]
+            q, k, v = attn.project(layer.input_layernorm(x), *ctx_tables[layer_type])
+            if i < len(layers) - 1:  # the last encoder layer only has to provide keys/values
+                x = x + layer.post_attention_layernorm(attn.attend(q, k, v, enc_masks[attn.is_sliding]))
+                x = (x + layer.feed_forward(x)) * self.model.encoder.language_model.layers[i].layer_scalar
+            cq, ck, cv = attn.project(layer.input_layernorm(y), *canvas_tables[layer_type])
+            keys, values = torch.cat([k, ck], dim=2), torch.cat([v, cv], dim=2)
+            y = y + layer.post_attention_layernorm(attn.attend(cq, keys, values, dec_masks[attn.is_sliding]))
+            y = (y + layer.feed_forward(y)) * layer.layer_scalar
+        return self.logits(y)
+
+    # --- bookkeeping ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+        """Random init for training from scratch: normal(0, std) matrices, ones for norms and scales."""
+        for p in self.parameters():
+            if p.ndim >= 2:
+                p.normal_(0.0, std, generator=generator)
+            else:
+                p.fill_(1.0)
+        for layer in self.decoder.layers:
+            # scale residual-branch outputs down with depth (GPT-2 style) for stable early training
+            for proj in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight, layer.experts.down_proj):
+                proj.mul_(1.0 / math.sqrt(2 * self.config.num_hidden_layers))
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
