@@ -1,0 +1,664 @@
+"""`dfim eval`: fill-in-the-middle evaluation with execution-based pass@1 (DESIGN §6).
+
+For every problem of a HumanEval-infilling-format JSONL file (`task_id, prompt, suffix, canonical_solution,
+test, entry_point`; plain or .gz) the engine fills the middle between `prompt` and `suffix`; the completion is
+cut to its first line (the single-line set's middle is exactly one line), and scored by
+- pass@1: `prompt + completion + suffix + test + check(entry_point)` exits 0 in the sandbox (engine.sandbox);
+- exact match after strip(), and edit similarity (normalized Levenshtein ratio, 0-100) against the canonical line;
+- the engine's steps, stop reason, tokens and latency.
+
+Model calls run one after another in this process (one engine, so latencies are not disturbed by each other);
+the test programs run in a pool of `--workers` sandboxed subprocesses while the model keeps filling.
+`--sweep` evaluates several sampler settings side by side in one run. Results: `results.json` (per problem and
+per config) and `summary.md` in `--out`; the summary is also printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import gzip
+import hashlib
+import itertools
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from engine import metrics, sandbox
+from engine.api import EngineError, FillRequest, SamplerSettings
+
+PROBLEM_FIELDS = ("task_id", "prompt", "suffix", "canonical_solution", "test", "entry_point")
+DEFAULT_MAX_TOKENS = (
+    32  # one canvas bucket; 99% of the single-line set's canonical lines fit (see docs/eval.md)
+)
+
+
+class DataError(Exception):
+    """The evaluation file is missing or malformed; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    task_id: str
+    prompt: str
+    suffix: str
+    canonical_solution: str
+    test: str
+    entry_point: str
+
+
+def load_problems(path: str | os.PathLike, limit: int | None = None) -> list[Problem]:
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    problems: list[Problem] = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{line_no}: not JSON ({e.msg})") from None
+                missing = [k for k in PROBLEM_FIELDS if not isinstance(row.get(k), str)]
+                if missing:
+                    raise DataError(f"{path}:{line_no}: missing or non-string fields {', '.join(missing)}")
+                problems.append(Problem(**{k: row[k] for k in PROBLEM_FIELDS}))
+                if limit is not None and len(problems) >= limit:
+                    break
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot read ({e})") from None
+    if not problems:
+        raise DataError(f"{path}: no problems")
+    return problems
+
+
+def first_line(text: str) -> str:
+    """The completion scored for a single-line hole: the model's text up to its first newline, plus one newline.
+
+    The prompt ends with a newline and the suffix starts a new line, so the hole is exactly one line; whatever a
+    model writes after the first line would duplicate the suffix. A model that writes no newline gets one.
+    """
+    return text.split("\n", 1)[0] + "\n"
+
+
+# ----------------------------------------------------------------------------- configs and sweeps
+
+
+# sweep/override key -> (FillRequest/SamplerSettings field, parser)
+def _parse_bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("on", "true", "yes", "1"):
+        return True
+    if lowered in ("off", "false", "no", "0"):
+        return False
+    raise ValueError(f"expected on/off, got {value!r}")
+
+
+SWEEP_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "steps": ("max_steps", int),
+    "max_steps": ("max_steps", int),
+    "entropy_bound": ("entropy_bound", float),
+    "early_stop": ("early_stop", _parse_bool),
+    "t_max": ("t_max", float),
+    "t_min": ("t_min", float),
+    "confidence_threshold": ("confidence_threshold", float),
+    "stability_threshold": ("stability_threshold", int),
+    "self_conditioning": ("self_conditioning", _parse_bool),
+    "max_tokens": ("max_tokens", int),  # the canvas bucket (rounded up by the engine)
+    "bucket": ("max_tokens", int),
+}
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    name: str
+    settings: SamplerSettings
+    max_tokens: int
+
+
+def parse_sweep(spec: str) -> list[dict[str, Any]]:
+    """`steps=8,16,48;early_stop=on,off` -> the grid of all combinations, first key slowest.
+
+    Each combination is a dict of field -> value. Several grids can be joined with `|`
+    (`steps=8;early_stop=off | steps=48;early_stop=on`) to compare chosen points instead of a full grid.
+    """
+    combos: list[dict[str, Any]] = []
+    for grid in spec.split("|"):
+        axes: list[list[tuple[str, Any]]] = []
+        for part in grid.split(";"):
+            if not part.strip():
+                continue
+            key, sep, values = part.partition("=")
+            key = key.strip()
+            if not sep or key not in SWEEP_KEYS:
+                known = ", ".join(SWEEP_KEYS)
+                raise ValueError(
+                    f"bad sweep axis {part.strip()!r}: expected KEY=V1,V2 with KEY one of {known}"
+                )
+            field, parse = SWEEP_KEYS[key]
+            parsed = [(field, parse(v)) for v in values.split(",") if v.strip()]
+            if not parsed:
+                raise ValueError(f"sweep axis {key!r} has no values")
+            axes.append(parsed)
+        if not axes:
+            raise ValueError(f"empty sweep grid in {spec!r}")
+        combos.extend(dict(c) for c in itertools.product(*axes))
+    return combos
+
+
+def config_name(overrides: dict[str, Any]) -> str:
+    if not overrides:
+        return "default"
+
+    def show(v: Any) -> str:
+        return ("on" if v else "off") if isinstance(v, bool) else str(v)
+
+    short = {"max_steps": "steps"}
+    return " ".join(f"{short.get(k, k)}={show(v)}" for k, v in overrides.items())
+
+
+def build_configs(
+    base: SamplerSettings, max_tokens: int, overrides: dict[str, Any], sweep: str | None
+) -> list[EvalConfig]:
+    """One config for a plain run; one per sweep point otherwise (command-line overrides apply underneath)."""
+    points = parse_sweep(sweep) if sweep else [{}]
+    configs: list[EvalConfig] = []
+    for point in points:
+        merged = {**overrides, **point}
+        tokens = merged.pop("max_tokens", max_tokens)
+        settings = dataclasses.replace(base, **merged)
+        name = config_name(point) if sweep else config_name(overrides)
+        configs.append(EvalConfig(name=name, settings=settings, max_tokens=tokens))
+    names = [c.name for c in configs]
+    if len(set(names)) != len(names):
+        raise ValueError("the sweep names the same config twice")
+    return configs
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+class Progress:
+    """A plain progress bar on stderr: redrawn in place on a terminal, a line every 10% or 30 s otherwise."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool = True) -> None:
+        self.total = max(total, 1)
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = self.stream.isatty()
+        self.start = time.perf_counter()
+        self._last_draw = 0.0
+        self._last_decile = -1
+
+    def update(self, done: int, tested: int, passed: int, label: str = "") -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        decile = 10 * done // self.total
+        final = done >= self.total and tested >= self.total
+        if self.tty and not final and now - self._last_draw < 0.1:
+            return
+        if not self.tty and not final and decile == self._last_decile and now - self._last_draw < 30:
+            return
+        self._last_draw, self._last_decile = now, decile
+        elapsed = now - self.start
+        eta = elapsed / done * (self.total - done) if done else 0.0
+        width = 24
+        filled = int(width * done / self.total)
+        rate = f"{100.0 * passed / tested:5.1f}%" if tested else "  -  "
+        line = (
+            f"[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} filled, {tested} tested, "
+            f"pass {rate}  {_fmt_time(elapsed)} elapsed, ETA {_fmt_time(eta)}  {label}"
+        )
+        if self.tty:
+            self.stream.write("\r\x1b[K" + line[:200])
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _fmt_time(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+# ----------------------------------------------------------------------------- the run
+
+# A filler returns the raw middle text and the engine's report for one problem under one config.
+Filler = Callable[[Problem, EvalConfig, int], dict[str, Any]]
+
+
+def engine_filler(engine: Any) -> Filler:
+    def fill(problem: Problem, config: EvalConfig, seed: int) -> dict[str, Any]:
+        request = FillRequest(
+            prefix=problem.prompt,
+            suffix=problem.suffix,
+            max_tokens=config.max_tokens,
+            settings=config.settings,
+            seed=seed,
+        )
+        start = time.perf_counter()
+        result = engine.fill(request)
+        wall_ms = (time.perf_counter() - start) * 1000.0
+        return {
+            "raw": result.text,
+            "steps": result.steps,
+            "stop_reason": result.stop_reason,
+            "tokens": result.tokens,
+            "canvas_length": result.canvas_length,
+            "latency_ms": result.latency_ms,
+            "wall_ms": wall_ms,
+            "encoded_tokens": result.encoded_tokens,
+            "context_tokens": result.context_tokens,
+        }
+
+    return fill
+
+
+def reference_filler(problem: Problem, config: EvalConfig, seed: int) -> dict[str, Any]:
+    """Scores the canonical line itself: checks the harness and the sandbox (expect pass@1 = 100)."""
+    return {
+        "raw": problem.canonical_solution,
+        "steps": 0,
+        "stop_reason": "reference",
+        "tokens": 0,
+        "canvas_length": 0,
+        "latency_ms": 0.0,
+        "wall_ms": 0.0,
+        "encoded_tokens": 0,
+        "context_tokens": 0,
+    }
+
+
+def _execute(problem: Problem, completion: str, limits: sandbox.SandboxLimits) -> sandbox.SandboxResult:
+    program = sandbox.humaneval_program(
+        problem.prompt, completion, problem.suffix, problem.test, problem.entry_point
+    )
+    return sandbox.run_program(program, limits)
+
+
+def evaluate(
+    problems: Sequence[Problem],
+    configs: Sequence[EvalConfig],
+    fill: Filler,
+    *,
+    seed: int = 0,
+    workers: int = 4,
+    limits: sandbox.SandboxLimits | None = None,
+    progress: Progress | None = None,
+) -> list[dict[str, Any]]:
+    """Fill every problem under every config, execute the tests in parallel, return one record per pair.
+
+    Configs run one after another over all problems (not interleaved) so every fill meets a context the engine
+    has not cached yet, as a user's first request would. Problem i gets seed `seed + i` under every config:
+    the configs are compared on the same random draws.
+    """
+    limits = limits or sandbox.SandboxLimits()
+    records: list[dict[str, Any]] = []
+    futures: list[Future[sandbox.SandboxResult]] = []
+    tested = passed = 0
+    lock = threading.Lock()  # done-callbacks run on the worker threads
+
+    def on_done(future: Future[sandbox.SandboxResult]) -> None:
+        nonlocal tested, passed
+        ok = not future.cancelled() and future.exception() is None and future.result().passed
+        with lock:
+            tested += 1
+            passed += ok
+
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dfim-sandbox") as pool:
+        try:
+            for config in configs:
+                for i, problem in enumerate(problems):
+                    record: dict[str, Any] = {"task_id": problem.task_id, "config": config.name}
+                    try:
+                        record.update(fill(problem, config, seed + i))
+                        record["error"] = None
+                    except EngineError as e:  # one unfillable problem fails; the run goes on
+                        record.update(reference_filler(problem, config, 0), raw="", stop_reason="error")
+                        record["error"] = f"engine: {e}"
+                    completion = first_line(record["raw"])
+                    record["completion"] = completion
+                    record["exact_match"] = metrics.exact_match(completion, problem.canonical_solution)
+                    record["edit_similarity"] = round(
+                        metrics.edit_similarity(completion, problem.canonical_solution), 2
+                    )
+                    future = pool.submit(_execute, problem, completion, limits)
+                    future.add_done_callback(on_done)
+                    futures.append(future)
+                    records.append(record)
+                    if progress:
+                        progress.update(len(records), tested, passed, config.name)
+        except KeyboardInterrupt:
+            for future in futures:
+                future.cancel()
+            raise
+        for record, future in zip(records, futures, strict=True):
+            result = future.result()
+            record["passed"] = result.passed
+            record["timed_out"] = result.timed_out
+            record["returncode"] = result.returncode
+            record["exec_ms"] = round(result.duration_ms, 1)
+            if not result.passed:
+                record["stderr"] = result.stderr[-500:]
+            if progress:
+                progress.update(len(records), tested, passed, "testing")
+    if progress:  # callbacks may lag behind result(); the last line counts from the records
+        progress.update(len(records), len(records), sum(r["passed"] for r in records), "done")
+    return records
+
+
+def summarize(records: Sequence[dict[str, Any]], configs: Sequence[EvalConfig]) -> list[dict[str, Any]]:
+    rows = []
+    for config in configs:
+        mine = [r for r in records if r["config"] == config.name]
+        n = len(mine)
+        latencies = [r["latency_ms"] for r in mine]
+        total_ms = sum(latencies)
+        tokens = sum(r["tokens"] for r in mine)
+        rows.append(
+            {
+                "config": config.name,
+                "settings": dataclasses.asdict(config.settings),
+                "max_tokens": config.max_tokens,
+                "n": n,
+                "passed": sum(r["passed"] for r in mine),
+                "pass_at_1": 100.0 * metrics.mean([float(r["passed"]) for r in mine]),
+                "exact_match": 100.0 * metrics.mean([float(r["exact_match"]) for r in mine]),
+                "edit_similarity": metrics.mean([r["edit_similarity"] for r in mine]),
+                "mean_steps": metrics.mean([r["steps"] for r in mine]),
+                "latency_p50_ms": metrics.percentile(latencies, 50),
+                "latency_p95_ms": metrics.percentile(latencies, 95),
+                "latency_mean_ms": metrics.mean(latencies),
+                "tokens_per_s": 1000.0 * tokens / total_ms if total_ms > 0 else math.nan,
+                "timeouts": sum(r["timed_out"] for r in mine),
+                "engine_errors": sum(r["error"] is not None for r in mine),
+                "stop_reasons": dict(Counter(r["stop_reason"] for r in mine)),
+            }
+        )
+    return rows
+
+
+def early_stop_checks(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For every pair of configs that differ only in early stopping: the steps saved and pass@1 given up.
+
+    Target (issue 5): early stopping cuts mean steps at least 2x for at most 1 point of pass@1.
+    """
+    checks = []
+    for on in summary:
+        if not on["settings"]["early_stop"]:
+            continue
+        for off in summary:
+            same = {**on["settings"], "early_stop": False} == off["settings"]
+            if off is on or not same or off["max_tokens"] != on["max_tokens"]:
+                continue
+            ratio = off["mean_steps"] / on["mean_steps"] if on["mean_steps"] > 0 else math.nan
+            delta = on["pass_at_1"] - off["pass_at_1"]
+            checks.append(
+                {
+                    "on": on["config"],
+                    "off": off["config"],
+                    "steps_ratio": ratio,
+                    "pass_at_1_delta": delta,
+                    "target_met": bool(ratio >= 2.0 and delta >= -1.0),
+                }
+            )
+    return checks
+
+
+def _f(value: float, digits: int = 1) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def markdown_summary(
+    meta: dict[str, Any], summary: Sequence[dict[str, Any]], checks: Sequence[dict[str, Any]]
+) -> str:
+    model = meta["model"]
+    lines = [
+        f"## dfim eval: {meta['data_name']} ({summary[0]['n'] if summary else 0} problems)",
+        "",
+        f"model `{model['name']}`{' (RANDOM WEIGHTS)' if model.get('is_random') else ''} on {meta['device']}, "
+        f"seed {meta['seed']}, {meta['date']}",
+        "",
+        "| config | n | pass@1 % | EM % | ES | mean steps | p50 ms | p95 ms | tok/s | timeouts |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in summary:
+        lines.append(
+            f"| {row['config']} | {row['n']} | {_f(row['pass_at_1'])} | {_f(row['exact_match'])} | "
+            f"{_f(row['edit_similarity'])} | {_f(row['mean_steps'], 2)} | {_f(row['latency_p50_ms'])} | "
+            f"{_f(row['latency_p95_ms'])} | {_f(row['tokens_per_s'], 0)} | {row['timeouts']} |"
+        )
+    if checks:
+        lines += ["", "Early stopping (target: mean steps cut >= 2x for <= 1 point of pass@1):", ""]
+        for c in checks:
+            verdict = "met" if c["target_met"] else "NOT met"
+            lines.append(
+                f"- `{c['on']}` vs `{c['off']}`: steps {_f(c['steps_ratio'], 2)}x fewer, "
+                f"pass@1 {c['pass_at_1_delta']:+.1f} points -> target {verdict}"
+            )
+    lines += ["", f"command: `{meta['command']}`", ""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("data", help="HumanEval-infilling-format JSONL (plain or .gz)")
+    parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
+    parser.add_argument("--device", default="cpu", help="torch device for the engine (default: cpu)")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
+    parser.add_argument("--workers", type=int, default=4, help="test programs run in parallel (default: 4)")
+    parser.add_argument("--seed", type=int, default=0, help="problem i is filled with seed S+i (default: 0)")
+    parser.add_argument("--steps", type=int, default=None, help="override max denoising steps")
+    parser.add_argument("--entropy-bound", type=float, default=None, help="override the entropy bound")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"canvas size, rounded up to a bucket (default: {DEFAULT_MAX_TOKENS})",
+    )
+    parser.add_argument("--no-early-stop", action="store_true", help="always run the maximum number of steps")
+    parser.add_argument(
+        "--timeout", type=float, default=10.0, help="wall-clock seconds per test (default: 10)"
+    )
+    parser.add_argument(
+        "--memory-mb", type=int, default=1024, help="address-space limit per test (default: 1024)"
+    )
+    parser.add_argument(
+        "--sweep",
+        default=None,
+        metavar="SPEC",
+        help="compare settings in one run, e.g. 'steps=8,16,48;early_stop=on,off' (grid; join grids with |). "
+        f"Keys: {', '.join(SWEEP_KEYS)}",
+    )
+    parser.add_argument("--out", default=None, help="output folder (default: runs/eval/<timestamp>)")
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="score the canonical solutions instead of a model (checks the harness: expect pass@1 = 100)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The `dfim eval` command that reproduces this run: the data file and every option not at its default."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    defaults = parser.parse_args([args.data])
+    words = ["dfim", "eval", args.data]
+    for action in parser._actions:  # argparse keeps no public list of options
+        if not action.option_strings or action.dest == "help":
+            continue
+        value = getattr(args, action.dest, None)
+        if value == getattr(defaults, action.dest):
+            continue
+        words.append(action.option_strings[-1])
+        if not isinstance(action, argparse._StoreTrueAction):
+            words.append(str(value))
+    return shlex.join(words)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    if args.steps is not None:
+        overrides["max_steps"] = args.steps
+    if args.entropy_bound is not None:
+        overrides["entropy_bound"] = args.entropy_bound
+    if args.no_early_stop:
+        overrides["early_stop"] = False
+    return overrides
+
+
+def _validate(args: argparse.Namespace) -> str | None:
+    if args.limit is not None and args.limit < 1:
+        return "--limit must be at least 1"
+    if args.workers < 1:
+        return "--workers must be at least 1"
+    if args.timeout <= 0:
+        return "--timeout must be positive"
+    if args.steps is not None and args.steps < 1:
+        return "--steps must be at least 1"
+    if args.max_tokens < 1:
+        return "--max-tokens must be at least 1"
+    return None
+
+
+def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
+    stdout = stdout or sys.stdout
+    problem = _validate(args)
+    if problem:
+        print(f"dfim eval: {problem}", file=sys.stderr)
+        return 2
+    try:
+        problems = load_problems(args.data, args.limit)
+    except DataError as e:
+        print(f"dfim eval: {e}", file=sys.stderr)
+        return 2
+
+    if args.reference:
+        base, fill = SamplerSettings(), reference_filler
+        model_info: dict[str, Any] = {
+            "name": "reference (canonical solutions)",
+            "path": None,
+            "is_random": False,
+        }
+    else:
+        from engine.infill import Engine  # imported here so `dfim eval --help` works without loading torch
+
+        try:
+            engine = Engine.load(args.model, device=args.device)
+        except EngineError as e:
+            print(f"dfim eval: {e}", file=sys.stderr)
+            return 2
+        base, fill = engine.settings, engine_filler(engine)
+        model_info = {
+            "name": getattr(engine, "model_name", str(args.model)),
+            "path": str(args.model) if args.model else "default",
+            "is_random": bool(getattr(engine, "is_random", False)),
+        }
+    try:
+        configs = build_configs(base, args.max_tokens, _overrides(args), args.sweep)
+    except (ValueError, TypeError) as e:
+        print(f"dfim eval: --sweep: {e}", file=sys.stderr)
+        return 2
+
+    out = Path(args.out) if args.out else Path("runs/eval") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    limits = sandbox.SandboxLimits(timeout_s=args.timeout, memory_bytes=args.memory_mb << 20)
+
+    if not args.reference:  # warm-up: the first call pays one-time costs (allocation, kernel selection)
+        try:
+            fill(problems[0], configs[0], args.seed)
+        except EngineError:
+            pass
+
+    started = time.perf_counter()
+    progress = Progress(len(problems) * len(configs), enabled=not args.quiet)
+    try:
+        records = evaluate(
+            problems, configs, fill, seed=args.seed, workers=args.workers, limits=limits, progress=progress
+        )
+    except KeyboardInterrupt:
+        progress.close()
+        print("dfim eval: interrupted", file=sys.stderr)
+        return 130
+    progress.close()
+    wall_s = time.perf_counter() - started
+
+    summary = summarize(records, configs)
+    checks = early_stop_checks(summary)
+    data_path = Path(args.data)
+    meta = {
+        "command": command_line(args),
+        "data": str(data_path),
+        "data_name": data_path.name,
+        "data_sha256": _sha256(data_path),
+        "limit": args.limit,
+        "model": model_info,
+        "device": args.device,
+        "seed": args.seed,
+        "workers": args.workers,
+        "sandbox": dataclasses.asdict(limits),
+        "completion_postprocess": "first line",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "wall_s": round(wall_s, 2),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    results = {"meta": meta, "summary": summary, "early_stop_checks": checks, "problems": records}
+    with open(out / "results.json", "w", encoding="utf-8") as f:
+        json.dump(_finite(results), f, indent=1, allow_nan=False)
+        f.write("\n")
+    table = markdown_summary(meta, summary, checks)
+    (out / "summary.md").write_text(table, encoding="utf-8")
+    stdout.write(table + f"\nwritten: {out / 'results.json'}, {out / 'summary.md'}\n")
+    return 0
+
+
+def _finite(value: Any) -> Any:
+    """NaN/inf (an empty config's mean, say) become null: strict JSON readers reject NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dfim eval")
+    add_arguments(parser)
+    return run(parser.parse_args(list(argv) if argv is not None else None))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
