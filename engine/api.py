@@ -52,6 +52,7 @@ class StepInfo:
     canvas_length: int
     mean_entropy: float
     argmax_text: str  # what the canvas reads now if it were committed
+    block: int = 0  # 0-based canvas index when a long fill runs over several canvases
 
 
 @dataclass
@@ -68,6 +69,7 @@ class FillRequest:
     middle: Sequence[str | Hole] = ()
     max_tokens: int = 64  # rounded up to a canvas bucket (16/32/64/128/256)
     warm_start: str | None = None  # rewrite: the old text seeds the open canvas (not pinned)
+    warm_start_noise: float = 0.5  # fraction of the warm-start tokens renoised before the first step
     settings: SamplerSettings = field(default_factory=SamplerSettings)
     seed: int | None = None
     candidates: int = 1  # >1: that many canvases denoised in one batch; results best-first
@@ -91,6 +93,7 @@ class FillResult:
     encoded_tokens: int  # context tokens the encoder ran for this request (the rest came from the cache)
     context_tokens: int
     latency_ms: float
-    stop_reason: str  # "stable" | "eos_confident" | "max_steps"
+    stop_reason: str  # "stable" | "eos_confident" | "max_steps" (of the last canvas)
+    blocks: int = 1  # canvases denoised one after the other (long fills continue past one canvas)
     token_scores: list[TokenScore] = field(default_factory=list)
     alternatives: list[str] = field(default_factory=list)  # other candidates' texts, best first

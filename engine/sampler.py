@@ -1,0 +1,349 @@
+"""The denoising loop as a chain of small steps (in the spirit of llama.cpp's sampler chain).
+
+One `DenoiseState` holds everything a step reads or writes; every step has the same signature
+`step(state, settings) -> None` and the loop just runs them in order after each decoder pass:
+
+    mask_logits -> temperature -> sample -> token_entropy -> pins -> entropy_bound -> renoise
+    -> self_conditioning -> stable_and_confident -> eos_confident -> max_steps
+
+Uniform-state diffusion: the canvas starts as uniformly random tokens, each step keeps the positions
+the model is sure about (entropy-bound acceptance) and replaces all others with fresh random tokens.
+The committed block is the argmax canvas, pins forced, cut at the first EOS.
+
+Nothing here knows about the model: the loop takes a `denoiser(canvas, self_cond) -> logits` callable,
+so every rule is testable with synthetic logits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from engine.api import FillCancelled, SamplerSettings
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class DenoiseState:
+    """Everything one canvas batch carries through the denoising loop. Shapes: B candidates, L canvas, V vocab."""
+
+    canvas: Tensor  # [B, L] long: the noisy canvas the denoiser sees next
+    pinned: Tensor  # [L] bool: positions that always hold `pin_ids` and are never renoised
+    pin_ids: Tensor  # [L] long: the pinned tokens (ignored where not pinned)
+    generator: torch.Generator  # the only source of randomness (seeded runs are reproducible)
+    vocab_size: int  # noise is uniform over [0, vocab_size), as in training
+    eos_id: int
+    pad_id: int
+    max_steps: int
+    banned: Tensor | None = None  # [V] bool: tokens never sampled anywhere (bos, FIM specials, reserved)
+    no_end: Tensor | None = None  # [L] bool: positions where EOS and pad are banned (inner holes)
+    allowed_at: dict[int, Tensor] = field(default_factory=dict)  # position -> [V] bool (token healing)
+    step: int = 0  # denoising steps run so far (1-based once the first step ran)
+    temperature: float = 1.0  # of the current step
+    logits: Tensor | None = None  # [B, L, V] fp32: this step's logits, masked and temperature-scaled
+    sampled: Tensor | None = None  # [B, L] a token drawn per position
+    argmax: Tensor | None = None  # [B, L] the most likely token per position (pins forced)
+    entropy: Tensor | None = None  # [B, L] nats of the processed distribution (0 at pins)
+    accepted: Tensor | None = None  # [B, L] bool: kept this step (pins included)
+    self_cond: Tensor | None = None  # [B, L, V] fed to the next decoder pass; None before the first
+    history: list[Tensor] = field(default_factory=list)  # previous argmax canvases, oldest first
+    finished: Tensor | None = None  # [B] bool
+    stop_reason: list[str | None] = field(default_factory=list)  # per row, once finished
+    steps: Tensor | None = None  # [B] long: decoder passes each row used
+
+    def __post_init__(self) -> None:
+        b = self.canvas.shape[0]
+        if self.finished is None:
+            self.finished = torch.zeros(b, dtype=torch.bool, device=self.canvas.device)
+        if self.steps is None:
+            self.steps = torch.zeros(b, dtype=torch.long, device=self.canvas.device)
+        if not self.stop_reason:
+            self.stop_reason = [None] * b
+
+    @property
+    def free(self) -> Tensor:
+        """[L] bool: positions the sampler decides (not pinned)."""
+        return ~self.pinned
+
+
+Step = Callable[[DenoiseState, SamplerSettings], None]
+Denoiser = Callable[
+    [Tensor, "Tensor | None"], Tensor
+]  # (canvas [B, L], self_cond | None) -> logits [B, L, V]
+
+
+# --- building a state ---------------------------------------------------------------------------
+
+
+def new_state(
+    batch: int,
+    pinned: Tensor,
+    pin_ids: Tensor,
+    *,
+    vocab_size: int,
+    eos_id: int,
+    pad_id: int,
+    settings: SamplerSettings,
+    generator: torch.Generator,
+    init_ids: Tensor | None = None,
+    init_mask: Tensor | None = None,
+    init_noise: float = 0.0,
+    banned: Tensor | None = None,
+    no_end: Tensor | None = None,
+    allowed_at: dict[int, Tensor] | None = None,
+) -> DenoiseState:
+    """A fresh canvas batch: uniform random tokens, pins in place.
+
+    Warm start: where `init_mask` is set, the canvas starts from `init_ids` instead, and a fraction
+    `init_noise` of those positions is renoised again (so the model can revise them).
+    """
+    length = pinned.shape[0]
+    device = pinned.device
+    # An EOS (or pad) before a pinned token would cut that pin off the committed text: free positions
+    # before the last pinned token that is not padding may not end the text.
+    content_pins = (pinned & (pin_ids != pad_id)).nonzero().flatten()
+    if len(content_pins):
+        before_pin = torch.arange(length, device=device) < content_pins[-1]
+        inner = before_pin & ~pinned
+        no_end = inner if no_end is None else (no_end | inner)
+    canvas = uniform_tokens((batch, length), vocab_size, generator, device)
+    if init_ids is not None and init_mask is not None:
+        keep = init_mask[None].expand(batch, length).clone()
+        if init_noise > 0:
+            coin = torch.rand((batch, length), generator=generator, device=device)
+            keep &= coin >= init_noise
+        canvas = torch.where(keep, init_ids[None].expand(batch, length), canvas)
+    canvas = torch.where(pinned[None], pin_ids[None], canvas)
+    return DenoiseState(
+        canvas=canvas,
+        pinned=pinned,
+        pin_ids=pin_ids,
+        generator=generator,
+        vocab_size=vocab_size,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        max_steps=settings.max_steps,
+        banned=banned,
+        no_end=no_end,
+        allowed_at=dict(allowed_at or {}),
+    )
+
+
+def uniform_tokens(shape: tuple[int, ...], vocab_size: int, generator: torch.Generator, device) -> Tensor:
+    return torch.randint(0, vocab_size, shape, generator=generator, device=device)
+
+
+# --- the steps ----------------------------------------------------------------------------------
+
+
+def mask_logits(state: DenoiseState, settings: SamplerSettings) -> None:
+    """Tokens that must never appear on the canvas get -inf: banned ids everywhere, EOS/pad inside inner
+    holes, and everything outside a position's allowed set (token healing)."""
+    x = state.logits
+    if state.banned is not None:
+        x.masked_fill_(state.banned, NEG_INF)
+    if state.no_end is not None and bool(state.no_end.any()):
+        positions = state.no_end.nonzero().squeeze(-1)
+        ends = torch.tensor([state.eos_id, state.pad_id], device=x.device)
+        x[:, positions[:, None], ends[None, :]] = NEG_INF
+    for position, allowed in state.allowed_at.items():
+        x[:, position].masked_fill_(~allowed, NEG_INF)
+
+
+def temperature_at(step: int, max_steps: int, t_min: float, t_max: float) -> float:
+    """Linear schedule over the remaining-steps index k = N..1: t_max at the first step."""
+    k = max_steps - step + 1
+    return t_min + (t_max - t_min) * k / max_steps
+
+
+def temperature(state: DenoiseState, settings: SamplerSettings) -> None:
+    state.temperature = max(temperature_at(state.step, state.max_steps, settings.t_min, settings.t_max), 1e-6)
+    state.logits.div_(state.temperature)
+
+
+def sample(state: DenoiseState, settings: SamplerSettings) -> None:
+    """One token drawn per position from the processed distribution, and the argmax."""
+    b, length, v = state.logits.shape
+    probs = torch.softmax(state.logits, dim=-1)
+    drawn = torch.multinomial(probs.view(-1, v), 1, generator=state.generator)
+    state.sampled = drawn.view(b, length)
+    state.argmax = state.logits.argmax(dim=-1)
+
+
+def token_entropy(state: DenoiseState, settings: SamplerSettings) -> None:
+    probs = torch.softmax(state.logits, dim=-1)
+    state.entropy = torch.special.entr(probs).sum(dim=-1)  # entr(0) = 0, so banned tokens cost nothing
+
+
+def pins(state: DenoiseState, settings: SamplerSettings) -> None:
+    """Pinned positions hold their token whatever the model says, and are certain (entropy 0)."""
+    pinned = state.pinned[None]
+    state.sampled = torch.where(pinned, state.pin_ids[None], state.sampled)
+    state.argmax = torch.where(pinned, state.pin_ids[None], state.argmax)
+    state.entropy = state.entropy.masked_fill(pinned, 0.0)
+
+
+def accept_by_entropy(entropy: Tensor, pinned: Tensor, bound: float) -> Tensor:
+    """Entropy-bound acceptance over the free positions: sort ascending, accept i while
+    cumsum(H)_i - H_i <= bound (the sum of all but the largest accepted entropy bounds their joint
+    dependence), at least one. Pinned positions are always accepted and spend nothing of the bound."""
+    h = entropy.masked_fill(pinned[None], math.inf)  # pins sort last and never enter the sum
+    sorted_h, order = torch.sort(h, dim=-1)
+    finite = sorted_h.masked_fill(torch.isinf(sorted_h), 0.0)
+    select = torch.cumsum(finite, dim=-1) - finite <= bound
+    select[:, 0] = True
+    accepted = torch.zeros_like(select).scatter(-1, order, select)
+    return accepted | pinned[None]
+
+
+def entropy_bound(state: DenoiseState, settings: SamplerSettings) -> None:
+    state.accepted = accept_by_entropy(state.entropy, state.pinned, settings.entropy_bound)
+
+
+def renoise(state: DenoiseState, settings: SamplerSettings) -> None:
+    """Accepted positions keep the sampled token; all others get fresh uniform random tokens."""
+    noise = uniform_tokens(tuple(state.canvas.shape), state.vocab_size, state.generator, state.canvas.device)
+    keep = state.accepted | state.pinned[None]
+    state.canvas = torch.where(keep, state.sampled, noise)
+
+
+def self_conditioning(state: DenoiseState, settings: SamplerSettings) -> None:
+    """This step's temperature-scaled logits condition the next decoder pass."""
+    state.self_cond = state.logits if settings.self_conditioning else None
+
+
+def mean_free_entropy(state: DenoiseState) -> Tensor:
+    """[B] mean entropy over the positions the sampler decides (pins are known, not predicted)."""
+    free = state.free.to(state.entropy.dtype)
+    return (state.entropy * free[None]).sum(dim=-1) / free.sum().clamp(min=1.0)
+
+
+def _finish(state: DenoiseState, rows: Tensor, reason: str) -> None:
+    newly = rows & ~state.finished
+    for b in newly.nonzero().flatten().tolist():
+        state.stop_reason[b] = reason
+    state.finished |= newly
+
+
+def stable_and_confident(state: DenoiseState, settings: SamplerSettings) -> None:
+    """Stop a row once its argmax canvas equals the previous `stability_threshold` argmax canvases and
+    the mean entropy is below `confidence_threshold`."""
+    need = settings.stability_threshold
+    if need == 0:
+        stable = torch.ones_like(state.finished)
+    elif len(state.history) < need:
+        stable = torch.zeros_like(state.finished)
+    else:
+        stable = torch.stack([(h == state.argmax).all(dim=-1) for h in state.history[-need:]]).all(dim=0)
+    state.history = (state.history + [state.argmax])[-max(need, 1) :]
+    if settings.early_stop:
+        _finish(state, stable & (mean_free_entropy(state) < settings.confidence_threshold), "stable")
+
+
+def first_eos(ids: Tensor, eos_id: int) -> Tensor:
+    """[B] index of the first EOS per row, L where there is none."""
+    length = ids.shape[-1]
+    is_eos = ids == eos_id
+    index = torch.arange(length, device=ids.device).expand_as(ids)
+    return torch.where(is_eos, index, length).min(dim=-1).values
+
+
+def eos_confident(state: DenoiseState, settings: SamplerSettings) -> None:
+    """Stop a row once every token up to and including its first EOS is accepted and confident
+    (entropy below `confidence_threshold`): what follows the EOS is padding nobody reads, so waiting
+    for it to settle too would only spend steps."""
+    if not settings.early_stop:
+        return
+    length = state.argmax.shape[-1]
+    end = first_eos(state.argmax, state.eos_id)
+    span = torch.arange(length, device=end.device)[None] <= end[:, None]
+    ok = (state.accepted & (state.entropy < settings.confidence_threshold)) | ~span
+    _finish(state, (end < length) & ok.all(dim=-1), "eos_confident")
+
+
+def max_steps(state: DenoiseState, settings: SamplerSettings) -> None:
+    if state.step >= state.max_steps:
+        _finish(state, torch.ones_like(state.finished), "max_steps")
+
+
+DEFAULT_CHAIN: tuple[Step, ...] = (
+    mask_logits,
+    temperature,
+    sample,
+    token_entropy,
+    pins,
+    entropy_bound,
+    renoise,
+    self_conditioning,
+    stable_and_confident,
+    eos_confident,
+    max_steps,
+)
+
+# Row tensors a finished row must keep unchanged while the rest of the batch denoises on.
+_ROW_FIELDS = ("canvas", "sampled", "argmax", "entropy", "accepted", "self_cond", "logits")
+
+
+# --- the loop -----------------------------------------------------------------------------------
+
+
+def denoise_step(
+    state: DenoiseState, settings: SamplerSettings, logits: Tensor, chain: Sequence[Step] = DEFAULT_CHAIN
+) -> None:
+    """Run the chain on one decoder output. Rows that finished earlier are left exactly as they were."""
+    done = state.finished.clone()
+    before = {name: getattr(state, name) for name in _ROW_FIELDS} if bool(done.any()) else None
+    state.step += 1
+    state.steps += (~done).long()
+    state.logits = logits.float().clone()
+    for step in chain:
+        step(state, settings)
+    if before is not None:
+        for name, old in before.items():
+            new = getattr(state, name)
+            if old is None or new is None:
+                continue
+            rows = done.view(-1, *([1] * (new.dim() - 1)))
+            setattr(state, name, torch.where(rows, old, new))
+
+
+def run(
+    state: DenoiseState,
+    settings: SamplerSettings,
+    denoiser: Denoiser,
+    *,
+    chain: Sequence[Step] = DEFAULT_CHAIN,
+    cancel: Callable[[], bool] | None = None,
+    on_step: Callable[[DenoiseState], None] | None = None,
+) -> Tensor:
+    """Denoise until every row has stopped; returns the committed canvas [B, L]."""
+    while not bool(state.finished.all()):
+        if cancel is not None and cancel():
+            raise FillCancelled("fill cancelled")
+        logits = denoiser(state.canvas, state.self_cond)
+        denoise_step(state, settings, logits, chain)
+        if on_step is not None:
+            on_step(state)
+    return commit(state)
+
+
+def commit(state: DenoiseState) -> Tensor:
+    """The argmax canvas with pins forced; everything after the first EOS becomes pad."""
+    ids = torch.where(state.pinned[None], state.pin_ids[None], state.argmax)
+    return pad_after_eos(ids, state.eos_id, state.pad_id)
+
+
+def pad_after_eos(ids: Tensor, eos_id: int, pad_id: int) -> Tensor:
+    end = first_eos(ids, eos_id)
+    after = torch.arange(ids.shape[-1], device=ids.device)[None] > end[:, None]
+    return ids.masked_fill(after, pad_id)
+
+
+def confidence(state: DenoiseState) -> Tensor:
+    """[B, L] per-position confidence exp(-entropy) of the last step's distribution, in (0, 1]."""
+    return torch.exp(-state.entropy)

@@ -1,0 +1,326 @@
+"""Every sampler rule against synthetic logits (no model): each test fails if its rule is wrong."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from engine import sampler
+from engine.api import FillCancelled, SamplerSettings
+
+V = 50  # vocab of the synthetic denoisers
+EOS, PAD = 1, 0
+
+
+def make_state(length=8, batch=1, pins=None, seed=0, settings=None, **kw):
+    settings = settings or SamplerSettings()
+    pinned = torch.zeros(length, dtype=torch.bool)
+    pin_ids = torch.zeros(length, dtype=torch.long)
+    for position, token in (pins or {}).items():
+        pinned[position] = True
+        pin_ids[position] = token
+    return sampler.new_state(
+        batch,
+        pinned,
+        pin_ids,
+        vocab_size=V,
+        eos_id=EOS,
+        pad_id=PAD,
+        settings=settings,
+        generator=torch.Generator().manual_seed(seed),
+        **kw,
+    )
+
+
+def peaked(tokens, batch=1, scale=100.0):
+    """Logits that put (almost) all mass on `tokens` (one per position)."""
+    logits = torch.zeros(batch, len(tokens), V)
+    logits[:, torch.arange(len(tokens)), torch.tensor(tokens)] = scale
+    return logits
+
+
+def constant(logits):
+    return lambda canvas, self_cond: logits.clone()
+
+
+# --- temperature --------------------------------------------------------------------------------
+
+
+def test_temperature_schedule_values():
+    # k = N..1 -> t_max at the first step, t_min + (t_max - t_min)/N at the last.
+    assert sampler.temperature_at(1, 4, 0.4, 0.8) == pytest.approx(0.8)
+    assert sampler.temperature_at(2, 4, 0.4, 0.8) == pytest.approx(0.7)
+    assert sampler.temperature_at(4, 4, 0.4, 0.8) == pytest.approx(0.5)
+    assert sampler.temperature_at(48, 48, 0.4, 0.8) == pytest.approx(0.4 + 0.4 / 48)
+
+
+def test_temperature_step_scales_the_logits():
+    settings = SamplerSettings(max_steps=4, t_min=0.4, t_max=0.8)
+    state = make_state(length=3, settings=settings)
+    logits = torch.randn(1, 3, V)
+    temps = []
+    for _ in range(4):
+        sampler.denoise_step(state, settings, logits, chain=(sampler.temperature,))
+        assert torch.allclose(state.logits, logits / state.temperature)
+        temps.append(state.temperature)
+    assert temps == pytest.approx([0.8, 0.7, 0.6, 0.5])
+
+
+# --- entropy-bound acceptance -------------------------------------------------------------------
+
+
+def test_entropy_bound_accepts_while_cumsum_minus_own_is_within_bound():
+    h = torch.tensor([[0.01, 0.02, 0.05, 0.5, 0.03]])
+    # ascending 0.01, 0.02, 0.03, 0.05, 0.5 -> cumsum - H = 0, 0.01, 0.03, 0.06, 0.11
+    accepted = sampler.accept_by_entropy(h, torch.zeros(5, dtype=torch.bool), 0.1)
+    assert accepted.tolist() == [[True, True, True, False, True]]
+    # a smaller bound stops earlier: 0.06 > 0.05 rejects the fourth-lowest (0.05)
+    accepted = sampler.accept_by_entropy(h, torch.zeros(5, dtype=torch.bool), 0.05)
+    assert accepted.tolist() == [[True, True, False, False, True]]
+
+
+def test_entropy_bound_accepts_at_least_one():
+    h = torch.tensor([[3.0, 2.0, 4.0]])
+    accepted = sampler.accept_by_entropy(h, torch.zeros(3, dtype=torch.bool), -1.0)
+    assert accepted.tolist() == [[False, True, False]]  # the lowest entropy, even over the bound
+
+
+def test_pins_are_accepted_and_do_not_spend_the_bound():
+    h = torch.tensor([[0.09, 5.0, 0.05, 0.2]])
+    pinned = torch.tensor([False, True, False, False])
+    accepted = sampler.accept_by_entropy(h, pinned, 0.1)
+    # free ascending 0.05, 0.09, 0.2 -> 0, 0.05, 0.14: the two lowest free plus the pin
+    assert accepted.tolist() == [[True, True, True, False]]
+
+
+def test_entropy_step_measures_the_processed_distribution():
+    settings = SamplerSettings(max_steps=1, t_min=0.5, t_max=1.0)
+    state = make_state(length=2, settings=settings)
+    logits = torch.zeros(1, 2, V)
+    logits[0, 0, 3] = 100.0  # position 0 certain, position 1 uniform
+    sampler.denoise_step(state, settings, logits)
+    assert state.entropy[0, 0].item() == pytest.approx(0.0, abs=1e-6)
+    assert state.entropy[0, 1].item() == pytest.approx(math.log(V), rel=1e-5)
+    assert torch.allclose(sampler.confidence(state), torch.exp(-state.entropy))
+
+
+# --- pins and renoise ---------------------------------------------------------------------------
+
+
+def test_pins_hold_their_token_at_every_step_over_many_seeds():
+    pins = {0: 7, 3: 9, 5: 11}
+    settings = SamplerSettings(max_steps=6, early_stop=False)
+    for seed in range(100):
+        g = torch.Generator().manual_seed(10_000 + seed)
+
+        def denoiser(canvas, self_cond, g=g):
+            logits = torch.randn(canvas.shape[0], canvas.shape[1], V, generator=g) * 3
+            logits[:, :, [7, 9, 11]] = -50.0  # the model never wants the pinned tokens
+            return logits
+
+        state = make_state(length=8, batch=2, pins=pins, seed=seed, settings=settings)
+        seen = []
+        committed = sampler.run(state, settings, denoiser, on_step=lambda s, seen=seen: seen.append(s.canvas))
+        for canvas in [state.canvas, *seen]:
+            assert canvas[:, [0, 3, 5]].tolist() == [[7, 9, 11]] * 2
+        assert committed[:, [0, 3, 5]].tolist() == [[7, 9, 11]] * 2
+        assert state.accepted[:, [0, 3, 5]].all()
+
+
+def test_renoise_replaces_only_non_accepted_positions():
+    settings = SamplerSettings(max_steps=1)
+    length = 64
+    logits = torch.full((1, length, V), -1e4)
+    logits[0, :32, 5] = 100.0  # the first half is certain -> accepted
+    logits[0, 32:, 2:4] = 0.0  # the second half is a coin flip between tokens 2 and 3 -> rejected
+    state = make_state(length=length, settings=settings)
+    sampler.denoise_step(state, settings, logits)
+    # all certain positions plus the first coin flip (cumsum - H = 0 there); ln 2 > 0.1 stops the rest
+    assert state.accepted[0, :32].all() and state.accepted[0].sum() == 33
+    assert (state.canvas[0, :32] == 5).all()
+    kept = state.canvas[0][state.accepted[0]]
+    assert torch.equal(kept, state.sampled[0][state.accepted[0]])
+    # the rejected ones were drawn from {2, 3} but must now hold fresh uniform noise over the vocabulary
+    rejected = state.canvas[0][~state.accepted[0]]
+    assert ((rejected != 2) & (rejected != 3)).float().mean() > 0.8
+    assert len(set(rejected.tolist())) > 10
+
+
+def test_warm_start_keeps_part_of_the_old_tokens():
+    length = 200
+    init = torch.full((length,), 13)
+    mask = torch.ones(length, dtype=torch.bool)
+    state = make_state(length=length, init_ids=init, init_mask=mask, init_noise=0.5)
+    kept = (state.canvas[0] == 13).float().mean().item()
+    assert 0.35 < kept < 0.65  # about half renoised (noise hits 13 only 1/V of the time)
+    state = make_state(length=length, init_ids=init, init_mask=mask, init_noise=0.0)
+    assert (state.canvas[0] == 13).all()
+
+
+# --- masks --------------------------------------------------------------------------------------
+
+
+def test_banned_tokens_and_inner_hole_ends_are_never_sampled():
+    settings = SamplerSettings(max_steps=4, early_stop=False)
+    banned = torch.zeros(V, dtype=torch.bool)
+    banned[[2, 4, 6]] = True
+    no_end = torch.tensor([True, True, False, False])
+    allowed = torch.zeros(V, dtype=torch.bool)
+    allowed[[20, 21]] = True
+    logits = torch.zeros(1, 4, V)
+    logits[:, :, [EOS, PAD, 2, 4, 6]] = 50.0  # the model loves exactly the forbidden tokens
+    for seed in range(20):
+        state = make_state(
+            length=4, seed=seed, banned=banned, no_end=no_end, allowed_at={1: allowed}, settings=settings
+        )
+        sampler.run(state, settings, constant(logits))
+        assert not torch.isin(state.sampled, torch.tensor([2, 4, 6])).any()
+        assert not torch.isin(state.sampled[:, :2], torch.tensor([EOS, PAD])).any()
+        assert state.sampled[0, 1].item() in (20, 21) and state.argmax[0, 1].item() in (20, 21)
+        assert state.argmax[0, 2].item() in (EOS, PAD)  # where ends are allowed, they win
+
+
+# --- self-conditioning --------------------------------------------------------------------------
+
+
+def test_self_conditioning_feeds_the_previous_temperature_scaled_logits():
+    settings = SamplerSettings(max_steps=3, early_stop=False, t_min=0.4, t_max=0.8)
+    received = []
+    produced = [torch.randn(1, 4, V) for _ in range(3)]
+
+    def denoiser(canvas, self_cond):
+        received.append(None if self_cond is None else self_cond.clone())
+        return produced[len(received) - 1].clone()
+
+    state = make_state(length=4, settings=settings)
+    sampler.run(state, settings, denoiser)
+    assert received[0] is None  # nothing on the first step
+    assert torch.allclose(received[1], produced[0] / 0.8)
+    assert torch.allclose(received[2], produced[1] / sampler.temperature_at(2, 3, 0.4, 0.8))
+
+    received.clear()
+    off = replace(settings, self_conditioning=False)
+    sampler.run(make_state(length=4, settings=off), off, denoiser)
+    assert received == [None, None, None]
+
+
+# --- stopping -----------------------------------------------------------------------------------
+
+
+def test_stable_and_confident_stops_after_stability_threshold_repeats():
+    tokens = [5, 6, 7, 8]  # no EOS: only the stable rule can stop
+    for threshold in (1, 3):
+        settings = SamplerSettings(max_steps=20, stability_threshold=threshold)
+        state = make_state(length=4, settings=settings)
+        sampler.run(state, settings, constant(peaked(tokens)))
+        assert state.step == threshold + 1
+        assert state.stop_reason == ["stable"]
+
+
+def test_unstable_or_unsure_canvas_runs_to_max_steps():
+    settings = SamplerSettings(max_steps=7)
+    # confident but the argmax changes every step
+    calls = []
+
+    def flipping(canvas, self_cond):
+        calls.append(1)
+        return peaked([5 + len(calls) % 2] * 4)
+
+    state = make_state(length=4, settings=settings)
+    sampler.run(state, settings, flipping)
+    assert (state.step, state.stop_reason) == (7, ["max_steps"])
+    # stable but not confident: mean entropy well above 0.005
+    state = make_state(length=4, settings=settings)
+    sampler.run(state, settings, constant(peaked([5, 6, 7, 8], scale=3.0)))
+    assert (state.step, state.stop_reason) == (7, ["max_steps"])
+
+
+def test_eos_confident_stops_although_the_tail_is_noise():
+    settings = SamplerSettings(max_steps=10)
+    logits = torch.zeros(1, 6, V)  # positions 3.. uniform: the stable rule can never fire
+    logits[0, 0, 9] = logits[0, 1, 10] = logits[0, 2, EOS] = 100.0
+    state = make_state(length=6, settings=settings)
+    committed = sampler.run(state, settings, constant(logits))
+    assert (state.step, state.stop_reason) == (1, ["eos_confident"])
+    assert committed.tolist() == [[9, 10, EOS, PAD, PAD, PAD]]
+    # one unsure token before the EOS: no early stop
+    logits[0, 1] = 0.0
+    logits[0, 1, 10] = logits[0, 1, 11] = 100.0
+    state = make_state(length=6, settings=settings)
+    sampler.run(state, settings, constant(logits))
+    assert state.stop_reason == ["max_steps"]
+
+
+def test_early_stop_false_runs_max_steps():
+    settings = SamplerSettings(max_steps=9, early_stop=False)
+    logits = peaked([9, 10, EOS, PAD])
+    state = make_state(length=4, settings=settings)
+    sampler.run(state, settings, constant(logits))
+    assert (state.step, state.stop_reason, state.steps.tolist()) == (9, ["max_steps"], [9])
+
+
+def test_finished_rows_are_frozen_while_others_continue():
+    settings = SamplerSettings(max_steps=6)
+    logits = peaked([5, 6, 7, 8], batch=2)
+    logits[1] = torch.randn(4, V)  # row 1 never gets confident
+    state = make_state(length=4, batch=2, settings=settings)
+    snapshots = []
+    sampler.run(state, settings, constant(logits), on_step=lambda s: snapshots.append(s.canvas[0].clone()))
+    assert state.stop_reason == ["stable", "max_steps"]
+    assert state.steps.tolist() == [2, 6]
+    for canvas in snapshots[2:]:
+        assert torch.equal(canvas, snapshots[1])
+    assert state.argmax[0].tolist() == [5, 6, 7, 8]
+
+
+def test_commit_pads_after_the_first_eos_and_forces_pins():
+    ids = torch.tensor([[5, EOS, 7, EOS, 8], [5, 6, 7, 8, 9]])
+    assert sampler.pad_after_eos(ids, EOS, PAD).tolist() == [[5, EOS, PAD, PAD, PAD], [5, 6, 7, 8, 9]]
+    settings = SamplerSettings(max_steps=2, early_stop=False)
+    state = make_state(length=5, pins={4: 42}, settings=settings)
+    committed = sampler.run(state, settings, constant(peaked([5, 6, 7, 8, 9])))
+    assert committed.tolist() == [[5, 6, 7, 8, 42]]
+    # a pinned EOS ends the text: everything after it is pad whatever the model says
+    state = make_state(length=5, pins={2: EOS}, settings=settings)
+    committed = sampler.run(state, settings, constant(peaked([5, 6, 7, 8, 9])))
+    assert committed.tolist() == [[5, 6, EOS, PAD, PAD]]
+
+
+# --- reproducibility and cancel -----------------------------------------------------------------
+
+
+def test_seeded_runs_are_reproducible():
+    settings = SamplerSettings(max_steps=5, early_stop=False)
+
+    def trajectory(seed):
+        g = torch.Generator().manual_seed(99)  # the denoiser's own noise is fixed
+
+        def denoiser(canvas, self_cond):
+            return torch.randn(canvas.shape[0], canvas.shape[1], V, generator=g) + canvas[..., None] % 3
+
+        state = make_state(length=16, batch=2, seed=seed, settings=settings)
+        steps = []
+        committed = sampler.run(state, settings, denoiser, on_step=lambda s: steps.append(s.canvas.clone()))
+        return committed, torch.stack(steps)
+
+    a, b, c = trajectory(1), trajectory(1), trajectory(2)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[1], c[1])
+
+
+def test_cancel_is_polled_between_steps():
+    settings = SamplerSettings(max_steps=10, early_stop=False)
+    state = make_state(length=4, settings=settings)
+    calls = []
+    with pytest.raises(FillCancelled):
+        sampler.run(
+            state,
+            settings,
+            constant(torch.randn(1, 4, V)),
+            cancel=lambda: len(calls) >= 3,
+            on_step=lambda s: calls.append(s.step),
+        )
+    assert calls == [1, 2, 3]
