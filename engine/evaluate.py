@@ -268,6 +268,7 @@ def engine_filler(engine: Any) -> Filler:
             "wall_ms": wall_ms,
             "encoded_tokens": result.encoded_tokens,
             "context_tokens": result.context_tokens,
+            "blocks": getattr(result, "blocks", 1),
         }
 
     return fill
@@ -285,6 +286,7 @@ def reference_filler(problem: Problem, config: EvalConfig, seed: int) -> dict[st
         "wall_ms": 0.0,
         "encoded_tokens": 0,
         "context_tokens": 0,
+        "blocks": 0,
     }
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from dfim.cli import main
 from engine import evaluate as ev
-from engine.api import SamplerSettings
+from engine.api import EngineError, SamplerSettings
 from engine.sandbox import SandboxLimits
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -180,6 +180,21 @@ def test_hanging_and_crashing_completions_fail_and_the_run_goes_on():
     assert by_id["fixture/reverse_words/L1"]["passed"]
     assert by_id["fixture/reverse_words/L1"]["completion"] == "    words = s.split()\n"
     assert not by_id["fixture/clamp/L2"]["exact_match"]
+
+
+def test_engine_error_fails_that_problem_only():
+    problems = ev.load_problems(FIXTURE)
+
+    def filler(problem, config, seed):
+        if problem.task_id == "fixture/clamp/L2":
+            raise EngineError("context too long")
+        return ev.reference_filler(problem, config, seed)
+
+    configs = ev.build_configs(SamplerSettings(), 32, {}, None)
+    records = ev.evaluate(problems, configs, filler, workers=2)
+    assert [r["passed"] for r in records] == [False, True, True]
+    assert records[0]["error"] == "engine: context too long" and records[0]["stop_reason"] == "error"
+    assert ev.summarize(records, configs)[0]["engine_errors"] == 1
 
 
 # ----------------------------------------------------------------------------- the command
