@@ -240,16 +240,16 @@ def test_eval_command_with_a_random_checkpoint(tmp_path):
     model = write_random_checkpoint(tmp_path / "model", TOKENIZER)
     out = tmp_path / "out"
     argv = ["eval", str(FIXTURE), "--model", str(model), "--out", str(out), "--quiet", "--seed", "3"]
-    argv += ["--steps", "4", "--max-tokens", "16", "--timeout", "5", "--sweep", "early_stop=on,off"]
+    argv += ["--steps", "2", "--max-tokens", "16", "--timeout", "5", "--sweep", "early_stop=on,off"]
     assert main(argv) == 0
     results = _check_outputs(out, 2)
     assert results["meta"]["model"]["is_random"]
     off = results["summary"][1]
-    assert off["config"] == "early_stop=off" and off["mean_steps"] == 4  # no early stop: every step runs
+    assert off["config"] == "early_stop=off" and off["mean_steps"] == 2  # no early stop: every step runs
     assert len(results["early_stop_checks"]) == 1
     for record in results["problems"]:
         assert record["completion"].endswith("\n") and record["completion"].count("\n") == 1
-        assert 1 <= record["steps"] <= 4
+        assert 1 <= record["steps"] <= 2
 
 
 def test_fixture_is_self_consistent(tmp_path):
