@@ -1,0 +1,534 @@
+"""Code actions: which fills make sense at a cursor or selection, the engine request each one needs, and the
+text edits its result becomes. Pure functions; `server.app` runs the engine and wraps the edits in a
+version-stamped `WorkspaceEdit`.
+
+- fillHole: the `pass` / `...` / TODO / `todo!()` under the cursor, or the empty function body around it;
+- completeFunction: several lines at the cursor, kept inside the enclosing function;
+- fillSelectionHoles: every hole in the selection in one canvas (the text between them pinned);
+- rewriteSelection: the selection regenerated from a warm start (a function's signature pinned);
+- regenerateUnsure: only the selection's low-confidence tokens regenerated, the rest pinned.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.api import Hole, TokenScore
+from server.context import (
+    FillContext,
+    Source,
+    build_context,
+    empty_body_at,
+    enclosing_function,
+    find_holes,
+    hole_at,
+    leading_ws,
+    line_end,
+    line_start,
+)
+from server.postprocess import clean, limit_scope, normalize_newlines
+
+KIND = "refactor.rewrite.dfim"
+TITLES = {
+    "fillHole": "dfim: Fill the hole",
+    "completeFunction": "dfim: Complete the function body",
+    "fillSelectionHoles": "dfim: Fill every hole in the selection",
+    "rewriteSelection": "dfim: Rewrite the selection",
+    "regenerateUnsure": "dfim: Regenerate the unsure parts of the selection",
+}
+
+
+def available_actions(text: str, lang: str | None, start: int, end: int) -> list[str]:
+    """Action names that apply to the cursor (start == end) or selection [start, end)."""
+    source = Source(text, lang)
+    found: list[str] = []
+    selection = end > start and text[start:end].strip() != ""
+    if not selection or line_start(text, start) == line_start(text, end):
+        if hole_at(source, start) is not None or empty_body_at(source, start) is not None:
+            found.append("fillHole")
+    if not selection and enclosing_function(source, start) is not None:
+        found.append("completeFunction")
+    if selection:
+        if find_holes(source, start, end):
+            found.append("fillSelectionHoles")
+        found.append("rewriteSelection")
+        found.append("regenerateUnsure")
+    return found
+
+
+@dataclass
+class ActionPlan:
+    action: str
+    start: int  # the document span the result replaces
+    end: int
+    ctx: FillContext
+    middle: list = field(default_factory=list)  # the FillRequest skeleton (strings pinned, Holes denoised)
+    max_tokens: int = 128
+    warm_start: str | None = None
+    holes: list = field(default_factory=list)  # fillSelectionHoles: the hole spans, to split the result
+    instruction: str | None = None
+    original_text: str = ""  # the document text the result replaces
+
+
+class ActionError(ValueError):
+    """An action that does not apply here (shown to the user, the document untouched)."""
+
+
+def plan_action(
+    action: str,
+    text: str,
+    lang: str | None,
+    start: int,
+    end: int,
+    max_canvas: int = 128,
+    prefix_tokens: int = 1024,
+    suffix_tokens: int = 256,
+    count_tokens: Callable[[str], int] | None = None,
+    instruction: str | None = None,
+) -> ActionPlan:
+    source = Source(text, lang)
+    count = count_tokens or (lambda s: max(1, len(s) // 3))
+    windows = dict(prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, count_tokens=count_tokens)
+
+    if action == "fillHole":
+        span = hole_at(source, start) or empty_body_at(source, start)
+        if span is None:
+            raise ActionError("no hole (pass, ..., TODO, empty body) at the cursor")
+        ctx = build_context(
+            text, start, lang, max_canvas=max_canvas, mode="block", span=(span.start, span.end), **windows
+        )
+        ctx.indent = (
+            span.indent
+            if span.kind == "body"
+            else leading_ws(text[line_start(text, span.start) : span.start])
+        )
+        return ActionPlan(
+            action,
+            span.start,
+            span.end,
+            ctx,
+            original_text=text[span.start : span.end],
+            max_tokens=max_canvas,
+        )
+
+    if action == "completeFunction":
+        found = enclosing_function(source, start)
+        if found is None:
+            raise ActionError("the cursor is not inside a function")
+        body = empty_body_at(source, start)
+        if body is not None:
+            return plan_action(
+                "fillHole", text, lang, start, end, max_canvas, prefix_tokens, suffix_tokens, count_tokens
+            )
+        ctx = build_context(
+            text, start, lang, max_canvas=max_canvas, mode="multiline", span=(start, start), **windows
+        )
+        _, _, bs, _ = found
+        first_body_line = text[line_start(text, bs) : line_end(text, bs)]
+        ctx.indent = (
+            leading_ws(first_body_line) if text[bs:].startswith(first_body_line.strip()) else ctx.indent
+        )
+        return ActionPlan(action, start, start, ctx, original_text=text[start:start], max_tokens=max_canvas)
+
+    if end <= start:
+        raise ActionError("select the code first")
+    selected = text[start:end]
+    ctx = build_context(text, start, lang, max_canvas=max_canvas, mode="block", span=(start, end), **windows)
+    ctx.indent = ""
+
+    if action == "fillSelectionHoles":
+        holes = find_holes(source, start, end)
+        if not holes:
+            raise ActionError("no holes (pass, ..., TODO) in the selection")
+        pinned_tokens = count(selected)
+        width = max(4, min(32, (max_canvas - pinned_tokens) // len(holes)))
+        middle: list = []
+        cursor = start
+        for hole in holes:
+            if hole.start > cursor:
+                middle.append(text[cursor : hole.start])
+            middle.append(Hole(width))
+            cursor = hole.end
+        if end > cursor:
+            middle.append(text[cursor:end])
+        return ActionPlan(
+            action,
+            start,
+            end,
+            ctx,
+            original_text=text[start:end],
+            middle=middle,
+            max_tokens=max_canvas,
+            holes=holes,
+        )
+
+    if action in ("rewriteSelection", "regenerateUnsure"):
+        budget = min(max_canvas, int(count(selected) * 1.5) + 8)
+        middle = []
+        warm = selected
+        found = enclosing_function(source, start + len(selected) - len(selected.lstrip()))
+        if action == "rewriteSelection" and found is not None and found[0] >= start and found[1] <= end:
+            fs, _, bs, _ = found
+            header = text[start:bs]  # everything up to the body: the signature stays as written
+            if header.strip():
+                middle = [header, Hole(budget)]
+                warm = text[bs:end]
+        return ActionPlan(
+            action,
+            start,
+            end,
+            ctx,
+            original_text=text[start:end],
+            middle=middle,
+            max_tokens=budget,
+            warm_start=warm,
+            instruction=instruction,
+        )
+
+    raise ActionError(f"unknown action {action!r}")
+
+
+def unsure_skeleton(scores: list[TokenScore], threshold: float) -> list | None:
+    """A skeleton that pins the confident tokens and opens a hole (one token wider, room to grow) over each
+    run of unsure ones; None when nothing is unsure."""
+    middle: list = []
+    run = 0
+    pinned = ""
+    any_unsure = False
+    for score in scores:
+        unsure = score.confidence < threshold and score.text.strip() != ""
+        if unsure:
+            if pinned:
+                middle.append(pinned)
+                pinned = ""
+            run += 1
+            any_unsure = True
+        else:
+            if run:
+                middle.append(Hole(run + 1))
+                run = 0
+            pinned += score.text
+    if run:
+        middle.append(Hole(run + 1))
+    if pinned:
+        middle.append(pinned)
+    return middle if any_unsure else None
+
+
+def fit_whitespace(fill: str, original: str, newline: str = "\n") -> str:
+    """Keep the replaced text's outer line structure: if it began with a line end (the inside of `{ ... }`)
+    or ended with one (plus the closing line's indentation), so does the replacement."""
+    body = fill.strip("\r\n").rstrip()
+    lead = re.match(r"[ \t]*(\r\n|\r|\n)", original)
+    trail = re.search(r"(\r\n|\r|\n)[ \t]*\Z", original)
+    if lead:
+        body = lead.group(1) + body
+    if trail and (lead is None or trail.start() >= lead.end() or len(original.strip()) == 0):
+        body = body + trail.group(0)
+    return body
+
+
+def finish_action(plan: ActionPlan, result_text: str) -> list[tuple[int, int, str]]:
+    """The document edits (start, end, new text) for an engine result; raises ActionError if unusable."""
+    ctx = plan.ctx
+    if plan.action == "fillSelectionHoles":
+        return _split_holes(plan, result_text)
+    if plan.action in ("rewriteSelection", "regenerateUnsure"):
+        text = normalize_newlines(result_text, ctx.newline)
+        if not text.strip():
+            raise ActionError("the model returned nothing for the selection")
+        return [(plan.start, plan.end, _keep_outer_ws(text, plan.original_text))]
+    # fillHole / completeFunction
+    if plan.action == "completeFunction":
+        text = clean(result_text, ctx)
+    else:
+        text = limit_scope(result_text, ctx, max_lines=200)
+        text = normalize_newlines(text, ctx.newline)
+        if not text.strip():
+            text = None
+    if text is None:
+        raise ActionError("the model produced nothing usable here")
+    if plan.action == "fillHole":
+        text = fit_whitespace(text, plan.original_text, ctx.newline)
+    return [(plan.start, plan.end, text)]
+
+
+def _keep_outer_ws(new: str, old: str) -> str:
+    """A rewrite keeps the selection's leading and trailing whitespace as it was."""
+    lead = old[: len(old) - len(old.lstrip())]
+    trail = old[len(old.rstrip()) :]
+    return lead + new.strip() + trail if new.strip() else old
+
+
+def _split_holes(plan: ActionPlan, result_text: str) -> list[tuple[int, int, str]]:
+    """One edit per hole: the result is the selection with each hole filled; find the pinned pieces in order
+    and take what lies between them. Falls back to one edit over the selection."""
+    pieces = [m for m in plan.middle]
+    edits: list[tuple[int, int, str]] = []
+    pos = 0
+    hole_index = 0
+    pending_fill_start: int | None = None
+    for piece in pieces:
+        if isinstance(piece, str):
+            found = result_text.find(piece, pos)
+            if found < 0:
+                return [(plan.start, plan.end, result_text)]
+            if pending_fill_start is not None:
+                hole = plan.holes[hole_index - 1]
+                edits.append((hole.start, hole.end, result_text[pending_fill_start:found]))
+                pending_fill_start = None
+            pos = found + len(piece)
+        else:
+            hole_index += 1
+            pending_fill_start = pos
+    if pending_fill_start is not None:
+        hole = plan.holes[hole_index - 1]
+        edits.append((hole.start, hole.end, result_text[pending_fill_start:].rstrip()))
+    for _s, _e, fill in edits:
+        if not fill.strip():
+            raise ActionError("the model left a hole empty")
+    return [(s, e, fill.strip(" \t") if "\n" not in fill else fill.rstrip()) for s, e, fill in edits]
+
+
+# ---- the LSP feature -----------------------------------------------------------------------------------
+
+RUN_COMMAND = "dfim.runAction"  # arguments: [data] as carried by a code action
+ACTION_COMMANDS = {f"dfim.{name}": name for name in TITLES}  # arguments: [uri, range, instruction?]
+
+
+def _resolve_supported(ls) -> bool:
+    caps = ls.client_capabilities
+    try:
+        support = caps.text_document.code_action.resolve_support
+        return support is not None and "edit" in support.properties
+    except AttributeError:
+        return False
+
+
+def register(ls) -> None:
+    from lsprotocol import types
+    from pygls.exceptions import JsonRpcInvalidParams
+
+    from server.context import language_for
+    from server.documents import PositionError
+
+    options = types.CodeActionOptions(code_action_kinds=[KIND], resolve_provider=True)
+
+    @ls.feature(types.TEXT_DOCUMENT_CODE_ACTION, options)
+    def code_action(ls, params: types.CodeActionParams):
+        only = params.context.only
+        if only and not any(KIND == k or KIND.startswith(f"{k}.") for k in only):
+            return None
+        doc = ls.docs.get(params.text_document.uri)
+        if doc is None:
+            return None
+        try:
+            start, end = doc.range_offsets(params.range, ls.docs.encoding)
+        except PositionError as exc:
+            raise JsonRpcInvalidParams(f"range: {exc}") from None
+        names = available_actions(doc.text, language_for(doc.language_id, doc.uri), start, end)
+        resolve = _resolve_supported(ls)
+        out = []
+        for name in names:
+            data = {
+                "uri": doc.uri,
+                "version": doc.version,
+                "action": name,
+                "range": ls.protocol._converter.unstructure(params.range),
+            }
+            action = types.CodeAction(title=TITLES[name], kind=KIND, data=data)
+            if not resolve:  # clients without resolve run the command; it sends workspace/applyEdit
+                action.command = types.Command(title=TITLES[name], command=RUN_COMMAND, arguments=[data])
+            out.append(action)
+        return out
+
+    @ls.feature(types.CODE_ACTION_RESOLVE)
+    async def resolve_code_action(ls, action: types.CodeAction):
+        if not isinstance(action.data, dict) or action.data.get("action") not in TITLES:
+            return action
+        action.edit = await run_action(ls, action.data)
+        return action
+
+    @ls.command(RUN_COMMAND)
+    async def run_command(ls, *args):
+        if not args or not isinstance(args[0], dict):
+            raise JsonRpcInvalidParams(f"{RUN_COMMAND} takes one argument: the action's data")
+        edit = await run_action(ls, args[0])
+        return await _apply(ls, edit, TITLES.get(args[0].get("action"), "dfim"))
+
+    for command, name in ACTION_COMMANDS.items():
+
+        async def direct(ls, *args, _name=name):
+            if len(args) < 2:
+                raise JsonRpcInvalidParams(f"dfim.{_name} takes [uri, range, instruction?]")
+            data = {"uri": args[0], "version": None, "action": _name, "range": args[1]}
+            if len(args) > 2 and args[2] is not None:
+                data["instruction"] = str(args[2])
+            edit = await run_action(ls, data)
+            return await _apply(ls, edit, TITLES[_name])
+
+        ls.command(command)(direct)
+
+
+async def _apply(ls, edit, label: str) -> dict:
+    from lsprotocol import types
+
+    result = await ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit, label=label))
+    return {"applied": bool(result and result.applied), "edit": ls.protocol._converter.unstructure(edit)}
+
+
+async def run_action(ls, data: dict):
+    """Compute one action's WorkspaceEdit, stamped with the document version it was computed from."""
+    import asyncio
+    import dataclasses
+    import threading
+
+    from lsprotocol import types
+    from pygls.exceptions import JsonRpcContentModified, JsonRpcInternalError, JsonRpcInvalidParams
+
+    from engine.api import EngineError, FillCancelled, FillRequest
+    from server.context import language_for
+    from server.documents import Document, PositionError
+
+    uri = data.get("uri")
+    doc = ls.docs.get(uri)
+    if doc is None:
+        raise JsonRpcInvalidParams(f"document {uri} is not open")
+    if data.get("version") is not None and data["version"] != doc.version:
+        raise JsonRpcContentModified("the document changed since this action was offered")
+    text, version, encoding = doc.text, doc.version, ls.docs.encoding
+    try:
+        rng = ls.protocol._converter.structure(data.get("range"), types.Range)
+        start, end = doc.range_offsets(rng, encoding)
+    except PositionError as exc:
+        raise JsonRpcInvalidParams(f"range: {exc}") from None
+    except Exception as exc:
+        raise JsonRpcInvalidParams(f"bad range {data.get('range')!r}: {exc}") from None
+    options = ls.options
+    if not ls.host.ready:
+        raise JsonRpcInternalError(f"dfim: the model is not ready ({ls.host.error or 'still loading'})")
+    lang = language_for(doc.language_id, uri)
+    try:
+        plan = plan_action(
+            data["action"],
+            text,
+            lang,
+            start,
+            end,
+            max_canvas=options.sampling.max_canvas,
+            prefix_tokens=options.context.prefix_tokens,
+            suffix_tokens=options.context.suffix_tokens,
+            count_tokens=ls.host.count_tokens,
+            instruction=data.get("instruction"),
+        )
+    except ActionError as exc:
+        raise JsonRpcInvalidParams(f"dfim: {exc}") from None
+
+    engine = ls.host.engine
+    settings = dataclasses.replace(
+        engine.settings,
+        max_steps=options.sampling.action_max_steps,
+        entropy_bound=options.sampling.entropy_bound,
+    )
+    loop = asyncio.get_running_loop()
+    flag = threading.Event()
+    token = await _begin_progress(ls, TITLES[plan.action], flag)
+
+    def on_step(info) -> None:
+        if token is None:
+            return
+        message = f"step {info.step}/{info.max_steps}, {info.accepted} tokens accepted"
+        percent = int(100 * info.step / max(1, info.max_steps))
+        loop.call_soon_threadsafe(
+            ls.work_done_progress.report,
+            token,
+            types.WorkDoneProgressReport(message=message, percentage=percent, cancellable=True),
+        )
+
+    ls.status.begin_fill()
+    result = None
+    try:
+        if plan.action == "regenerateUnsure":
+            score = FillRequest(
+                prefix=plan.ctx.prefix,
+                suffix=plan.ctx.suffix,
+                middle=[plan.original_text],
+                max_tokens=plan.max_tokens,
+                settings=dataclasses.replace(settings, max_steps=1),
+                seed=options.sampling.seed,
+            )
+            scored = await ls.host.fill(score, flag)
+            skeleton = unsure_skeleton(scored.token_scores, options.actions.unsure_threshold)
+            if skeleton is None:
+                raise ActionError("every token of the selection is confident; nothing to regenerate")
+            plan.middle = skeleton
+            plan.warm_start = None
+        request = FillRequest(
+            prefix=plan.ctx.prefix,
+            suffix=plan.ctx.suffix,
+            middle=plan.middle,
+            max_tokens=plan.max_tokens,
+            warm_start=plan.warm_start,
+            settings=settings,
+            seed=options.sampling.seed,
+            candidates=options.actions.candidates,
+            on_step=on_step,
+        )
+        result = await ls.host.fill(request, flag)
+        edits = finish_action(plan, result.text)
+    except ActionError as exc:
+        raise JsonRpcInvalidParams(f"dfim: {exc}") from None
+    except FillCancelled:
+        from pygls.exceptions import JsonRpcRequestCancelled
+
+        raise JsonRpcRequestCancelled("dfim: cancelled") from None
+    except EngineError as exc:
+        raise JsonRpcInternalError(f"dfim: the engine failed: {exc}") from None
+    finally:
+        if result is not None:
+            ls.status.end_fill(result.latency_ms, result.steps, result.stop_reason)
+        else:
+            ls.status.end_fill()
+        if token is not None:
+            ls.work_done_progress.end(
+                token, types.WorkDoneProgressEnd(message="done" if result else "stopped")
+            )
+            ls.work_done_progress.tokens.pop(token, None)
+
+    snapshot = Document(uri=uri, text=text, version=version)
+    text_edits = [
+        types.TextEdit(range=snapshot.range_at(s, e, encoding), new_text=new) for s, e, new in edits
+    ]
+    return types.WorkspaceEdit(
+        document_changes=[
+            types.TextDocumentEdit(
+                text_document=types.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version),
+                edits=text_edits,
+            )
+        ]
+    )
+
+
+async def _begin_progress(ls, title: str, flag):
+    """A server-created `$/progress` token when the client supports it; its cancel raises `flag`."""
+    import uuid
+
+    from lsprotocol import types
+
+    caps = ls.client_capabilities
+    if not (caps and caps.window and caps.window.work_done_progress):
+        return None
+    token = f"dfim-{uuid.uuid4().hex[:12]}"
+    try:
+        await ls.work_done_progress.create_async(token)
+    except Exception:
+        return None
+    ls.work_done_progress.begin(
+        token, types.WorkDoneProgressBegin(title=title, cancellable=True, percentage=0)
+    )
+    future = ls.work_done_progress.tokens.get(token)
+    if future is not None:
+        future.add_done_callback(lambda _f: flag.set())
+    return token

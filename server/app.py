@@ -1,0 +1,232 @@
+"""The language server object: lifecycle, capabilities, document sync, configuration, status.
+
+Features live in their own modules (`server.inline`, `server.actions`) and register their handlers on the
+server built here. The model loads in the background after `initialized`, so the editor never waits on torch;
+until it is ready (or if it cannot load) requests are still answered, with no completions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.language_server import lsp_method
+
+from server.documents import DocumentStore, choose_encoding
+from server.engine_host import EngineHost
+from server.inline import ResultCache, ShownSuggestion
+from server.options import Options, merge_options
+from server.status import StatusReporter
+from server.telemetry import SuggestionTracker, Telemetry, data_dir
+
+log = logging.getLogger("dfim.server")
+VERSION = "0.1.0"
+STATS_METHOD = "dfim/stats"  # custom request: counters for tests and benchmarks
+
+
+class DfimProtocol(LanguageServerProtocol):
+    """pygls's protocol with two changes: UTF-8 is chosen whenever offered, and document sync goes only to
+    our own store (pygls's would split lines on separators LSP does not count)."""
+
+    @lsp_method(types.INITIALIZE)
+    def lsp_initialize(self, params: types.InitializeParams):
+        general = params.capabilities.general
+        if general is not None and general.position_encodings:
+            general.position_encodings = [choose_encoding(list(general.position_encodings))]
+        return (yield from super().lsp_initialize(params))
+
+    def _user(self, method: str, params):
+        handler = self.fm.features.get(method)
+        if handler is not None:
+            yield handler, (params,), None
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
+    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams):
+        yield from self._user(types.TEXT_DOCUMENT_DID_OPEN, params)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
+    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams):
+        yield from self._user(types.TEXT_DOCUMENT_DID_CHANGE, params)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
+    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams):
+        yield from self._user(types.TEXT_DOCUMENT_DID_CLOSE, params)
+
+
+class DfimServer(LanguageServer):
+    def __init__(self, model: str = "", device: str = "cpu") -> None:
+        super().__init__(
+            "dfim",
+            VERSION,
+            protocol_cls=DfimProtocol,
+            text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+        )
+        self.docs = DocumentStore()
+        self.options = Options()
+        self.options.model.path, self.options.model.device = model, device
+        self.host = EngineHost()
+        self.status = StatusReporter(self.protocol.notify)
+        self.status.status.device = device
+        self.cache = ResultCache(self.options.inline.cache_size)
+        self.shown: dict[str, ShownSuggestion] = {}  # uri -> last inline suggestion (typed-ahead reuse)
+        self.inflight: dict[str, threading.Event] = {}  # uri -> cancel flag of the inline fill in flight
+        self.tracker = SuggestionTracker(Telemetry(data_dir(), enabled=True))
+        self.counters = {
+            "fills": 0,
+            "completed": 0,
+            "cancelled": 0,
+            "failed": 0,
+            "cache_hits": 0,
+            "typed_ahead": 0,
+        }
+        self.pending_errors: list[str] = []
+        self._load_task: asyncio.Task | None = None
+        self._loaded = ("", "")
+
+    # ---- settings --------------------------------------------------------------------------------------
+
+    def apply_settings(self, raw, source: str) -> list[str]:
+        """Merge client settings; bad values are reported and the previous values kept."""
+        previous = self.options
+        self.options, errors = merge_options(previous, raw)
+        self.cache.size = self.options.inline.cache_size
+        telemetry = self.options.telemetry
+        self.tracker.telemetry = Telemetry(data_dir(telemetry.data_dir), enabled=telemetry.enabled)
+        if self.options.sampling != previous.sampling or self.options.context != previous.context:
+            self.cache.clear()
+        return [f"dfim: {e} ({source}); keeping the previous value" for e in errors]
+
+    def show_errors(self, errors: list[str]) -> None:
+        for message in errors:
+            log.warning(message)
+            self.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=message))
+
+    def ensure_model(self) -> None:
+        """(Re)load the model in the background when the configured path/device differ from the loaded one."""
+        wanted = (self.options.model.path, self.options.model.device)
+        if wanted == self._loaded and (self.host.ready or self.host.loading):
+            return
+        self._loaded = wanted
+        self.cache.clear()
+        self._load_task = asyncio.ensure_future(self._load(*wanted))
+
+    async def _load(self, path: str, device: str) -> None:
+        self.status.update(
+            state="loading", message=f"loading {path or 'the default model'} on {device}", device=device
+        )
+        await self.host.load(path, device)
+        if (path, device) != self._loaded:
+            return  # a newer configuration superseded this load
+        if self.host.ready:
+            engine = self.host.engine
+            self.status.update(
+                state="ready",
+                message="",
+                model=str(getattr(engine, "model_name", path or "dfim-small")),
+                is_random=bool(getattr(engine, "is_random", False)),
+            )
+        else:
+            self.status.update(state="error", message=self.host.error or "the model could not be loaded")
+            self.show_errors([f"dfim: {self.host.error}"])
+
+    async def pull_configuration(self) -> None:
+        caps = self.client_capabilities
+        if not (caps and caps.workspace and caps.workspace.configuration):
+            return
+        try:
+            result = await self.workspace_configuration_async(
+                types.ConfigurationParams(items=[types.ConfigurationItem(section="dfim")])
+            )
+        except Exception as exc:  # a client that advertises but fails: keep what we have
+            log.warning("workspace/configuration failed: %s", exc)
+            return
+        if result and result[0] is not None:
+            self.show_errors(self.apply_settings(result[0], "workspace/configuration"))
+
+    def cancel_inflight(self, uri: str) -> threading.Event:
+        """Raise the cancel flag of the fill in flight for `uri` and return a fresh flag for the next one."""
+        previous = self.inflight.get(uri)
+        if previous is not None:
+            previous.set()
+        flag = threading.Event()
+        self.inflight[uri] = flag
+        return flag
+
+
+def build_server(model: str = "", device: str = "cpu") -> DfimServer:
+    """A fresh server with every feature registered (tests may build several in one process)."""
+    from server import actions, inline
+
+    ls = DfimServer(model, device)
+    _register_lifecycle(ls)
+    inline.register(ls)
+    actions.register(ls)
+    return ls
+
+
+def _register_lifecycle(ls: DfimServer) -> None:
+    @ls.feature(types.INITIALIZE)
+    def initialize(ls: DfimServer, params: types.InitializeParams) -> None:
+        ls.docs.encoding = choose_encoding(
+            list(params.capabilities.general.position_encodings or [])
+            if params.capabilities.general is not None
+            else []
+        )
+        ls.pending_errors += ls.apply_settings(params.initialization_options, "initializationOptions")
+
+    @ls.feature(types.INITIALIZED)
+    async def initialized(ls: DfimServer, params: types.InitializedParams) -> None:
+        ls.show_errors(ls.pending_errors)
+        ls.pending_errors = []
+        ls.status.update(state="loading")
+        await ls.pull_configuration()
+        ls.ensure_model()
+
+    @ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    async def did_change_configuration(ls: DfimServer, params: types.DidChangeConfigurationParams) -> None:
+        caps = ls.client_capabilities
+        if caps and caps.workspace and caps.workspace.configuration:
+            await ls.pull_configuration()
+        else:
+            settings = params.settings
+            if isinstance(settings, dict) and "dfim" in settings:
+                settings = settings["dfim"]
+            ls.show_errors(ls.apply_settings(settings, "didChangeConfiguration"))
+        ls.ensure_model()
+
+    @ls.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(ls: DfimServer, params: types.DidOpenTextDocumentParams) -> None:
+        doc = params.text_document
+        ls.docs.open(doc.uri, doc.text, doc.version, doc.language_id)
+
+    @ls.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(ls: DfimServer, params: types.DidChangeTextDocumentParams) -> None:
+        ls.docs.change(params.text_document.uri, params.text_document.version, params.content_changes)
+
+    @ls.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: DfimServer, params: types.DidCloseTextDocumentParams) -> None:
+        uri = params.text_document.uri
+        ls.docs.close(uri)
+        ls.cancel_inflight(uri)
+        ls.inflight.pop(uri, None)
+        ls.shown.pop(uri, None)
+        ls.tracker.supersede(uri)
+
+    @ls.feature(types.SHUTDOWN)
+    def shutdown(ls: DfimServer, *args) -> None:
+        for flag in ls.inflight.values():
+            flag.set()
+
+    @ls.feature(STATS_METHOD)
+    def stats(ls: DfimServer, *args) -> dict:
+        return {
+            **ls.counters,
+            "engine_fills_started": ls.host.fills_started,
+            "engine_fills_completed": ls.host.fills_completed,
+            "status": ls.status.status.to_json(),
+            "encoding": ls.docs.encoding,
+        }

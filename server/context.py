@@ -1,0 +1,527 @@
+"""What the model sees and what it must fill: syntax-aware context windows, fill modes, holes.
+
+Everything here is a pure function of the document text and an offset (Python string indices). Tree-sitter
+works on UTF-8 bytes, so `Source` converts between the two. Languages without a grammar fall back to line
+heuristics (blank lines and indentation).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# LSP languageId -> (grammar module, language function)
+GRAMMARS: dict[str, tuple[str, str]] = {
+    "python": ("tree_sitter_python", "language"),
+    "javascript": ("tree_sitter_javascript", "language"),
+    "typescript": ("tree_sitter_typescript", "language_typescript"),
+    "tsx": ("tree_sitter_typescript", "language_tsx"),
+    "go": ("tree_sitter_go", "language"),
+    "rust": ("tree_sitter_rust", "language"),
+    "java": ("tree_sitter_java", "language"),
+    "c": ("tree_sitter_c", "language"),
+    "cpp": ("tree_sitter_cpp", "language"),
+}
+LANGUAGE_ALIASES = {"javascriptreact": "javascript", "typescriptreact": "tsx", "c++": "cpp", "py": "python"}
+EXTENSIONS = {
+    ".py": "python", ".pyi": "python", ".js": "javascript", ".mjs": "javascript", ".cjs": "javascript",
+    ".jsx": "javascript", ".ts": "typescript", ".mts": "typescript", ".cts": "typescript", ".tsx": "tsx",
+    ".go": "go", ".rs": "rust", ".java": "java", ".c": "c", ".h": "c", ".cpp": "cpp", ".cc": "cpp",
+    ".cxx": "cpp", ".hpp": "cpp", ".hh": "cpp", ".hxx": "cpp",
+}  # fmt: skip
+
+# Nodes whose children are statements/declarations: their children's starts and ends are where a window
+# may be cut without splitting a statement.
+BLOCK_TYPES = {
+    "module", "program", "source_file", "translation_unit", "block", "statement_block", "compound_statement",
+    "class_body", "declaration_list", "field_declaration_list", "interface_body", "constructor_body",
+    "enum_body", "statement_list", "switch_body", "class_declaration", "namespace_definition",
+}  # fmt: skip
+FUNCTION_TYPES = {
+    "function_definition", "function_declaration", "method_definition", "arrow_function",
+    "function_expression", "function", "generator_function_declaration", "method_declaration",
+    "constructor_declaration", "function_item", "func_literal",
+}  # fmt: skip
+COMMENT_TYPES = {"comment", "line_comment", "block_comment"}
+CLOSERS = ")]}"
+OPENERS = "([{"
+MATCH = {")": "(", "]": "[", "}": "{"}
+
+CHARS_PER_TOKEN = 3.0  # a conservative guess for code BPE; refined with the real tokenizer when given
+
+
+def language_for(language_id: str | None, uri: str = "") -> str | None:
+    """Grammar name for a document, from its languageId, else its file extension; None = line heuristics."""
+    lang = (language_id or "").lower()
+    lang = LANGUAGE_ALIASES.get(lang, lang)
+    if lang in GRAMMARS:
+        return lang
+    match = re.search(r"(\.[A-Za-z0-9+]+)$", uri.split("?")[0])
+    return EXTENSIONS.get(match.group(1).lower()) if match else None
+
+
+@functools.cache
+def get_parser(lang: str):
+    import tree_sitter
+
+    module_name, function_name = GRAMMARS[lang]
+    module = importlib.import_module(module_name)
+    return tree_sitter.Parser(tree_sitter.Language(getattr(module, function_name)()))
+
+
+class Source:
+    """A text with its (lazy) syntax tree and char <-> byte offset conversion."""
+
+    def __init__(self, text: str, lang: str | None) -> None:
+        self.text = text
+        self.lang = lang if lang in GRAMMARS else None
+        self.data = text.encode("utf-8", "surrogatepass")
+        self.ascii = len(self.data) == len(text)
+        self._tree = None
+
+    @property
+    def tree(self):
+        if self._tree is None and self.lang is not None:
+            self._tree = get_parser(self.lang).parse(self.data)
+        return self._tree
+
+    def byte(self, offset: int) -> int:
+        return offset if self.ascii else len(self.text[:offset].encode("utf-8", "surrogatepass"))
+
+    def char(self, byte: int) -> int:
+        return byte if self.ascii else len(self.data[:byte].decode("utf-8", "surrogatepass"))
+
+    def span(self, node) -> tuple[int, int]:
+        return self.char(node.start_byte), self.char(node.end_byte)
+
+
+def error_count(text: str, lang: str | None) -> int:
+    """ERROR and MISSING nodes in `text`'s syntax tree (0 for languages without a grammar)."""
+    if lang not in GRAMMARS:
+        return 0
+    tree = get_parser(lang).parse(text.encode("utf-8", "surrogatepass"))
+    if not tree.root_node.has_error:
+        return 0
+    count = 0
+    stack = [tree.root_node]
+    while stack:
+        node = stack.pop()
+        if node.is_error or node.is_missing:
+            count += 1
+        if node.has_error:
+            stack.extend(node.children)
+    return count
+
+
+# ---- lines and indentation -------------------------------------------------------------------------------
+
+
+def line_start(text: str, offset: int) -> int:
+    return max(text.rfind("\n", 0, offset), text.rfind("\r", 0, offset)) + 1
+
+
+def line_end(text: str, offset: int) -> int:
+    ends = [i for i in (text.find("\n", offset), text.find("\r", offset)) if i >= 0]
+    return min(ends) if ends else len(text)
+
+
+def next_line_start(text: str, offset: int) -> int:
+    end = line_end(text, offset)
+    if text.startswith("\r\n", end):
+        return end + 2
+    return min(end + 1, len(text))
+
+
+def indent_width(line: str) -> int:
+    """Visual width of a line's leading whitespace (tabs count 4)."""
+    stripped = line[: len(line) - len(line.lstrip(" \t"))]
+    return len(stripped.expandtabs(4))
+
+
+def leading_ws(line: str) -> str:
+    return line[: len(line) - len(line.lstrip(" \t"))]
+
+
+def indent_unit(text: str) -> str:
+    """The document's indentation step: a tab if lines start with tabs, else the smallest space step (4)."""
+    steps = []
+    for line in text.splitlines()[:400]:
+        ws = leading_ws(line)
+        if not ws or not line.strip():
+            continue
+        if ws.startswith("\t"):
+            return "\t"
+        steps.append(len(ws))
+    return " " * min(steps) if steps and min(steps) in (2, 3, 4, 8) else "    "
+
+
+def newline_of(text: str) -> str:
+    """The document's line end (CRLF documents get CRLF completions)."""
+    crlf = text.count("\r\n")
+    return "\r\n" if crlf and crlf >= text.count("\n") - crlf else "\n"
+
+
+# ---- windows -------------------------------------------------------------------------------------------
+
+
+def _statement_cuts(source: Source, lo: int, hi: int) -> tuple[list[int], list[int]]:
+    """Offsets in [lo, hi] where a statement-level node starts (at the start of its line) and where one ends
+    (the start of the line after it), for the nodes that intersect [lo, hi]."""
+    starts: list[int] = []
+    ends: list[int] = []
+    tree = source.tree
+    if tree is None:
+        return starts, ends
+    blo, bhi = source.byte(lo), source.byte(hi)
+    text = source.text
+    stack = [tree.root_node]
+    visited = 0
+    while stack and visited < 20000:
+        node = stack.pop()
+        visited += 1
+        is_block = node.parent is None or node.type in BLOCK_TYPES
+        for child in node.children:
+            if child.end_byte < blo or child.start_byte > bhi:
+                continue
+            if is_block and child.is_named:
+                s, e = source.span(child)
+                ls = line_start(text, s)
+                if text[ls:s].strip() == "" and lo <= ls <= hi:
+                    starts.append(ls)
+                after = next_line_start(text, e)
+                if text[e : line_end(text, e)].strip() == "" and lo <= after <= hi:
+                    ends.append(after)
+            if child.start_point[0] != child.end_point[0]:
+                stack.append(child)
+    return sorted(set(starts)), sorted(set(ends))
+
+
+def _line_cuts(text: str, lo: int, hi: int) -> list[int]:
+    """Fallback cut points: starts of non-indented lines and of lines after a blank line."""
+    cuts = []
+    pos = line_start(text, lo)
+    previous_blank = True
+    while pos <= hi and pos < len(text):
+        end = line_end(text, pos)
+        line = text[pos:end]
+        if pos >= lo and (previous_blank or (line.strip() and indent_width(line) == 0)):
+            cuts.append(pos)
+        previous_blank = not line.strip()
+        nxt = next_line_start(text, pos)
+        if nxt <= pos:
+            break
+        pos = nxt
+    return cuts
+
+
+def prefix_window(source: Source, cursor: int, budget_chars: int) -> int:
+    """Start offset of the prefix window: the earliest statement boundary within `budget_chars` of the cursor."""
+    lo = cursor - budget_chars
+    if lo <= 0:
+        return 0
+    text = source.text
+    starts, _ = _statement_cuts(source, lo, cursor)
+    candidates = [s for s in starts if s >= lo] or [c for c in _line_cuts(text, lo, cursor) if c >= lo]
+    if candidates:
+        return min(candidates)
+    nxt = next_line_start(text, lo)
+    return nxt if nxt <= cursor else lo
+
+
+def suffix_window(source: Source, cursor: int, budget_chars: int) -> int:
+    """End offset of the suffix window: the last statement boundary within `budget_chars` of the cursor."""
+    text = source.text
+    hi = cursor + budget_chars
+    if hi >= len(text):
+        return len(text)
+    _, ends = _statement_cuts(source, cursor, hi)
+    candidates = [e for e in ends if e <= hi]
+    if not candidates:
+        candidates = [c for c in _line_cuts(text, cursor, hi) if c > cursor]
+    if candidates:
+        return max(candidates)
+    start = line_start(text, hi)
+    return start if start > cursor else hi
+
+
+def fit_window(
+    source: Source,
+    cursor: int,
+    prefix_tokens: int,
+    suffix_tokens: int,
+    count_tokens: Callable[[str], int] | None = None,
+) -> tuple[int, int]:
+    """(start, end) of a prefix/suffix window that fits the token budgets, cut at syntactic boundaries."""
+    text = source.text
+    pchars, schars = int(prefix_tokens * CHARS_PER_TOKEN), int(suffix_tokens * CHARS_PER_TOKEN)
+    start, end = prefix_window(source, cursor, pchars), suffix_window(source, cursor, schars)
+    if count_tokens is None:
+        return start, end
+    for _ in range(4):  # shrink by the measured ratio until both sides fit
+        p = count_tokens(text[start:cursor])
+        s = count_tokens(text[cursor:end])
+        if p <= prefix_tokens and s <= suffix_tokens:
+            break
+        if p > prefix_tokens:
+            pchars = int(min(pchars, cursor - start) * prefix_tokens / p * 0.95)
+            start = prefix_window(source, cursor, pchars)
+        if s > suffix_tokens:
+            schars = int(min(schars, end - cursor) * suffix_tokens / s * 0.95)
+            end = suffix_window(source, cursor, schars)
+    return start, end
+
+
+# ---- syntax queries ------------------------------------------------------------------------------------
+
+
+def _smallest_containing(source: Source, offset: int, types: set[str]):
+    tree = source.tree
+    if tree is None:
+        return None
+    b = source.byte(offset)
+    node = tree.root_node.descendant_for_byte_range(b, b)
+    while node is not None:
+        if node.type in types and node.start_byte <= b <= node.end_byte:
+            return node
+        node = node.parent
+    return None
+
+
+@dataclass
+class Span:
+    start: int
+    end: int
+    kind: str  # "pass" | "ellipsis" | "todo" | "body"
+    indent: str = ""  # indentation for lines of the fill
+
+
+def _is_hole_node(source: Source, node) -> str | None:
+    t = node.type
+    if t == "pass_statement":
+        return "pass"
+    if (
+        t == "expression_statement"
+        and node.named_child_count == 1
+        and node.named_children[0].type == "ellipsis"
+    ):
+        return "ellipsis"
+    if t in COMMENT_TYPES and "TODO" in source.data[node.start_byte : node.end_byte].decode(
+        "utf-8", "replace"
+    ):
+        return "todo"
+    if t == "macro_invocation":
+        name = node.child_by_field_name("macro")
+        if name is not None and source.data[name.start_byte : name.end_byte] in (b"todo", b"unimplemented"):
+            return "todo"
+    if t == "expression_statement" and node.named_child_count == 1:
+        return _is_hole_node(source, node.named_children[0])
+    return None
+
+
+_HOLE_LINE = re.compile(r"^[ \t]*(pass|\.\.\.|(#|//|/\*|--).*\bTODO\b.*?)[ \t]*$", re.M)
+
+
+def find_holes(source: Source, lo: int, hi: int) -> list[Span]:
+    """Holes (`pass`, `...`, TODO comments, `todo!()`) that lie inside [lo, hi], in document order."""
+    text = source.text
+    holes: list[Span] = []
+    if source.tree is None:
+        for m in _HOLE_LINE.finditer(text, lo, hi):
+            s, e = m.start(1), m.end(1)
+            kind = "pass" if m.group(1) == "pass" else "ellipsis" if m.group(1) == "..." else "todo"
+            holes.append(Span(s, e, kind, leading_ws(text[line_start(text, s) : s])))
+        return holes
+    blo, bhi = source.byte(lo), source.byte(hi)
+    stack = [source.tree.root_node]
+    while stack:
+        node = stack.pop()
+        for child in reversed(node.children):
+            if child.end_byte <= blo or child.start_byte >= bhi:
+                continue
+            kind = _is_hole_node(source, child)
+            if kind is not None and child.start_byte >= blo and child.end_byte <= bhi:
+                s, e = source.span(child)
+                holes.append(Span(s, e, kind, leading_ws(text[line_start(text, s) : s])))
+            else:
+                stack.append(child)
+    holes.sort(key=lambda h: h.start)
+    return holes
+
+
+def hole_at(source: Source, offset: int) -> Span | None:
+    """The hole under the cursor, or on the cursor's line."""
+    text = source.text
+    ls, le = line_start(text, offset), line_end(text, offset)
+    for hole in find_holes(source, ls, le):
+        if hole.start <= offset <= hole.end or text[ls:le].strip() == text[hole.start : hole.end].strip():
+            return hole
+    return None
+
+
+def enclosing_function(source: Source, offset: int) -> tuple[int, int, int, int] | None:
+    """(function start, function end, body start, body end) of the innermost function around `offset`."""
+    node = _smallest_containing(source, offset, FUNCTION_TYPES)
+    if node is None:
+        return None
+    body = node.child_by_field_name("body")
+    if body is None:
+        return None
+    fs, fe = source.span(node)
+    bs, be = source.span(body)
+    return fs, fe, bs, be
+
+
+def _body_interior(source: Source, bs: int, be: int) -> tuple[int, int]:
+    """A body's span without its braces (brace languages) - the part a fill replaces."""
+    text = source.text
+    if text[bs:be].startswith("{") and text[bs:be].rstrip().endswith("}"):
+        return bs + 1, bs + text[bs:be].rstrip().rfind("}")
+    return bs, be
+
+
+def empty_body_at(source: Source, offset: int) -> Span | None:
+    """If the cursor is inside a function body that holds nothing (or only a hole), the span to fill."""
+    text = source.text
+    probe = offset
+    indented_blocks = source.lang == "python" or source.lang is None
+    if indented_blocks and not text[line_start(text, offset) : line_end(text, offset)].strip():
+        # an empty python block parses as zero width after the colon: look at the last non-blank text
+        probe = max(0, len(text[: line_start(text, offset)].rstrip()) - 1)
+    found = enclosing_function(source, probe)
+    if found is None:
+        return None
+    fs, _, bs, be = found
+    inner_s, inner_e = _body_interior(source, bs, be)
+    if indented_blocks:
+        header_end = text.find(":", fs, bs) if bs == be else line_start(text, bs) - 1
+        inner_s = next_line_start(text, header_end)
+        inner_e = max(be, line_end(text, offset)) if offset >= inner_s else be
+        if line_start(text, offset) > inner_s and text[inner_s : line_start(text, offset)].strip():
+            return None
+        inner_s = min(inner_s, line_start(text, offset))
+    if not (inner_s <= offset <= max(inner_e, inner_s)):
+        return None
+    body = text[inner_s:inner_e]
+    holes = find_holes(source, inner_s, inner_e)
+    rest = body
+    for hole in reversed(holes):
+        rest = rest[: hole.start - inner_s] + rest[hole.end - inner_s :]
+    if rest.strip():
+        return None
+    header_line = text[line_start(text, fs) : line_end(text, fs)]
+    indent = leading_ws(header_line) + indent_unit(text)
+    cursor_line = text[line_start(text, offset) : line_end(text, offset)]
+    if not cursor_line.strip() and indent_width(cursor_line) > indent_width(header_line):
+        indent = cursor_line
+    return Span(inner_s, inner_e, "body", indent)
+
+
+# ---- the fill decision ---------------------------------------------------------------------------------
+
+MAX_TOKENS = {"line": 32, "multiline": 64, "block": 128}
+
+
+@dataclass
+class FillContext:
+    prefix: str  # window text before the fill
+    suffix: str  # window text after the fill
+    start: int  # document offsets of the text the fill replaces (start == end: a pure insertion)
+    end: int
+    mode: str  # "line" | "multiline" | "block"
+    indent: str  # indentation of the block the fill must stay inside (multiline/block)
+    rest_of_line: str  # text after the cursor on its line (single-line fills must end before it)
+    lang: str | None
+    max_tokens: int
+    newline: str = "\n"
+
+
+def decide_mode(source: Source, cursor: int) -> tuple[str, int, int, str]:
+    """(mode, start, end, indent): what to fill at the cursor.
+
+    - cursor in an empty function body (or one holding only a hole): the whole body ("block");
+    - on a blank line, or right after an opener at the end of a line: several lines ("multiline");
+    - otherwise: the rest of the current line ("line").
+    """
+    text = source.text
+    ls, le = line_start(text, cursor), line_end(text, cursor)
+    before, after = text[ls:cursor], text[cursor:le]
+    if not after.strip() or all(c in CLOSERS + ";,:\"'` \t" for c in after):
+        body = empty_body_at(source, cursor)
+        if body is not None and (not before.strip() or before.rstrip().endswith(("{", ":"))):
+            return "block", body.start, body.end, body.indent
+    if after.strip() and not all(c in CLOSERS + ";,:\"'` \t" for c in after):
+        return "line", cursor, cursor, leading_ws(before)
+    if not before.strip():
+        return "multiline", cursor, cursor, before if not before.strip() else leading_ws(before)
+    if before.rstrip().endswith(("{", ":", "(", "[")) and not after.strip():
+        return "multiline", cursor, cursor, leading_ws(before) + indent_unit(text)
+    return "line", cursor, cursor, leading_ws(before)
+
+
+def build_context(
+    text: str,
+    cursor: int,
+    lang: str | None,
+    prefix_tokens: int = 1024,
+    suffix_tokens: int = 256,
+    max_canvas: int = 128,
+    count_tokens: Callable[[str], int] | None = None,
+    mode: str | None = None,
+    span: tuple[int, int] | None = None,
+) -> FillContext:
+    """Everything a fill at `cursor` needs. `mode`/`span` force a decision (code actions)."""
+    source = Source(text, lang)
+    decided, start, end, indent = decide_mode(source, cursor)
+    if mode is not None:
+        decided = mode
+    if span is not None:
+        start, end = span
+        indent = leading_ws(text[line_start(text, start) : start + 1]) if mode != "block" else indent
+    w_start, w_end = fit_window(source, start, prefix_tokens, suffix_tokens, count_tokens)
+    w_end = max(w_end, end)
+    if end > start:
+        # the suffix window is measured from the end of the replaced span
+        w_end = max(end, min(len(text), end + (w_end - start)))
+        w_end = suffix_window(source, end, w_end - end) if w_end < len(text) else w_end
+    return FillContext(
+        prefix=text[w_start:start],
+        suffix=text[end:w_end],
+        start=start,
+        end=end,
+        mode=decided,
+        indent=indent,
+        rest_of_line=text[end : line_end(text, end)],
+        lang=source.lang,
+        max_tokens=min(MAX_TOKENS[decided], max_canvas),
+        newline=newline_of(text),
+    )
+
+
+def open_brackets(prefix: str, limit: int = 2000) -> list[str]:
+    """Brackets opened in the tail of `prefix` and not yet closed (strings and comments roughly skipped)."""
+    stack: list[str] = []
+    quote = ""
+    tail = prefix[-limit:]
+    i = 0
+    while i < len(tail):
+        c = tail[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote or (c in "\r\n" and quote in "'\""):
+                quote = ""
+        elif c in "'\"`":
+            quote = c
+        elif c == "#" and not tail.startswith("#include", i) or tail.startswith("//", i):
+            nl = min([x for x in (tail.find("\n", i), tail.find("\r", i)) if x >= 0] or [len(tail)])
+            i = nl
+            continue
+        elif c in OPENERS:
+            stack.append(c)
+        elif c in CLOSERS and stack and stack[-1] == MATCH[c]:
+            stack.pop()
+        i += 1
+    return stack

@@ -1,0 +1,193 @@
+"""Open documents and LSP position conversion.
+
+We keep our own store instead of pygls's `Workspace`: pygls splits lines with `str.splitlines`, which also
+breaks on form feeds, U+2028 and other separators that LSP does not count as line ends, and it silently
+clamps bad positions. LSP line ends are exactly `\\n`, `\\r\\n` and `\\r`; a position's `character` counts
+code units of the negotiated encoding (UTF-16 unless the client offered UTF-8 or UTF-32).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from lsprotocol import types
+
+UTF8 = types.PositionEncodingKind.Utf8
+UTF16 = types.PositionEncodingKind.Utf16
+UTF32 = types.PositionEncodingKind.Utf32
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+class PositionError(ValueError):
+    """A position or range that does not exist in the document (answered with InvalidParams)."""
+
+
+def choose_encoding(offered: list[str] | None) -> str:
+    """UTF-16 is the LSP default; we take UTF-8 whenever the client offers it, else UTF-32, else UTF-16."""
+    offered = offered or []
+    for preferred in (UTF8, UTF32):
+        if preferred in offered:
+            return preferred
+    return UTF16
+
+
+def units(text: str, encoding: str) -> int:
+    """Length of `text` in code units of `encoding`."""
+    if encoding == UTF32:
+        return len(text)
+    if encoding == UTF8:
+        return len(text.encode("utf-8", "surrogatepass"))
+    return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
+
+
+def column_to_index(line: str, character: int, encoding: str) -> int:
+    """Code-unit column -> index into `line` (which excludes its line end).
+
+    Raises PositionError past the end of the line. A column that falls inside one character (between the two
+    halves of a surrogate pair, inside a UTF-8 sequence) snaps to the start of that character, so an edit
+    never splits a character in two.
+    """
+    if character < 0:
+        raise PositionError(f"negative character {character}")
+    if encoding == UTF32:
+        if character > len(line):
+            raise PositionError(f"character {character} is past the end of the line ({len(line)})")
+        return character
+    count = 0
+    for index, ch in enumerate(line):
+        if count >= character:
+            return index
+        width = units(ch, encoding)
+        if count + width > character:
+            return index  # inside this character: snap to its start
+        count += width
+    if count >= character:
+        return len(line)
+    raise PositionError(f"character {character} is past the end of the line ({count} {encoding} units)")
+
+
+@dataclass
+class Document:
+    uri: str
+    text: str
+    version: int | None = None
+    language_id: str = ""
+    _starts: list[int] | None = field(default=None, repr=False)
+
+    @property
+    def line_starts(self) -> list[int]:
+        """Offset of the first character of every line (a trailing line end starts one more, empty, line)."""
+        if self._starts is None:
+            self._starts = [0] + [m.end() for m in _LINE_END.finditer(self.text)]
+        return self._starts
+
+    @property
+    def line_count(self) -> int:
+        return len(self.line_starts)
+
+    def line_span(self, line: int) -> tuple[int, int]:
+        """(start, end) offsets of `line`'s content, line end excluded."""
+        starts = self.line_starts
+        start = starts[line]
+        if line + 1 < len(starts):
+            end = starts[line + 1]
+            end -= 2 if self.text.startswith("\r\n", end - 2) else 1
+        else:
+            end = len(self.text)
+        return start, end
+
+    def line_text(self, line: int) -> str:
+        start, end = self.line_span(line)
+        return self.text[start:end]
+
+    def offset_at(self, position: types.Position, encoding: str = UTF16, clamp: bool = False) -> int:
+        """Position -> offset into `text`. Out of range raises PositionError, or clamps (LSP's rule for
+        document changes: a character past the line end means the line end)."""
+        line = position.line
+        if line < 0:
+            raise PositionError(f"negative line {line}")
+        if line >= self.line_count:
+            if clamp:
+                return len(self.text)
+            raise PositionError(f"line {line} is past the end of the document ({self.line_count} lines)")
+        start, end = self.line_span(line)
+        content = self.text[start:end]
+        try:
+            return start + column_to_index(content, position.character, encoding)
+        except PositionError:
+            if clamp and position.character >= 0:
+                return end
+            raise
+
+    def position_at(self, offset: int, encoding: str = UTF16) -> types.Position:
+        offset = max(0, min(offset, len(self.text)))
+        line = _bisect_right(self.line_starts, offset) - 1
+        start = self.line_starts[line]
+        return types.Position(line=line, character=units(self.text[start:offset], encoding))
+
+    def range_offsets(self, rng: types.Range, encoding: str = UTF16, clamp: bool = False) -> tuple[int, int]:
+        start = self.offset_at(rng.start, encoding, clamp)
+        end = self.offset_at(rng.end, encoding, clamp)
+        if end < start:
+            if clamp:
+                start, end = end, start
+            else:
+                raise PositionError("range end is before its start")
+        return start, end
+
+    def range_at(self, start: int, end: int, encoding: str = UTF16) -> types.Range:
+        return types.Range(start=self.position_at(start, encoding), end=self.position_at(end, encoding))
+
+    def apply_change(self, change, encoding: str = UTF16) -> None:
+        """Apply one content change: a ranged (incremental) edit or a whole-document replacement."""
+        rng = getattr(change, "range", None)
+        if rng is None:
+            self.text = change.text
+        else:
+            start, end = self.range_offsets(rng, encoding, clamp=True)
+            self.text = self.text[:start] + change.text + self.text[end:]
+        self._starts = None
+
+
+def _bisect_right(values: list[int], x: int) -> int:
+    lo, hi = 0, len(values)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if x < values[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+class DocumentStore:
+    """The open documents, keyed by URI."""
+
+    def __init__(self) -> None:
+        self._docs: dict[str, Document] = {}
+        self.encoding: str = UTF16
+
+    def open(self, uri: str, text: str, version: int | None, language_id: str) -> Document:
+        doc = Document(uri=uri, text=text, version=version, language_id=language_id)
+        self._docs[uri] = doc
+        return doc
+
+    def change(self, uri: str, version: int | None, changes) -> Document | None:
+        doc = self._docs.get(uri)
+        if doc is None:
+            return None
+        for change in changes:
+            doc.apply_change(change, self.encoding)
+        doc.version = version
+        return doc
+
+    def close(self, uri: str) -> None:
+        self._docs.pop(uri, None)
+
+    def get(self, uri: str) -> Document | None:
+        return self._docs.get(uri)
+
+    def __contains__(self, uri: str) -> bool:
+        return uri in self._docs

@@ -1,0 +1,306 @@
+"""Inline completion: the pure parts (typed-ahead reuse, result cache, the edit an item carries).
+
+An inline item's range must start and end on one line (DESIGN §5). A fill that replaces more than the cursor
+(an empty body's whitespace, the pinned rest of the line) is turned into the smallest edit on the cursor's
+line that produces the same document.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from server.context import line_end, line_start
+
+
+@dataclass
+class ShownSuggestion:
+    """The last suggestion shown for a document: where, what, and the text around it."""
+
+    id: str
+    before: str  # document text before the cursor when it was shown
+    after: str  # document text after the replaced range
+    text: str  # what the item inserts at the cursor (with the range start..cursor already in `before`)
+
+
+def new_id() -> str:
+    return os.urandom(8).hex()
+
+
+def typed_ahead(shown: ShownSuggestion | None, before: str, after: str) -> str | None:
+    """If the user typed the start of the shown suggestion, the rest of it; else None.
+
+    The text after the cursor must be unchanged and what was typed must be a strict prefix of the suggestion.
+    """
+    if shown is None or after != shown.after or not before.startswith(shown.before):
+        return None
+    typed = before[len(shown.before) :]
+    if not typed or len(typed) >= len(shown.text) or not shown.text.startswith(typed):
+        return None
+    return shown.text[len(typed) :]
+
+
+class ResultCache:
+    """LRU of cleaned fills, keyed by the exact context the model would see (and the sampling settings)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._items: OrderedDict[str, list[str]] = OrderedDict()
+
+    @staticmethod
+    def key(*parts: object) -> str:
+        h = hashlib.blake2b(digest_size=16)
+        for part in parts:
+            h.update(repr(part).encode("utf-8", "surrogatepass"))
+            h.update(b"\x00")
+        return h.hexdigest()
+
+    def get(self, key: str) -> list[str] | None:
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+        return value
+
+    def put(self, key: str, value: list[str]) -> None:
+        if self.size <= 0:
+            return
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
+def one_line_edit(text: str, start: int, end: int, fill: str, cursor: int) -> tuple[int, int, str] | None:
+    """(range start, range end, insert) of an edit whose range stays on the cursor's line, contains the
+    cursor, and whose result equals replacing text[start:end] with `fill`; None if no such edit exists."""
+    old = text[start:end]
+    p = len(os.path.commonprefix([old, fill]))
+    p = min(p, max(0, cursor - start))
+    s = 0
+    limit = min(len(old) - p, len(fill) - p, max(0, end - cursor))
+    while s < limit and old[len(old) - 1 - s] == fill[len(fill) - 1 - s]:
+        s += 1
+    r_start, r_end = start + p, end - s
+    if r_start > cursor or r_end < cursor:
+        return None
+    if r_start < line_start(text, cursor) or r_end > line_end(text, cursor):
+        return None
+    return r_start, r_end, fill[p : len(fill) - s]
+
+
+def strip_pinned_tail(fill: str, pinned: str) -> str:
+    """The fill without the pinned rest of the line that the engine echoes at its end."""
+    if pinned and fill.endswith(pinned):
+        return fill[: len(fill) - len(pinned)]
+    if pinned and pinned.strip() and fill.rstrip().endswith(pinned.strip()):
+        return fill.rstrip()[: len(fill.rstrip()) - len(pinned.strip())]
+    return fill
+
+
+# ---- the LSP feature -----------------------------------------------------------------------------------
+
+ACCEPT_COMMAND = "dfim.inlineAccepted"  # the item's command: the client runs it after inserting an item
+PARTIAL_METHOD = "dfim/inlinePartiallyAccepted"  # notification {id, acceptedLength}: a word/line was taken
+REJECT_METHOD = "dfim/inlineRejected"  # notification {id}: the suggestion was dismissed
+
+
+def _field(params, key: str):
+    if isinstance(params, dict):
+        return params.get(key)
+    return getattr(params, key, None)
+
+
+def register(ls) -> None:
+    from lsprotocol import types
+
+    @ls.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+    async def inline_completion(ls, params: types.InlineCompletionParams):
+        return await complete(ls, params)
+
+    @ls.command(ACCEPT_COMMAND)
+    def accepted(ls, *args) -> None:
+        if args:
+            ls.tracker.accepted(str(args[0]))
+
+    @ls.feature(PARTIAL_METHOD)
+    def partially_accepted(ls, params) -> None:
+        ls.tracker.partially_accepted(str(_field(params, "id")), int(_field(params, "acceptedLength") or 0))
+
+    @ls.feature(REJECT_METHOD)
+    def rejected(ls, params) -> None:
+        ls.tracker.rejected(str(_field(params, "id")))
+
+
+async def complete(ls, params):
+    """textDocument/inlineCompletion: typed-ahead reuse, then the cache, then one engine call."""
+    import asyncio
+    import dataclasses
+    import time
+
+    from lsprotocol import types
+    from pygls.exceptions import JsonRpcInternalError, JsonRpcInvalidParams
+
+    from engine.api import EngineError, FillCancelled, FillRequest, Hole
+    from server.context import build_context, language_for
+    from server.documents import Document, PositionError
+    from server.options import language_enabled
+    from server.postprocess import rank_candidates
+    from server.telemetry import Shown
+
+    started = time.perf_counter()
+    uri = params.text_document.uri
+    doc = ls.docs.get(uri)
+    if doc is None:
+        raise JsonRpcInvalidParams(f"document {uri} is not open")
+    encoding = ls.docs.encoding
+    try:
+        cursor = doc.offset_at(params.position, encoding)
+    except PositionError as exc:
+        raise JsonRpcInvalidParams(
+            f"position {params.position.line}:{params.position.character}: {exc}"
+        ) from None
+    options = ls.options
+    flag = ls.cancel_inflight(uri)  # a new request for a document cancels the one in flight
+    if not options.inline.enabled or not language_enabled(options, doc.language_id):
+        return None
+    text = doc.text
+    snapshot = Document(uri=uri, text=text, version=doc.version)
+    lang = language_for(doc.language_id, uri)
+
+    def items(candidates: list[str], ctx_start: int, ctx_end: int, source: str, **fields):
+        out = []
+        for rank, fill in enumerate(candidates):
+            edit = one_line_edit(text, ctx_start, ctx_end, fill, cursor)
+            if edit is None or not edit[2]:
+                continue
+            r_start, r_end, insert = edit
+            suggestion_id = new_id()
+            if rank == 0 and r_start == cursor:
+                ls.shown[uri] = ShownSuggestion(suggestion_id, text[:cursor], text[r_end:], insert)
+                latency = (time.perf_counter() - started) * 1000
+                ls.tracker.shown(
+                    Shown(suggestion_id, uri, insert, doc.language_id),
+                    source=source,
+                    latencyMs=round(latency, 1),
+                    **fields,
+                )
+            out.append(
+                types.InlineCompletionItem(
+                    insert_text=insert,
+                    range=snapshot.range_at(r_start, r_end, encoding),
+                    command=types.Command(
+                        title="dfim: accepted", command=ACCEPT_COMMAND, arguments=[suggestion_id]
+                    ),
+                )
+            )
+        return types.InlineCompletionList(items=out) if out else None
+
+    # 1. typed-ahead: the user typed the start of what is shown; serve the rest without the model
+    shown = ls.shown.get(uri)
+    rest = typed_ahead(shown, text[:cursor], text[cursor:])
+    if rest is not None:
+        ls.counters["typed_ahead"] += 1
+        ls.tracker.typed(uri, cursor - len(shown.before))
+        return types.InlineCompletionList(
+            items=[
+                types.InlineCompletionItem(
+                    insert_text=rest,
+                    range=snapshot.range_at(cursor, cursor, encoding),
+                    command=types.Command(
+                        title="dfim: accepted", command=ACCEPT_COMMAND, arguments=[shown.id]
+                    ),
+                )
+            ]
+        )
+    ls.shown.pop(uri, None)
+
+    # 2. the context, and the cache keyed by exactly what the model would see
+    count_tokens = ls.host.count_tokens if ls.host.ready else None
+    ctx = build_context(
+        text,
+        cursor,
+        lang,
+        prefix_tokens=options.context.prefix_tokens,
+        suffix_tokens=options.context.suffix_tokens,
+        max_canvas=options.sampling.max_canvas,
+        count_tokens=count_tokens,
+    )
+    if ctx.mode == "block" and not (ctx.start <= cursor <= ctx.end):
+        return None
+    key = ResultCache.key(
+        ctx.prefix,
+        ctx.suffix,
+        ctx.mode,
+        ctx.max_tokens,
+        options.sampling,
+        options.inline.candidates,
+        ls._loaded,
+    )
+    cached = ls.cache.get(key)
+    if cached is not None:
+        ls.counters["cache_hits"] += 1
+        return items(cached, ctx.start, ctx.end, "cache", mode=ctx.mode)
+    if not ls.host.ready:
+        return None
+
+    # 3. one engine call, cancelled by a newer request for this document or by $/cancelRequest
+    if options.inline.debounce_ms:
+        await asyncio.sleep(options.inline.debounce_ms / 1000)
+        if flag.is_set():
+            return None
+    engine = ls.host.engine
+    settings = dataclasses.replace(
+        engine.settings, max_steps=options.sampling.max_steps, entropy_bound=options.sampling.entropy_bound
+    )
+    prefix, suffix, middle = ctx.prefix, ctx.suffix, ()
+    pinned = ""
+    if options.context.pin_rest_of_line and ctx.mode == "line" and ctx.rest_of_line.strip():
+        pinned = ctx.rest_of_line
+        width = max(4, min(ctx.max_tokens, ls.host.count_tokens(ctx.rest_of_line) * 2))
+        middle, suffix = (Hole(width), pinned), suffix[len(pinned) :]
+    request = FillRequest(
+        prefix=prefix,
+        suffix=suffix,
+        middle=middle,
+        max_tokens=ctx.max_tokens,
+        settings=settings,
+        seed=options.sampling.seed,
+        candidates=options.inline.candidates,
+    )
+    ls.counters["fills"] += 1
+    ls.status.begin_fill()
+    try:
+        result = await ls.host.fill(request, flag)
+    except FillCancelled:
+        ls.counters["cancelled"] += 1
+        ls.status.end_fill()
+        return None
+    except asyncio.CancelledError:
+        ls.counters["cancelled"] += 1
+        ls.status.end_fill()
+        raise
+    except EngineError as exc:
+        ls.counters["failed"] += 1
+        ls.status.end_fill()
+        raise JsonRpcInternalError(f"the engine failed: {exc}") from None
+    except Exception as exc:  # a bug in the engine fails this request only
+        ls.counters["failed"] += 1
+        ls.status.end_fill()
+        raise JsonRpcInternalError(f"the engine failed: {type(exc).__name__}: {exc}") from None
+    ls.counters["completed"] += 1
+    ls.status.end_fill(result.latency_ms, result.steps, result.stop_reason)
+    if ls.inflight.get(uri) is flag:
+        del ls.inflight[uri]
+    raw = [result.text, *result.alternatives]
+    if pinned:
+        raw = [strip_pinned_tail(r, pinned) for r in raw]
+    ranked = rank_candidates(raw, ctx)
+    ls.cache.put(key, ranked)
+    if flag.is_set():
+        return None  # superseded while it ran: a newer request answers for this document
+    return items(ranked, ctx.start, ctx.end, "model", mode=ctx.mode, steps=result.steps)

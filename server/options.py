@@ -1,0 +1,169 @@
+"""The server's settings: one typed, fully defaulted dataclass tree.
+
+Clients send settings as JSON (`initializationOptions`, the `dfim` section of `workspace/configuration`),
+with camelCase or snake_case keys. `merge_options` validates every value against the field's type and
+bounds; a bad value is reported and the previous value kept, so a typo never takes the server down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import dataclass, field
+
+
+def _bounds(lo: float | None = None, hi: float | None = None, choices: tuple = ()) -> dict:
+    return {"min": lo, "max": hi, "choices": choices}
+
+
+@dataclass
+class ModelOptions:
+    path: str = ""  # "" = the shipped model (engine/weights/dfim-small)
+    device: str = field(default="cpu", metadata=_bounds(choices=("cpu", "cuda")))
+
+
+@dataclass
+class SamplingOptions:
+    # Inline fills must answer in ~150 ms on two CPU cores; early stopping usually ends well before this.
+    max_steps: int = field(default=16, metadata=_bounds(1, 256))
+    entropy_bound: float = field(default=0.1, metadata=_bounds(0.0, 100.0))
+    max_canvas: int = field(default=128, metadata=_bounds(16, 256))  # tokens; rewrites may use all of it
+    action_max_steps: int = field(default=48, metadata=_bounds(1, 256))  # code actions can afford more
+    seed: int = field(
+        default=0, metadata=_bounds(0, 2**31 - 1)
+    )  # fixed: the same context gives the same fill
+
+
+@dataclass
+class ContextOptions:
+    prefix_tokens: int = field(default=1024, metadata=_bounds(16, 8192))
+    suffix_tokens: int = field(default=256, metadata=_bounds(0, 8192))
+    # Pin the rest of the cursor line after a hole of the estimated width. The engine fills an inner hole to
+    # exactly its width, so this only helps when the width is right: off by default (the rest of the line
+    # still conditions the fill as the head of the suffix).
+    pin_rest_of_line: bool = False
+
+
+@dataclass
+class InlineOptions:
+    enabled: bool = True
+    debounce_ms: int = field(default=0, metadata=_bounds(0, 2000))  # editors already debounce; 0 = none
+    candidates: int = field(default=1, metadata=_bounds(1, 8))  # >1: denoised in one batch, best parse wins
+    cache_size: int = field(default=256, metadata=_bounds(0, 100000))
+
+
+@dataclass
+class ActionOptions:
+    candidates: int = field(default=1, metadata=_bounds(1, 8))
+    unsure_threshold: float = field(default=0.5, metadata=_bounds(0.0, 1.0))  # confidence below = regenerate
+
+
+@dataclass
+class TelemetryOptions:
+    enabled: bool = True  # events stay on this machine; nothing is ever sent anywhere
+    data_dir: str = ""  # "" = $DFIM_DATA_DIR, else $XDG_DATA_HOME/dfim, else ~/.local/share/dfim
+
+
+@dataclass
+class Options:
+    model: ModelOptions = field(default_factory=ModelOptions)
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    context: ContextOptions = field(default_factory=ContextOptions)
+    inline: InlineOptions = field(default_factory=InlineOptions)
+    actions: ActionOptions = field(default_factory=ActionOptions)
+    telemetry: TelemetryOptions = field(default_factory=TelemetryOptions)
+    languages: list[str] = field(default_factory=lambda: ["*"])  # languageIds served; "*" = all
+
+
+def snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+def _check_value(name: str, value, kind, meta) -> tuple[object, str | None]:
+    """(converted value, error or None) for one leaf."""
+    if kind is bool:
+        return (
+            (value, None)
+            if isinstance(value, bool)
+            else (None, f"{name} must be true or false, got {value!r}")
+        )
+    if kind is int:
+        if isinstance(value, bool) or not (
+            isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        ):
+            return None, f"{name} must be an integer, got {value!r}"
+        value = int(value)
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None, f"{name} must be a number, got {value!r}"
+        value = float(value)
+    elif kind is str:
+        if value is None:
+            value = ""
+        if not isinstance(value, str):
+            return None, f"{name} must be a string, got {value!r}"
+    elif typing.get_origin(kind) is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return None, f"{name} must be a list of strings, got {value!r}"
+        return list(value), None
+    lo, hi, choices = meta.get("min"), meta.get("max"), meta.get("choices") or ()
+    if lo is not None and value < lo or hi is not None and value > hi:
+        return None, f"{name} must be between {lo} and {hi}, got {value!r}"
+    if choices and value not in choices:
+        return None, f"{name} must be one of {', '.join(choices)}, got {value!r}"
+    return value, None
+
+
+def merge_options(previous, raw, prefix: str = "dfim") -> tuple[object, list[str]]:
+    """A copy of `previous` (an options dataclass) with `raw`'s valid values applied, and the errors found.
+
+    Unknown keys are errors too (a misspelt key would otherwise be silently ignored); None values mean
+    "leave as is" (clients send null for unset settings)."""
+    errors: list[str] = []
+    if raw is None:
+        return previous, errors
+    if not isinstance(raw, dict):
+        return previous, [f"{prefix} settings must be an object, got {raw!r}"]
+    hints = typing.get_type_hints(type(previous))
+    fields = {f.name: f for f in dataclasses.fields(previous)}
+    changes = {}
+    for key, value in raw.items():
+        name = snake(str(key))
+        if name not in fields:
+            errors.append(f"unknown setting {prefix}.{key}")
+            continue
+        if value is None:
+            continue
+        kind = hints[name]
+        current = getattr(previous, name)
+        label = f"{prefix}.{camel(name)}"
+        if dataclasses.is_dataclass(current):
+            merged, sub_errors = merge_options(current, value, label)
+            changes[name] = merged
+            errors.extend(sub_errors)
+            continue
+        converted, error = _check_value(label, value, kind, fields[name].metadata)
+        if error:
+            errors.append(error)
+        else:
+            changes[name] = converted
+    return dataclasses.replace(previous, **changes), errors
+
+
+def to_json(options) -> dict:
+    """camelCase JSON of an options tree (for docs and `dfim/status`)."""
+    out = {}
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        out[camel(f.name)] = to_json(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
+def language_enabled(options: Options, language_id: str) -> bool:
+    return "*" in options.languages or language_id in options.languages

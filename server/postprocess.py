@@ -1,0 +1,191 @@
+"""Turn the model's raw middle into something worth showing.
+
+Peers' top complaints are duplicated suffixes and brackets, and suggestions that run past the block the
+user is in. Each step here is a pure function of the raw text and the `FillContext`; `clean` chains them and
+returns None when nothing useful is left.
+"""
+
+from __future__ import annotations
+
+import re
+
+from server.context import CLOSERS, MATCH, OPENERS, FillContext, error_count, indent_width, open_brackets
+
+_REPEAT = re.compile(r"(.{1,12}?)\1{3,}", re.S)
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines without their ends (`\\r\\n`, `\\r`, `\\n` all count)."""
+    return re.split(r"\r\n|\r|\n", text)
+
+
+def _scan_brackets(text: str):
+    """Yield (index, char) for brackets outside string literals (a rough, language-agnostic scan)."""
+    quote = ""
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote or (c in "\r\n" and quote in "'\""):
+                quote = ""
+        elif c in "'\"`":
+            quote = c
+        elif c in OPENERS or c in CLOSERS:
+            yield i, c
+        i += 1
+
+
+def closers_provided(suffix: str, outer: list[str]) -> int:
+    """How many of the `outer` open brackets (innermost last) the suffix closes, reading the rest of the line
+    and a few lines more."""
+    own: list[str] = []
+    closed = 0
+    remaining = list(outer)
+    for _, c in _scan_brackets(suffix[:400]):
+        if c in OPENERS:
+            own.append(c)
+        elif own and own[-1] == MATCH[c]:
+            own.pop()
+        elif remaining and remaining[-1] == MATCH[c]:
+            remaining.pop()
+            closed += 1
+        else:
+            break
+    return closed
+
+
+def balance_brackets(completion: str, prefix: str, suffix: str, close_open: bool = False) -> str:
+    """Cut the completion at the first closing bracket that the suffix already provides or that closes
+    nothing; with `close_open`, append closers for brackets the completion left open."""
+    outer = open_brackets(prefix)
+    may_close = len(outer) - closers_provided(suffix, outer)
+    own: list[str] = []
+    for i, c in _scan_brackets(completion):
+        if c in OPENERS:
+            own.append(c)
+        elif own:
+            if own[-1] != MATCH[c]:
+                return completion[:i].rstrip(" \t")
+            own.pop()
+        elif may_close > 0 and outer and outer[-1] == MATCH[c]:
+            outer.pop()
+            may_close -= 1
+        else:
+            return completion[:i].rstrip(" \t")
+    if close_open and own:
+        inverse = {v: k for k, v in MATCH.items()}
+        completion = completion.rstrip() + "".join(inverse[c] for c in reversed(own))
+    return completion
+
+
+def remove_suffix_overlap(completion: str, suffix: str) -> str:
+    """Drop the completion's tail where it repeats the start of the suffix: whole lines, or the rest of the
+    cursor's line (at least two non-blank characters, so a lone bracket goes through bracket balancing)."""
+    lines = split_lines(completion)
+    suffix_lines = [s.strip() for s in split_lines(suffix.lstrip("\r\n"))]
+    # whole trailing lines that are the suffix's first lines
+    for k in range(min(len(lines) - 1, len(suffix_lines), 20), 0, -1):
+        tail = [s.strip() for s in lines[-k:]]
+        if all(tail) and tail == suffix_lines[:k]:
+            cut = len("\n".join(lines[:-k]))
+            completion = completion[:cut].rstrip("\r\n")
+            break
+    rest = split_lines(suffix)[0].strip()
+    if len(rest) >= 2:
+        stripped = completion.rstrip()
+        if stripped.endswith(rest):
+            return stripped[: len(stripped) - len(rest)].rstrip(" \t") if stripped != rest else ""
+    # the completion ends with a long-enough prefix of the suffix (e.g. the suffix's next statement)
+    head = suffix.lstrip()
+    for k in range(min(len(head), len(completion)), 5, -1):
+        if completion.endswith(head[:k]) and head[:k].strip():
+            return completion[: len(completion) - k]
+    return completion
+
+
+def limit_scope(completion: str, ctx: FillContext, max_lines: int = 40) -> str:
+    """Single-line fills keep their first line; multi-line fills stop at the first line that leaves the block
+    (indented less than `ctx.indent`)."""
+    lines = split_lines(completion)
+    if ctx.mode == "line":
+        return lines[0]
+    base = indent_width(ctx.indent)
+    kept = [lines[0]]
+    for line in lines[1 : max_lines + 1]:
+        if line.strip() and indent_width(line) < base:
+            break
+        kept.append(line)
+    while len(kept) > 1 and not kept[-1].strip():
+        kept.pop()
+    return ctx.newline.join(kept) if len(kept) > 1 else kept[0]
+
+
+def is_repetitive(completion: str) -> bool:
+    """Degenerate output: one line repeated three times in a row, or a short unit repeated to fill most of
+    the text."""
+    lines = [s.strip() for s in split_lines(completion) if s.strip()]
+    for i in range(len(lines) - 2):
+        if lines[i] == lines[i + 1] == lines[i + 2]:
+            return True
+    squeezed = completion.strip()
+    for m in _REPEAT.finditer(squeezed):
+        if m.group(1).strip() and (m.end() - m.start()) * 2 >= len(squeezed) and len(squeezed) >= 12:
+            return True
+    return False
+
+
+def is_useless(completion: str, prefix: str, suffix: str) -> bool:
+    """Nothing to show: blank, degenerate, or a copy of the line above or the line below."""
+    body = completion.strip()
+    if not body or is_repetitive(completion):
+        return True
+    previous = [s.strip() for s in split_lines(prefix) if s.strip()]
+    following = [s.strip() for s in split_lines(suffix) if s.strip()]
+    if "\n" not in completion and "\r" not in completion:
+        if len(body) > 3 and previous and body == previous[-1] and split_lines(prefix)[-1].strip() == "":
+            return True
+        if following and body == following[0] and len(body) > 3:
+            return True
+    return False
+
+
+def normalize_newlines(completion: str, newline: str) -> str:
+    return completion if newline == "\n" else re.sub(r"\r\n|\r|\n", newline, completion)
+
+
+def clean(raw: str, ctx: FillContext) -> str | None:
+    """The whole pipeline: scope, suffix overlap, brackets, usefulness. None = show nothing."""
+    text = raw.replace("\x00", "")
+    text = limit_scope(text, ctx)
+    text = remove_suffix_overlap(text, ctx.suffix)
+    text = balance_brackets(
+        text, ctx.prefix, ctx.suffix, close_open=ctx.mode == "line" and not ctx.rest_of_line.strip()
+    )
+    if ctx.mode != "line" or not ctx.rest_of_line.strip():
+        text = text.rstrip()
+    text = normalize_newlines(text, ctx.newline)
+    if is_useless(text, ctx.prefix, ctx.suffix):
+        return None
+    return text
+
+
+def rank_candidates(candidates: list[str], ctx: FillContext) -> list[str]:
+    """Cleaned, deduplicated candidates; those that parse without new syntax errors first, model order kept
+    otherwise."""
+    seen: set[str] = set()
+    cleaned: list[str] = []
+    for raw in candidates:
+        text = clean(raw, ctx)
+        if text is not None and text not in seen:
+            seen.add(text)
+            cleaned.append(text)
+    if len(cleaned) < 2 or ctx.lang is None:
+        return cleaned
+    base = error_count(ctx.prefix + ctx.suffix, ctx.lang)
+    scored = [
+        (max(0, error_count(ctx.prefix + c + ctx.suffix, ctx.lang) - base), i) for i, c in enumerate(cleaned)
+    ]
+    scored.sort()
+    return [cleaned[i] for _, i in scored]

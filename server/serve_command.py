@@ -1,0 +1,49 @@
+"""`dfim serve`: run the language server on stdio (default) or TCP.
+
+    dfim serve [--model PATH] [--device cpu|cuda] [--tcp HOST:PORT] [--log-file PATH] [-v]
+
+stdout carries the protocol, so logs go to stderr (or --log-file). The only socket ever opened is the
+listening one that --tcp asks for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="", help="checkpoint folder (default: the shipped dfim-small)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model runs")
+    parser.add_argument("--tcp", default="", metavar="HOST:PORT", help="listen on TCP instead of stdio")
+    parser.add_argument("--log-file", default="", help="write logs here instead of stderr")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--tcp wants HOST:PORT, got {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    level = logging.DEBUG if args.verbose else logging.WARNING
+    handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)
+    logging.basicConfig(
+        level=level, handlers=[handler], format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    from server.app import build_server
+
+    ls = build_server(model=args.model, device=args.device)
+    if args.tcp:
+        try:
+            host, port = parse_address(args.tcp)
+        except ValueError as exc:
+            print(f"dfim serve: {exc}", file=sys.stderr)
+            return 2
+        ls.start_tcp(host, port)
+    else:
+        ls.start_io()
+    return 0

@@ -1,0 +1,211 @@
+"""Local telemetry of inline suggestions, and the `dfim stats` command that summarizes it.
+
+Events are appended as JSON lines to `<data dir>/telemetry.jsonl` and never leave the machine. One line:
+
+    {"ts": 1767000000.0, "event": "shown", "id": "3f2a...", "language": "python", "mode": "line",
+     "chars": 17, "acceptedChars": 0, "latencyMs": 84.2, "steps": 6, "source": "model"}
+
+`event` is one of shown | accepted | partial | rejected; `source` (shown only) is model | cache | typed.
+`acceptedChars` counts what the user kept (all of it for accepted, a prefix for partial).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+FILE_NAME = "telemetry.jsonl"
+MAX_BYTES = 8 * 2**20  # rotate to telemetry.jsonl.1 past this size
+
+
+def data_dir(configured: str = "") -> Path:
+    """Where telemetry lives: the setting, else $DFIM_DATA_DIR, else $XDG_DATA_HOME/dfim, else ~/.local/share/dfim."""
+    if configured:
+        return Path(configured).expanduser()
+    if os.environ.get("DFIM_DATA_DIR"):
+        return Path(os.environ["DFIM_DATA_DIR"]).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "dfim"
+
+
+class Telemetry:
+    def __init__(self, directory: Path | str, enabled: bool = True) -> None:
+        self.directory = Path(directory)
+        self.enabled = enabled
+
+    @property
+    def path(self) -> Path:
+        return self.directory / FILE_NAME
+
+    def record(self, event: str, **fields) -> None:
+        if not self.enabled:
+            return
+        line = json.dumps({"ts": round(time.time(), 3), "event": event, **fields}, separators=(",", ":"))
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and self.path.stat().st_size > MAX_BYTES:
+                self.path.replace(self.path.with_name(FILE_NAME + ".1"))
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError:
+            pass  # telemetry must never break completions
+
+
+@dataclass
+class Shown:
+    id: str
+    uri: str
+    text: str
+    language: str
+    typed: int = 0  # characters of it the user has typed since (typed-ahead)
+
+
+class SuggestionTracker:
+    """Follows each shown suggestion to its outcome.
+
+    accepted: the client ran the item's accept command (or the user typed all of it);
+    partial: the client reported a partial accept, or the user typed part of it and moved on;
+    rejected: a new suggestion replaced it, or the document closed, with nothing of it kept.
+    """
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.telemetry = telemetry
+        self.pending: dict[str, Shown] = {}  # uri -> last shown suggestion
+        self.by_id: dict[str, Shown] = {}
+
+    def shown(self, shown: Shown, **fields) -> None:
+        self.supersede(shown.uri)
+        self.pending[shown.uri] = shown
+        self.by_id[shown.id] = shown
+        if len(self.by_id) > 1000:
+            for key in list(self.by_id)[:500]:
+                self.by_id.pop(key, None)
+        self.telemetry.record("shown", id=shown.id, language=shown.language, chars=len(shown.text), **fields)
+
+    def typed(self, uri: str, count: int) -> None:
+        """The user has typed the first `count` characters of the pending suggestion."""
+        shown = self.pending.get(uri)
+        if shown is None:
+            return
+        shown.typed = max(shown.typed, count)
+        if shown.typed >= len(shown.text):
+            self._finish(shown, "accepted", len(shown.text))
+
+    def accepted(self, suggestion_id: str) -> None:
+        shown = self.by_id.get(suggestion_id)
+        if shown is not None:
+            self._finish(shown, "accepted", len(shown.text))
+
+    def partially_accepted(self, suggestion_id: str, accepted_chars: int) -> None:
+        shown = self.by_id.get(suggestion_id)
+        if shown is not None:
+            self._finish(shown, "partial", max(0, min(accepted_chars, len(shown.text))))
+
+    def rejected(self, suggestion_id: str) -> None:
+        shown = self.by_id.get(suggestion_id)
+        if shown is not None:
+            self._finish(shown, "partial" if shown.typed else "rejected", shown.typed)
+
+    def supersede(self, uri: str) -> None:
+        """A new suggestion (not a typed-ahead continuation) or a close ends the pending one."""
+        shown = self.pending.get(uri)
+        if shown is not None:
+            self._finish(shown, "partial" if shown.typed else "rejected", shown.typed)
+
+    def _finish(self, shown: Shown, event: str, accepted_chars: int) -> None:
+        if self.pending.get(shown.uri) is shown:
+            del self.pending[shown.uri]
+        if self.by_id.pop(shown.id, None) is None:
+            return  # already resolved
+        self.telemetry.record(
+            event, id=shown.id, language=shown.language, chars=len(shown.text), acceptedChars=accepted_chars
+        )
+
+
+# ---- dfim stats ----------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
+def summarize(events: list[dict]) -> dict:
+    counts = {name: 0 for name in ("shown", "accepted", "partial", "rejected")}
+    latencies: list[float] = []
+    model_latencies: list[float] = []
+    accepted_chars = 0
+    for event in events:
+        kind = event.get("event")
+        if kind in counts:
+            counts[kind] += 1
+        if kind == "shown" and isinstance(event.get("latencyMs"), (int, float)):
+            latencies.append(float(event["latencyMs"]))
+            if event.get("source", "model") == "model":
+                model_latencies.append(float(event["latencyMs"]))
+        if kind in ("accepted", "partial"):
+            accepted_chars += int(event.get("acceptedChars") or 0)
+    shown = counts["shown"]
+    summary: dict = dict(counts)
+    summary["acceptance_rate"] = counts["accepted"] / shown if shown else 0.0
+    summary["partial_rate"] = counts["partial"] / shown if shown else 0.0
+    summary["accepted_chars"] = accepted_chars
+    for label, values in (("latency", latencies), ("model_latency", model_latencies)):
+        for q in (50, 90, 95, 99):
+            summary[f"{label}_p{q}"] = percentile(values, q) if values else None
+    return summary
+
+
+def read_events(path: Path) -> list[dict]:
+    events = []
+    for candidate in (path.with_name(path.name + ".1"), path):
+        if not candidate.exists():
+            continue
+        for line in candidate.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line must not hide the rest
+            if isinstance(event, dict):
+                events.append(event)
+    return events
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", default="", help="telemetry folder (default: the server's data dir)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    path = data_dir(args.data_dir) / FILE_NAME
+    events = read_events(path)
+    if not events:
+        print(f"no telemetry at {path}")
+        return 1
+    summary = summarize(events)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+
+    def ms(value):
+        return "-" if value is None else f"{value:.0f} ms"
+
+    print(f"telemetry: {path} ({len(events)} events)")
+    print(
+        f"shown {summary['shown']}  accepted {summary['accepted']}  partial {summary['partial']}  "
+        f"rejected {summary['rejected']}"
+    )
+    print(f"acceptance rate {summary['acceptance_rate']:.1%}  (partial {summary['partial_rate']:.1%})")
+    print(f"accepted characters {summary['accepted_chars']}")
+    for label, name in (("latency", "all shown"), ("model_latency", "model calls")):
+        print(
+            f"latency ({name}): p50 {ms(summary[f'{label}_p50'])}  p90 {ms(summary[f'{label}_p90'])}  "
+            f"p95 {ms(summary[f'{label}_p95'])}  p99 {ms(summary[f'{label}_p99'])}"
+        )
+    return 0

@@ -1,0 +1,389 @@
+"""Unit tests of the server's pure parts: positions, context, post-processing, options, inline, telemetry."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from lsprotocol import types
+
+from engine.api import Hole, TokenScore
+from server import actions, context, inline, options, postprocess, telemetry
+from server.documents import UTF8, UTF16, UTF32, Document, PositionError, choose_encoding, column_to_index
+
+
+def pos(line: int, character: int) -> types.Position:
+    return types.Position(line=line, character=character)
+
+
+def rng(a: int, b: int, c: int, d: int) -> types.Range:
+    return types.Range(start=pos(a, b), end=pos(c, d))
+
+
+# ---- documents ----------------------------------------------------------------------------------------
+
+
+def test_choose_encoding_prefers_utf8_then_defaults_to_utf16():
+    assert choose_encoding(None) == UTF16
+    assert choose_encoding([UTF16]) == UTF16
+    assert choose_encoding([UTF16, UTF8]) == UTF8
+    assert choose_encoding(["utf-7"]) == UTF16
+
+
+def test_positions_with_emoji_and_surrogate_pairs():
+    doc = Document("file:///a.py", 'x = "😋"\ny = 1\n')
+    # the closing quote: 9 UTF-8 bytes, 7 UTF-16 units, 6 code points in
+    assert doc.offset_at(pos(0, 9), UTF8) == 6 and doc.text[6] == '"'
+    assert doc.offset_at(pos(0, 7), UTF16) == 6
+    assert doc.offset_at(pos(0, 6), UTF32) == 6
+    assert doc.position_at(6, UTF16) == pos(0, 7)
+    assert doc.position_at(6, UTF8) == pos(0, 9)
+    # between the two halves of the surrogate pair: snaps to the start of the emoji
+    assert doc.offset_at(pos(0, 6), UTF16) == 5
+    assert column_to_index('"😋"', 2, UTF16) == 1
+
+
+def test_crlf_and_lone_cr_line_ends_and_tabs():
+    doc = Document("file:///a.c", "a\r\n\tb\rc\nd")
+    assert doc.line_count == 4
+    assert doc.line_text(1) == "\tb"
+    assert doc.offset_at(pos(1, 1), UTF16) == 4 and doc.text[4] == "b"
+    assert doc.offset_at(pos(2, 1), UTF16) == 7
+    assert doc.position_at(len(doc.text), UTF16) == pos(3, 1)
+    # the end of line 0 is before the \r\n, never between \r and \n
+    assert doc.offset_at(pos(0, 1), UTF16) == 1
+    with pytest.raises(PositionError):
+        doc.offset_at(pos(0, 2), UTF16)
+
+
+def test_form_feed_and_unicode_separators_are_not_line_ends():
+    doc = Document("file:///a.py", "a\x0cb\u2028c\nd")
+    assert doc.line_count == 2
+    assert doc.offset_at(pos(1, 0)) == 6
+
+
+def test_out_of_range_positions_raise():
+    doc = Document("file:///a.py", "ab\ncd")
+    for bad in (pos(2, 0), pos(0, 3), pos(5, 5)):
+        with pytest.raises(PositionError):
+            doc.offset_at(bad)
+    assert doc.offset_at(pos(1, 2)) == 5
+
+
+def test_incremental_and_whole_document_changes():
+    doc = Document("file:///a.py", "héllo 😋 world\r\nline2\r\n")
+    change = types.TextDocumentContentChangePartial(range=rng(0, 9, 0, 14), text="there")
+    doc.apply_change(change, UTF16)  # "héllo 😋 " is 9 UTF-16 units
+    assert doc.text == "héllo 😋 there\r\nline2\r\n"
+    doc.apply_change(types.TextDocumentContentChangePartial(range=rng(1, 0, 2, 0), text=""), UTF16)
+    assert doc.text == "héllo 😋 there\r\n"
+    doc.apply_change(types.TextDocumentContentChangeWholeDocument(text="new"), UTF16)
+    assert doc.text == "new" and doc.line_count == 1
+    # a change past the end of a line clamps to the line end (LSP's rule), never corrupts
+    doc.apply_change(types.TextDocumentContentChangePartial(range=rng(0, 99, 0, 99), text="!"), UTF16)
+    assert doc.text == "new!"
+
+
+def test_utf8_change():
+    doc = Document("file:///a.py", "é = 1\n")
+    doc.apply_change(types.TextDocumentContentChangePartial(range=rng(0, 2, 0, 2), text="x"), UTF8)
+    assert doc.text == "éx = 1\n"
+
+
+# ---- context ------------------------------------------------------------------------------------------
+
+
+def split(src: str) -> tuple[str, int]:
+    return src.replace("|", ""), src.index("|")
+
+
+@pytest.mark.parametrize(
+    ("language_id", "uri", "expected"),
+    [
+        ("python", "", "python"),
+        ("typescriptreact", "", "tsx"),
+        ("", "file:///x/y.rs", "rust"),
+        ("plaintext", "file:///x/y.hpp", "cpp"),
+        ("markdown", "file:///x/README.md", None),
+    ],
+)
+def test_language_for(language_id, uri, expected):
+    assert context.language_for(language_id, uri) == expected
+
+
+@pytest.mark.parametrize(
+    ("src", "lang", "mode"),
+    [
+        ("def f(x):\n    |\n\ndef g():\n    pass\n", "python", "block"),
+        ("class A:\n    def f(self):\n        |\n    def g(self): pass\n", "python", "block"),
+        ("def f(x):\n    y = 1\n    |\n", "python", "multiline"),
+        ("x = foo(a|, b)\n", "python", "line"),
+        ("x = foo(|)\n", "python", "line"),
+        ("if x:|\n", "python", "multiline"),
+        ("function f(x) {\n  |\n}\n", "javascript", "block"),
+        ("func f(x int) int {\n\t|\n}\n", "go", "block"),
+        ("fn f() -> i32 {\n    |\n}\n", "rust", "block"),
+        ("int f(int x) {\n  |\n}\n", "c", "block"),
+        ("class A { int f() {\n  |\n} }\n", "java", "block"),
+        ("some text |here\n", None, "line"),
+    ],
+)
+def test_decide_mode(src, lang, mode):
+    text, cursor = split(src)
+    assert context.decide_mode(context.Source(text, lang), cursor)[0] == mode
+
+
+def test_block_fill_covers_the_empty_body():
+    text, cursor = split("function f(x) {\n  |\n}\n")
+    ctx = context.build_context(text, cursor, "javascript")
+    assert ctx.mode == "block"
+    assert ctx.prefix.endswith("{") and ctx.suffix.startswith("}")
+
+
+def test_windows_cut_at_statement_boundaries():
+    body = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(200))
+    text = body + "def target(x):\n    return |\n" + body
+    text, cursor = split(text)
+    ctx = context.build_context(text, cursor, "python", prefix_tokens=100, suffix_tokens=60)
+    assert ctx.prefix.startswith("def f") and len(ctx.prefix) < 100 * 3 + 10
+    assert ctx.suffix.endswith("\n") and ctx.suffix.rstrip().endswith(tuple(f"+ {i}" for i in range(200)))
+    # with a real token counter the windows fit the budgets
+    ctx = context.build_context(text, cursor, "python", prefix_tokens=50, suffix_tokens=30, count_tokens=len)
+    assert len(ctx.prefix) <= 50 and len(ctx.suffix) <= 30
+    assert ctx.prefix.startswith("def ") or ctx.prefix.startswith("    ")
+
+
+def test_windows_without_grammar_cut_at_lines():
+    text = "\n".join(f"line {i} of the file" for i in range(500))
+    cursor = text.index("line 250") + 4
+    ctx = context.build_context(text, cursor, None, prefix_tokens=40, suffix_tokens=40)
+    assert ctx.prefix.startswith("line ") and ctx.suffix.endswith("\n")
+
+
+def test_find_holes_in_several_languages():
+    py = "def f():\n    pass\n\ndef g():\n    ...\n\n# TODO: h\n"
+    assert [h.kind for h in context.find_holes(context.Source(py, "python"), 0, len(py))] == [
+        "pass",
+        "ellipsis",
+        "todo",
+    ]
+    rs = "fn f() -> i32 {\n    todo!()\n}\n"
+    assert [h.kind for h in context.find_holes(context.Source(rs, "rust"), 0, len(rs))] == ["todo"]
+    js = "function f() {\n  // TODO implement\n}\n"
+    holes = context.find_holes(context.Source(js, "javascript"), 0, len(js))
+    assert len(holes) == 1 and js[holes[0].start : holes[0].end] == "// TODO implement"
+    plain = "a\n    pass\nb\n"
+    assert [h.kind for h in context.find_holes(context.Source(plain, None), 0, len(plain))] == ["pass"]
+
+
+def test_open_brackets():
+    assert context.open_brackets("x = foo(a, [1, 2") == ["(", "["]
+    assert context.open_brackets("s = '(' + f(") == ["("]
+
+
+# ---- postprocess --------------------------------------------------------------------------------------
+
+
+def ctx_for(src: str, lang: str | None = "python") -> context.FillContext:
+    text, cursor = split(src)
+    return context.build_context(text, cursor, lang)
+
+
+def test_suffix_overlap_and_duplicated_closers_are_removed():
+    ctx = ctx_for("x = foo(|)\n")
+    assert postprocess.clean("a, b)", ctx) == "a, b"
+    assert postprocess.clean("bar(1))", ctx) == "bar(1)"
+    ctx = ctx_for("print(f(|))\n")
+    assert postprocess.clean("x)", ctx) == "x"
+    ctx = ctx_for("def f(x):\n    |\n    return y\n")
+    assert postprocess.clean("y = x + 1\n    return y", ctx) == "y = x + 1"
+
+
+def test_single_line_mode_keeps_one_line_and_closes_its_own_brackets():
+    ctx = ctx_for("total = |\n")
+    assert postprocess.clean("sum(values\nprint(total)", ctx) == "sum(values)"
+
+
+def test_scope_limited_by_indentation():
+    ctx = ctx_for("def f(x):\n    if x:\n        |\n")
+    raw = "y = 1\n        z = 2\n    return 3\ndef g():\n    pass"
+    assert postprocess.clean(raw, ctx) == "y = 1\n        z = 2"
+
+
+def test_brace_scope_does_not_close_the_enclosing_block():
+    ctx = ctx_for("function f(x) {\n  const y = 1;\n  |\n}\n", "javascript")
+    assert postprocess.clean("return y;\n}\n", ctx) == "return y;"
+
+
+def test_empty_and_repetitive_suggestions_are_dropped():
+    ctx = ctx_for("x = |\n")
+    assert postprocess.clean("   \n ", ctx) is None
+    assert postprocess.is_repetitive("a = 1\na = 1\na = 1\n")
+    assert postprocess.is_repetitive("abababababababab")
+    assert not postprocess.is_repetitive("for i in range(10):\n    total += i")
+    ctx = ctx_for("y = compute(x)\n|\nz = 2\n")
+    assert postprocess.clean("z = 2", ctx) is None
+
+
+def test_crlf_documents_get_crlf_completions():
+    text = "def f(x):\r\n    if x:\r\n        \r\n"
+    cursor = text.index("        \r\n") + 8
+    ctx = context.build_context(text, cursor, "python")
+    assert ctx.newline == "\r\n"
+    assert postprocess.clean("a = 1\n        b = 2", ctx) == "a = 1\r\n        b = 2"
+
+
+def test_rank_prefers_candidates_that_parse():
+    ctx = ctx_for("def f(x):\n    return |\n")
+    ranked = postprocess.rank_candidates(["x +* 1", "x + 1", "x + 1"], ctx)
+    assert ranked == ["x + 1", "x +* 1"]
+
+
+# ---- options ------------------------------------------------------------------------------------------
+
+
+def test_options_merge_camel_and_snake_case():
+    merged, errors = options.merge_options(
+        options.Options(), {"sampling": {"maxSteps": 8, "entropy_bound": 0.2}, "model": {"device": "cuda"}}
+    )
+    assert not errors
+    assert (
+        merged.sampling.max_steps == 8
+        and merged.sampling.entropy_bound == 0.2
+        and merged.model.device == "cuda"
+    )
+
+
+def test_bad_values_are_reported_and_previous_kept():
+    previous, _ = options.merge_options(options.Options(), {"sampling": {"maxSteps": 8}})
+    merged, errors = options.merge_options(
+        previous,
+        {
+            "sampling": {"maxSteps": 0, "entropyBound": "high", "maxCanvas": 64},
+            "model": {"device": "tpu"},
+            "telemetry": {"enabled": "yes"},
+            "languages": "python",
+            "bogus": 1,
+        },
+    )
+    assert merged.sampling.max_steps == 8 and merged.sampling.entropy_bound == 0.1
+    assert merged.sampling.max_canvas == 64
+    assert merged.model.device == "cpu" and merged.telemetry.enabled is True and merged.languages == ["*"]
+    assert len(errors) == 6
+    assert any("dfim.sampling.maxSteps" in e for e in errors)
+    _, errors = options.merge_options(options.Options(), "not an object")
+    assert errors
+
+
+def test_options_json_round_trip():
+    data = options.to_json(options.Options())
+    merged, errors = options.merge_options(options.Options(), data)
+    assert not errors and merged == options.Options()
+
+
+# ---- inline -------------------------------------------------------------------------------------------
+
+
+def test_typed_ahead_serves_the_rest():
+    shown = inline.ShownSuggestion("id", "x = fo", ")\n", "o(a, b")
+    assert inline.typed_ahead(shown, "x = foo(", ")\n") == "a, b"
+    assert inline.typed_ahead(shown, "x = fx", ")\n") is None  # typed something else
+    assert inline.typed_ahead(shown, "x = foo(a, b", ")\n") is None  # typed all of it
+    assert inline.typed_ahead(shown, "x = foo(", "]\n") is None  # the text after changed
+
+
+def test_one_line_edit():
+    text = "function f(x) {\n  \n}\n"
+    start, end, cursor = 15, 19, 18
+    assert inline.one_line_edit(text, start, end, "\n  return x;\n", cursor) == (18, 18, "return x;")
+    text = "def f(x):\n    \n"
+    assert inline.one_line_edit(text, 10, 14, "    return x", 14) == (14, 14, "return x")
+    assert inline.one_line_edit("ab\ncd", 0, 5, "zz\nzz", 4) is None
+
+
+def test_result_cache_is_lru():
+    cache = inline.ResultCache(2)
+    for k in "abc":
+        cache.put(k, [k])
+    assert cache.get("a") is None and cache.get("c") == ["c"]
+
+
+# ---- actions ------------------------------------------------------------------------------------------
+
+
+def test_available_actions():
+    text, cursor = split("def f(x):\n    pa|ss\n")
+    assert actions.available_actions(text, "python", cursor, cursor) == ["fillHole", "completeFunction"]
+    text = "def f(x):\n    pass\n\ndef g():\n    ...\n"
+    names = actions.available_actions(text, "python", 0, len(text))
+    assert names == ["fillSelectionHoles", "rewriteSelection", "regenerateUnsure"]
+
+
+def test_plan_fill_selection_holes_pins_the_rest():
+    text = "def f(x):\n    pass\n\ndef g():\n    ...\n"
+    plan = actions.plan_action("fillSelectionHoles", text, "python", 0, len(text))
+    assert [type(m) for m in plan.middle] == [str, Hole, str, Hole, str]
+    assert plan.middle[0] == "def f(x):\n    "
+    edits = actions.finish_action(plan, "def f(x):\n    return x\n\ndef g():\n    return 2\n")
+    assert [(text[s:e], new) for s, e, new in edits] == [("pass", "return x"), ("...", "return 2")]
+
+
+def test_plan_rewrite_pins_the_signature():
+    text = "x = 1\ndef f(a, b):\n    return a+b\n"
+    start = text.index("def")
+    plan = actions.plan_action("rewriteSelection", text, "python", start, len(text))
+    assert plan.middle[0] == "def f(a, b):\n    " and isinstance(plan.middle[1], Hole)
+    assert plan.warm_start == "return a+b\n"
+    edits = actions.finish_action(plan, "def f(a, b):\n    return a + b")
+    assert edits == [(start, len(text), "def f(a, b):\n    return a + b\n")]
+
+
+def test_fill_hole_keeps_brace_layout():
+    text, cursor = split("function f(x) {\n  |\n}\n")
+    plan = actions.plan_action("fillHole", text, "javascript", cursor, cursor)
+    ((s, e, new),) = actions.finish_action(plan, "\n  return x;\n")
+    assert text[:s] + new + text[e:] == "function f(x) {\n  return x;\n}\n"
+
+
+def test_unsure_skeleton():
+    scores = [TokenScore("a", 0.9), TokenScore(" =", 0.2), TokenScore(" ", 0.1), TokenScore("1", 0.95)]
+    assert actions.unsure_skeleton(scores, 0.5) == ["a", Hole(2), " 1"]
+    assert actions.unsure_skeleton(scores[:1], 0.5) is None
+
+
+def test_action_errors():
+    with pytest.raises(actions.ActionError):
+        actions.plan_action("fillHole", "x = 1\n", "python", 2, 2)
+    with pytest.raises(actions.ActionError):
+        actions.plan_action("rewriteSelection", "x = 1\n", "python", 2, 2)
+
+
+# ---- telemetry ----------------------------------------------------------------------------------------
+
+
+def test_tracker_and_stats(tmp_path, capsys):
+    t = telemetry.Telemetry(tmp_path)
+    tracker = telemetry.SuggestionTracker(t)
+    tracker.shown(telemetry.Shown("1", "u", "abcdef", "python"), latencyMs=100.0, source="model")
+    tracker.accepted("1")
+    tracker.shown(telemetry.Shown("2", "u", "xyz", "python"), latencyMs=200.0, source="model")
+    tracker.shown(telemetry.Shown("3", "u", "hello", "python"), latencyMs=50.0, source="cache")  # 2 rejected
+    tracker.typed("u", 2)
+    tracker.supersede("u")  # 3 partially accepted (typed 2 chars, then moved on)
+    events = telemetry.read_events(t.path)
+    assert [e["event"] for e in events] == ["shown", "accepted", "shown", "rejected", "shown", "partial"]
+    summary = telemetry.summarize(events)
+    assert summary["acceptance_rate"] == pytest.approx(1 / 3)
+    assert summary["latency_p50"] == 100.0 and summary["model_latency_p95"] == 200.0
+    assert summary["accepted_chars"] == 8
+    assert telemetry.run(argparse.Namespace(data_dir=str(tmp_path), json=True)) == 0
+    assert json.loads(capsys.readouterr().out)["shown"] == 3
+    disabled = telemetry.Telemetry(tmp_path / "off", enabled=False)
+    disabled.record("shown", id="x")
+    assert not disabled.path.exists()
+
+
+def test_percentile():
+    assert telemetry.percentile([5, 1, 3, 2, 4], 50) == 3
+    assert telemetry.percentile([1.0], 95) == 1.0
