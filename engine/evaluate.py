@@ -294,7 +294,12 @@ def _execute(problem: Problem, completion: str, limits: sandbox.SandboxLimits) -
     program = sandbox.humaneval_program(
         problem.prompt, completion, problem.suffix, problem.test, problem.entry_point
     )
-    return sandbox.run_program(program, limits)
+    try:
+        return sandbox.run_program(program, limits)
+    except (
+        Exception
+    ) as e:  # the harness itself failed (no temp space, ...): this problem fails, the run goes on
+        return sandbox.SandboxResult(False, False, None, f"sandbox error: {e!r}", "", 0.0)
 
 
 def evaluate(
@@ -306,12 +311,17 @@ def evaluate(
     workers: int = 4,
     limits: sandbox.SandboxLimits | None = None,
     progress: Progress | None = None,
+    overlap: bool = False,
 ) -> list[dict[str, Any]]:
     """Fill every problem under every config, execute the tests in parallel, return one record per pair.
 
     Configs run one after another over all problems (not interleaved) so every fill meets a context the engine
     has not cached yet, as a user's first request would. Problem i gets seed `seed + i` under every config:
     the configs are compared on the same random draws.
+
+    By default the tests run after all fills, so test programs never compete with the model for CPU and the
+    latencies are clean. `overlap=True` starts each test as soon as its completion exists (faster wall time
+    on a machine with cores to spare, noisier latencies).
     """
     limits = limits or sandbox.SandboxLimits()
     records: list[dict[str, Any]] = []
@@ -326,7 +336,17 @@ def evaluate(
             tested += 1
             passed += ok
 
+    pending: list[tuple[Problem, str]] = []
+
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dfim-sandbox") as pool:
+
+        def submit_pending() -> None:
+            for problem, completion in pending:
+                future = pool.submit(_execute, problem, completion, limits)
+                future.add_done_callback(on_done)
+                futures.append(future)
+            pending.clear()
+
         try:
             for config in configs:
                 for i, problem in enumerate(problems):
@@ -343,12 +363,13 @@ def evaluate(
                     record["edit_similarity"] = round(
                         metrics.edit_similarity(completion, problem.canonical_solution), 2
                     )
-                    future = pool.submit(_execute, problem, completion, limits)
-                    future.add_done_callback(on_done)
-                    futures.append(future)
                     records.append(record)
+                    pending.append((problem, completion))
+                    if overlap:
+                        submit_pending()
                     if progress:
                         progress.update(len(records), tested, passed, config.name)
+            submit_pending()
         except KeyboardInterrupt:
             for future in futures:
                 future.cancel()
@@ -481,6 +502,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-early-stop", action="store_true", help="always run the maximum number of steps")
     parser.add_argument(
+        "--overlap-tests",
+        action="store_true",
+        help="run tests while the model fills (faster; latencies then share the CPU with the tests)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=10.0, help="wall-clock seconds per test (default: 10)"
     )
     parser.add_argument(
@@ -606,7 +632,14 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     progress = Progress(len(problems) * len(configs), enabled=not args.quiet)
     try:
         records = evaluate(
-            problems, configs, fill, seed=args.seed, workers=args.workers, limits=limits, progress=progress
+            problems,
+            configs,
+            fill,
+            seed=args.seed,
+            workers=args.workers,
+            limits=limits,
+            progress=progress,
+            overlap=args.overlap_tests,
         )
     except KeyboardInterrupt:
         progress.close()
@@ -628,6 +661,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         "device": args.device,
         "seed": args.seed,
         "workers": args.workers,
+        "tests_overlap_fills": args.overlap_tests,
         "sandbox": dataclasses.asdict(limits),
         "completion_postprocess": "first line",
         "date": dt.datetime.now().isoformat(timespec="seconds"),

@@ -171,7 +171,8 @@ def test_hanging_and_crashing_completions_fail_and_the_run_goes_on():
         return record
 
     configs = ev.build_configs(SamplerSettings(), 32, {}, None)
-    records = ev.evaluate(problems, configs, filler, workers=3, limits=SandboxLimits(timeout_s=1.0))
+    limits = SandboxLimits(timeout_s=1.0)
+    records = ev.evaluate(problems, configs, filler, workers=3, limits=limits, overlap=True)
     by_id = {r["task_id"]: r for r in records}
     assert by_id["fixture/clamp/L2"]["timed_out"] and not by_id["fixture/clamp/L2"]["passed"]
     assert (
