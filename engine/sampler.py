@@ -167,11 +167,13 @@ def temperature(state: DenoiseState, settings: SamplerSettings) -> None:
 
 
 def sample(state: DenoiseState, settings: SamplerSettings) -> None:
-    """One token drawn per position from the processed distribution, and the argmax."""
-    b, length, v = state.logits.shape
+    """One token drawn per position from the processed distribution, and the argmax.
+
+    Drawn by the exponential race (argmax of p / Exp(1), the same distribution as a categorical draw):
+    on CPU it is an order of magnitude faster than torch.multinomial over a whole vocabulary."""
     probs = torch.softmax(state.logits, dim=-1)
-    drawn = torch.multinomial(probs.view(-1, v), 1, generator=state.generator)
-    state.sampled = drawn.view(b, length)
+    race = torch.empty_like(probs).exponential_(generator=state.generator)
+    state.sampled = (probs / race).argmax(dim=-1)
     state.argmax = state.logits.argmax(dim=-1)
 
 

@@ -324,3 +324,15 @@ def test_cancel_is_polled_between_steps():
             on_step=lambda s: calls.append(s.step),
         )
     assert calls == [1, 2, 3]
+
+
+def test_sample_draws_from_the_processed_distribution():
+    settings = SamplerSettings(max_steps=1, t_min=1.0, t_max=1.0)
+    length = 4000
+    logits = torch.full((1, length, V), float("-inf"))
+    logits[0, :, 10], logits[0, :, 11], logits[0, :, 12] = math.log(0.7), math.log(0.2), math.log(0.1)
+    state = make_state(length=length, settings=settings)
+    sampler.denoise_step(state, settings, logits, chain=(sampler.temperature, sampler.sample))
+    freq = torch.bincount(state.sampled[0], minlength=V)[10:13].float() / length
+    assert torch.allclose(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.03)
+    assert (state.argmax == 10).all()

@@ -1,0 +1,68 @@
+"""Context KV cache reuse across requests.
+
+While the user types, consecutive requests share almost all of their context: the FIM layout puts
+the suffix first and the prefix last, so typing at the cursor only changes the last few context
+tokens. `ContextCache` remembers which token ids its KVCache holds; a new context keeps the longest
+common leading run, truncates the cache there and encodes only the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class ContextCache:
+    """The model's KVCache plus the token ids it was built from (batch 1)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.kv = model.new_cache()
+        self.ids: list[int] = []
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def prepare(self, ids: Sequence[int]) -> int:
+        """Make the cache hold exactly `ids`; returns how many tokens the encoder had to run."""
+        ids = [int(i) for i in ids]
+        keep = common_prefix_length(self.ids, ids)
+        if keep < len(self.ids):
+            self.kv.truncate(keep)
+            del self.ids[keep:]
+        rest = ids[keep:]
+        if rest:
+            self._encode(rest)
+        return len(rest)
+
+    def extend(self, ids: Sequence[int]) -> int:
+        """Append tokens after what the cache holds (a committed canvas before the next one)."""
+        ids = [int(i) for i in ids]
+        if ids:
+            self._encode(ids)
+        return len(ids)
+
+    def reset(self) -> None:
+        self.kv = self.model.new_cache()
+        self.ids = []
+
+    def _encode(self, ids: list[int]) -> None:
+        try:
+            self.model.encode(torch.tensor([ids], dtype=torch.long, device=self.device), self.kv)
+        except BaseException:
+            self.reset()  # a half-written cache must never be reused
+            raise
+        self.ids.extend(ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)

@@ -1,0 +1,174 @@
+"""`dfim fill FILE --line L --col C`: print the code that belongs at a position of a file.
+
+Line and column are 1-based as editors show them; the column counts characters. Bad input (missing,
+binary or empty file, position out of range, unknown file type, unusable checkpoint) is one line on
+stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+# Extensions we know how to name. The shipped model is trained on Python; other languages still get
+# a fill (the model sees their text), but an unknown extension is refused unless --language says.
+LANGUAGES = {
+    ".py": "python",
+    ".pyi": "python",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".jsx": "javascript",
+    ".ts": "typescript",
+    ".tsx": "typescript",
+    ".go": "go",
+    ".rs": "rust",
+    ".java": "java",
+    ".c": "c",
+    ".h": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".cxx": "cpp",
+    ".hh": "cpp",
+    ".hpp": "cpp",
+    ".rb": "ruby",
+    ".lua": "lua",
+    ".sh": "shell",
+    ".kt": "kotlin",
+    ".swift": "swift",
+    ".cs": "csharp",
+    ".php": "php",
+}
+# The context window the CLI sends (the server budgets its own): enough for a function or two
+# around the cursor without encoding a whole large file.
+PREFIX_CHARS = 6000
+SUFFIX_CHARS = 3000
+
+
+class InputError(Exception):
+    """Bad command-line input; the message is the one line printed."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="source file")
+    parser.add_argument("--line", type=int, required=True, help="1-based line of the cursor")
+    parser.add_argument("--col", type=int, required=True, help="1-based column of the cursor, in characters")
+    parser.add_argument("--json", action="store_true", help="print text, steps, tokens, latency ... as JSON")
+    parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="most tokens to fill (default 64)")
+    parser.add_argument("--steps", type=int, default=None, help="most denoising steps (default: the model's)")
+    parser.add_argument("--seed", type=int, default=None, help="seed for a reproducible fill")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--language", default=None, help="language name, for files with an unknown extension")
+
+
+def read_source(path: Path) -> str:
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise InputError(f"{path}: cannot read ({err.strerror or err})") from None
+    if not data:
+        raise InputError(f"{path}: empty file, nothing to fill around")
+    if b"\x00" in data:
+        raise InputError(f"{path}: binary file (contains NUL bytes)")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: binary file (not UTF-8 text)") from None
+
+
+def detect_language(path: Path, override: str | None) -> str:
+    if override:
+        return override
+    language = LANGUAGES.get(path.suffix.lower())
+    if language is None:
+        kind = f"'{path.suffix}'" if path.suffix else "without an extension"
+        raise InputError(f"{path}: unknown file type {kind} (pass --language NAME to fill it anyway)")
+    return language
+
+
+def split_at(text: str, line: int, col: int) -> tuple[str, str]:
+    """(prefix, suffix) around a 1-based line/column; the column may sit just after the line's end."""
+    lines = text.split("\n")
+    if not 1 <= line <= len(lines):
+        raise InputError(f"line {line} is out of range (the file has {len(lines)} lines)")
+    content = lines[line - 1].removesuffix("\r")
+    if not 1 <= col <= len(content) + 1:
+        raise InputError(f"column {col} is out of range (line {line} has {len(content)} characters)")
+    offset = sum(len(s) + 1 for s in lines[: line - 1]) + col - 1
+    return text[:offset], text[offset:]
+
+
+def window(prefix: str, suffix: str) -> tuple[str, str]:
+    """Keep the text near the cursor, cut at line boundaries."""
+    if len(prefix) > PREFIX_CHARS:
+        head = prefix[-PREFIX_CHARS:]
+        prefix = head[head.find("\n") + 1 :] if "\n" in head else head
+    if len(suffix) > SUFFIX_CHARS:
+        tail = suffix[:SUFFIX_CHARS]
+        suffix = tail[: tail.rfind("\n") + 1] if "\n" in tail else tail
+    return prefix, suffix
+
+
+def fail(message: str) -> int:
+    print(f"dfim fill: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        if args.max_tokens < 1:
+            raise InputError(f"--max-tokens must be at least 1 (got {args.max_tokens})")
+        if args.steps is not None and args.steps < 1:
+            raise InputError(f"--steps must be at least 1 (got {args.steps})")
+        text = read_source(path)
+        language = detect_language(path, args.language)
+        prefix, suffix = window(*split_at(text, args.line, args.col))
+    except InputError as err:
+        return fail(str(err))
+
+    from engine.api import EngineError, FillRequest  # torch loads only once the input is known good
+    from engine.infill import Engine
+
+    try:
+        engine = Engine.load(args.model, device=args.device)
+        if engine.is_random:
+            print(
+                f"dfim fill: note: {engine.path} is an untrained (random) checkpoint; its fills are noise",
+                file=sys.stderr,
+            )
+        settings = engine.settings if args.steps is None else replace(engine.settings, max_steps=args.steps)
+        result = engine.fill(
+            FillRequest(
+                prefix=prefix, suffix=suffix, max_tokens=args.max_tokens, seed=args.seed, settings=settings
+            )
+        )
+    except EngineError as err:
+        return fail(str(err))
+
+    if args.json:
+        out = {
+            "text": result.text,
+            "steps": result.steps,
+            "tokens": result.tokens,
+            "canvas_length": result.canvas_length,
+            "blocks": result.blocks,
+            "latency_ms": round(result.latency_ms, 1),
+            "stop_reason": result.stop_reason,
+            "context_tokens": result.context_tokens,
+            "language": language,
+            "model": engine.model_name,
+            "random_model": engine.is_random,
+        }
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        sys.stdout.write(result.text if result.text.endswith("\n") else result.text + "\n")
+    return 0

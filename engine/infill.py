@@ -1,0 +1,268 @@
+"""The engine: fill the middle between a prefix and a suffix with a DiffusionGemma checkpoint.
+
+    engine = Engine.load()                       # the shipped model (or Engine.load("path/to/ckpt"))
+    result = engine.fill(FillRequest(prefix="def add(a, b):\\n    return ", suffix="\\n"))
+    print(result.text, result.steps, result.stop_reason)
+
+One fill: build the canvas plan (canvas.py), bring the context into the KV cache reusing what the
+previous request left there (cache.py), denoise the canvas batch with the sampler chain (sampler.py),
+and if the open hole ran to the canvas end without an EOS and the request wants more tokens, encode
+that block into the cache and denoise the next canvas, whose positions continue after it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine import sampler
+from engine.api import CheckpointError, EngineError, FillRequest, FillResult, SamplerSettings, StepInfo
+from engine.cache import ContextCache
+from engine.canvas import (
+    CanvasPlan,
+    TokenTable,
+    assemble_text,
+    bucket_length,
+    build_canvas,
+    continuation_plan,
+    middle_tokens,
+)
+from engine.checkpoint import DEFAULT_MODEL_DIR, load_model, read_info
+from engine.tokenizer import Tokenizer
+
+
+def limit_threads() -> None:
+    """Keep torch's default thread count unless it exceeds the cores this process may use
+    (oversubscription makes small matmuls much slower, e.g. in containers limited to 2 cores)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    if torch.get_num_threads() > cores:
+        torch.set_num_threads(cores)
+
+
+def check_device(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise EngineError(f"unknown device {device!r} (use cpu or cuda)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EngineError(f"device {device!r} requested but CUDA is not available on this machine")
+    return dev
+
+
+@dataclass
+class _Candidate:
+    """One canvas row's committed text so far, over one or more blocks."""
+
+    tokens: list[tuple[int, float, bool]] = field(default_factory=list)  # (id, confidence, pinned)
+    block_ids: list[int] = field(default_factory=list)  # all committed positions, for continuation
+    free_entropy: list[float] = field(default_factory=list)  # of free text positions (ranking)
+    committed: int = 0  # non-pad committed tokens (EOS included)
+    steps: int = 0
+    blocks: int = 0
+    ended: bool = False
+    stop_reason: str = "max_steps"
+
+    @property
+    def score(self) -> float:
+        """Mean entropy of the free positions that carry text: lower is better."""
+        return sum(self.free_entropy) / len(self.free_entropy) if self.free_entropy else 0.0
+
+
+class Engine:
+    """A loaded checkpoint with its tokenizer and context cache. `fill` is serialized by a lock."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer: Tokenizer,
+        settings: SamplerSettings,
+        model_name: str,
+        is_random: bool,
+        path: Path,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.model_name = model_name
+        self.is_random = is_random
+        self.path = path
+        self.device = next(model.parameters()).device
+        self.canvas_limit = int(model.config.canvas_length)
+        self.vocab_size = int(model.config.vocab_size)
+        self.table = TokenTable(tokenizer, self.vocab_size)
+        self.cache = ContextCache(model)
+        self.banned = self._banned_tokens()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None, device: str = "cpu") -> Engine:
+        folder = Path(path) if path is not None else DEFAULT_MODEL_DIR
+        dev = check_device(device)
+        limit_threads()
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder}: checkpoint folder not found")
+        tokenizer_path = folder / "tokenizer.json"
+        if not tokenizer_path.is_file():
+            raise CheckpointError(f"{tokenizer_path}: missing")
+        try:
+            tokenizer = Tokenizer.from_file(tokenizer_path)
+        except Exception as err:  # tokenizers raises plain Exceptions for unreadable files
+            raise CheckpointError(f"{tokenizer_path}: not a usable tokenizer ({err})") from None
+        model, settings = load_model(folder, device=str(dev))
+        if tokenizer.vocab_size > model.config.vocab_size:
+            raise CheckpointError(
+                f"{folder}: tokenizer.json has {tokenizer.vocab_size} tokens, the model only {model.config.vocab_size}"
+            )
+        info = read_info(folder)
+        is_random = bool(info.get("random") or info.get("dfim_random"))
+        name = str(info.get("name") or folder.name)
+        return cls(model, tokenizer, settings, name, is_random, folder)
+
+    def _banned_tokens(self) -> torch.Tensor:
+        """Control tokens never belong on a canvas (pad and EOS do: they end the text), nor do ids the
+        model has beyond the tokenizer's vocabulary."""
+        tok = self.tokenizer
+        banned = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+        for i in range(tok.vocab_size):
+            if tok.is_special(i) and i not in (tok.pad_id, tok.eos_id):
+                banned[i] = True
+        banned[tok.vocab_size :] = True
+        return banned
+
+    # --- fill ---------------------------------------------------------------------------------
+
+    def fill(self, request: FillRequest) -> FillResult:
+        if request.candidates < 1:
+            raise EngineError(f"candidates must be at least 1 (got {request.candidates})")
+        if request.max_tokens < 1:
+            raise EngineError(f"max_tokens must be at least 1 (got {request.max_tokens})")
+        if request.settings.max_steps < 1:
+            raise EngineError(f"max_steps must be at least 1 (got {request.settings.max_steps})")
+        with self._lock, torch.inference_mode():
+            start = time.perf_counter()
+            plan = build_canvas(request, self.tokenizer, self.table, self.canvas_limit)
+            encoded = self.cache.prepare(plan.context_ids)
+            generator = torch.Generator(device=self.device)
+            if request.seed is None:
+                generator.seed()  # fresh entropy from the OS, never the global RNG
+            else:
+                generator.manual_seed(int(request.seed))
+
+            candidates = [_Candidate() for _ in range(request.candidates)]
+            self._denoise(plan, candidates, request, generator, block=0)
+            for cand in candidates:
+                block = 1
+                while plan.can_continue and not cand.ended and len(cand.block_ids) < request.max_tokens:
+                    self.cache.prepare(
+                        plan.context_ids + cand.block_ids
+                    )  # this row's blocks, positions continue
+                    length = bucket_length(request.max_tokens - len(cand.block_ids), self.canvas_limit)
+                    self._denoise(continuation_plan(length), [cand], request, generator, block=block)
+                    block += 1
+
+            ranked = sorted(candidates, key=lambda c: c.score)
+            best = ranked[0]
+            text, scores = assemble_text(best.tokens, self.tokenizer, plan.heal_bytes)
+            alternatives: list[str] = []
+            for cand in ranked[1:]:
+                alt, _ = assemble_text(cand.tokens, self.tokenizer, plan.heal_bytes)
+                if alt != text and alt not in alternatives:
+                    alternatives.append(alt)
+            return FillResult(
+                text=text,
+                steps=best.steps,
+                canvas_length=plan.length,
+                tokens=best.committed,
+                encoded_tokens=encoded,
+                context_tokens=len(plan.context_ids),
+                latency_ms=(time.perf_counter() - start) * 1000.0,
+                stop_reason=best.stop_reason,
+                blocks=best.blocks,
+                token_scores=scores,
+                alternatives=alternatives,
+            )
+
+    def _denoise(
+        self,
+        plan: CanvasPlan,
+        candidates: list[_Candidate],
+        request: FillRequest,
+        generator: torch.Generator,
+        block: int,
+    ) -> None:
+        """Denoise one canvas for `candidates` (a batch over the cache's current context) and append
+        the committed tokens to each."""
+        dev = self.device
+        settings = request.settings
+        pinned = torch.tensor(plan.pinned, dtype=torch.bool, device=dev)
+        allowed_at = {}
+        if plan.heal_allowed:
+            allowed = torch.zeros(self.vocab_size, dtype=torch.bool, device=dev)
+            allowed[plan.heal_allowed] = True
+            allowed_at[0] = allowed
+        warm = plan.warm_ids is not None
+        state = sampler.new_state(
+            len(candidates),
+            pinned,
+            torch.tensor(plan.pin_ids, dtype=torch.long, device=dev),
+            vocab_size=self.vocab_size,
+            eos_id=self.tokenizer.eos_id,
+            pad_id=self.tokenizer.pad_id,
+            settings=settings,
+            generator=generator,
+            init_ids=torch.tensor(plan.warm_ids, dtype=torch.long, device=dev) if warm else None,
+            init_mask=torch.tensor(plan.warm_mask, dtype=torch.bool, device=dev) if warm else None,
+            init_noise=request.warm_start_noise,
+            banned=self.banned,
+            no_end=torch.tensor(plan.no_end, dtype=torch.bool, device=dev),
+            allowed_at=allowed_at,
+        )
+        heal = plan.heal_bytes if block == 0 else b""
+
+        def on_step(s: sampler.DenoiseState) -> None:
+            if request.on_step is None:
+                return
+            ids = sampler.commit(s)[0].tolist()
+            positions, _ = middle_tokens(ids, plan.pinned, self.tokenizer.eos_id, self.tokenizer.pad_id)
+            preview, _ = assemble_text([(ids[p], 1.0, False) for p in positions], self.tokenizer, heal)
+            request.on_step(
+                StepInfo(
+                    step=s.step,
+                    max_steps=s.max_steps,
+                    accepted=int(s.accepted[0].sum()),
+                    canvas_length=plan.length,
+                    mean_entropy=float(sampler.mean_free_entropy(s)[0]),
+                    argmax_text=preview,
+                    block=block,
+                )
+            )
+
+        committed = sampler.run(
+            state,
+            settings,
+            lambda canvas, self_cond: self.model.denoise(canvas, self.cache.kv, self_cond),
+            cancel=request.cancel,
+            on_step=on_step,
+        )
+        conf = sampler.confidence(state).tolist()
+        entropy = state.entropy.tolist()
+        for b, cand in enumerate(candidates):
+            ids = committed[b].tolist()
+            positions, ended = middle_tokens(ids, plan.pinned, self.tokenizer.eos_id, self.tokenizer.pad_id)
+            cand.tokens += [(ids[p], conf[b][p], plan.pinned[p]) for p in positions]
+            cand.free_entropy += [entropy[b][p] for p in positions if not plan.pinned[p]]
+            cand.block_ids += ids
+            cand.committed += sum(1 for t in ids if t != self.tokenizer.pad_id)
+            cand.steps += int(state.steps[b])
+            cand.blocks += 1
+            # Padding without an EOS also means the model is done: never feed pad to the encoder.
+            cand.ended = ended or self.tokenizer.pad_id in ids or not plan.can_continue
+            cand.stop_reason = state.stop_reason[b] or "max_steps"

@@ -1,0 +1,81 @@
+"""ContextCache: reuse of the encoded context across requests, against a random tiny checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.cache import ContextCache, common_prefix_length
+from engine.checkpoint import load_model, write_random_checkpoint
+from engine.tokenizer import Tokenizer
+
+TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny matmuls gain nothing from threads, and on a busy 2-core box OpenMP spinning makes them 30x slower.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    folder = write_random_checkpoint(tmp_path_factory.mktemp("ckpt"), TOKENIZER_JSON, seed=3)
+    model, _ = load_model(folder)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.from_file(TOKENIZER_JSON)
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix_length([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_length([], [1]) == 0
+    assert common_prefix_length([9], [1]) == 0
+
+
+def test_typing_at_the_end_of_the_prefix_reencodes_only_the_tail(model, tok):
+    suffix = tok.encode("\n\nprint(total)\n")
+    prefix = "import os\n\n\ndef total_size(paths):\n    size = 0\n    for path in paths:\n        size += os.path.getsize"
+    cache = ContextCache(model)
+    first = tok.fim_context(tok.encode(prefix), suffix)
+    assert cache.prepare(first) == len(first)
+    assert cache.prepare(first) == 0  # the same context again: nothing to encode
+    second = tok.fim_context(tok.encode(prefix + "(pa"), suffix)  # three more characters typed
+    encoded = cache.prepare(second)
+    assert encoded == len(second) - common_prefix_length(first, second)
+    assert 1 <= encoded <= 4 < len(second)
+    assert len(cache) == cache.kv.length == len(second)
+
+
+def test_reused_cache_gives_the_same_logits_as_a_fresh_one(model, tok):
+    a = tok.fim_context(tok.encode("def f(x):\n    return x +"), tok.encode("\n"))
+    b = tok.fim_context(tok.encode("def f(x):\n    return x * 2 +"), tok.encode("\n"))
+    reused = ContextCache(model)
+    reused.prepare(a)
+    reused.prepare(b)  # truncated to the common run, then the rest encoded
+    fresh = ContextCache(model)
+    fresh.prepare(b)
+    canvas = torch.randint(16, 8192, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        got = model.denoise(canvas, reused.kv, None)
+        want = model.denoise(canvas, fresh.kv, None)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_extend_appends_after_the_context(model, tok):
+    cache = ContextCache(model)
+    context = tok.fim_context(tok.encode("x = "), [])
+    cache.prepare(context)
+    assert cache.extend([20, 21, 22]) == 3
+    assert cache.ids == context + [20, 21, 22] and cache.kv.length == len(context) + 3
+    # the next request for the bare context drops the block again without re-encoding anything
+    assert cache.prepare(context) == 0 and cache.kv.length == len(context)

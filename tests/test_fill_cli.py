@@ -1,0 +1,211 @@
+"""`dfim fill`: bad input is one line on stderr and exit 2; good input prints the middle (or JSON)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dfim.cli import main
+from engine.checkpoint import write_random_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER_JSON = ROOT / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+EXAMPLE = ROOT / "fixtures" / "example.py"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return str(write_random_checkpoint(tmp_path_factory.mktemp("ckpt"), TOKENIZER_JSON, seed=4))
+
+
+def dfim_fill(capsys, *args):
+    code = main(["fill", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *needles):
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and lines[0].startswith("dfim fill: ")
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_fill_prints_the_middle(capsys, checkpoint):
+    code, out, err = dfim_fill(
+        capsys,
+        EXAMPLE,
+        "--line",
+        12,
+        "--col",
+        9,
+        "--model",
+        checkpoint,
+        "--steps",
+        2,
+        "--seed",
+        0,
+        "--max-tokens",
+        16,
+    )
+    assert code == 0 and out.endswith("\n") and len(out) > 1
+    assert "untrained" in err and checkpoint in err  # a random checkpoint is announced, plainly
+
+
+def test_fill_json_fields(capsys, checkpoint):
+    code, out, _ = dfim_fill(
+        capsys,
+        EXAMPLE,
+        "--line",
+        19,
+        "--col",
+        12,
+        "--model",
+        checkpoint,
+        "--steps",
+        3,
+        "--seed",
+        1,
+        "--max-tokens",
+        16,
+        "--json",
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert {"text", "steps", "tokens", "canvas_length", "latency_ms", "stop_reason"} <= set(data)
+    assert data["steps"] == 3 and data["canvas_length"] == 16 and data["stop_reason"] == "max_steps"
+    assert data["language"] == "python" and data["random_model"] is True
+    assert isinstance(data["text"], str) and 1 <= data["tokens"] <= 16 and data["latency_ms"] > 0
+
+
+def test_fill_is_reproducible_with_a_seed(capsys, checkpoint):
+    args = (
+        EXAMPLE,
+        "--line",
+        5,
+        "--col",
+        1,
+        "--model",
+        checkpoint,
+        "--steps",
+        2,
+        "--seed",
+        5,
+        "--max-tokens",
+        16,
+    )
+    assert dfim_fill(capsys, *args)[1] == dfim_fill(capsys, *args)[1]
+
+
+def test_missing_file(capsys, tmp_path):
+    code, _, err = dfim_fill(capsys, tmp_path / "nope.py", "--line", 1, "--col", 1)
+    assert_one_line_error(code, err, "nope.py", "no such file")
+
+
+def test_binary_files(capsys, tmp_path):
+    nul = tmp_path / "blob.py"
+    nul.write_bytes(b"x = 1\n\x00\x01\x02")
+    assert_one_line_error(*dfim_fill(capsys, nul, "--line", 1, "--col", 1)[::2], "binary")
+    latin = tmp_path / "latin.py"
+    latin.write_bytes("caf\xe9 = 1\n".encode("latin-1"))
+    assert_one_line_error(*dfim_fill(capsys, latin, "--line", 1, "--col", 1)[::2], "binary")
+
+
+def test_empty_file_and_directory(capsys, tmp_path):
+    empty = tmp_path / "empty.py"
+    empty.write_text("")
+    assert_one_line_error(*dfim_fill(capsys, empty, "--line", 1, "--col", 1)[::2], "empty")
+    assert_one_line_error(*dfim_fill(capsys, tmp_path, "--line", 1, "--col", 1)[::2], "directory")
+
+
+@pytest.mark.parametrize(
+    "line, col, needle",
+    [(0, 1, "line 0"), (999, 1, "line 999"), (1, 0, "column 0"), (1, 500, "column 500"), (2, 2, "column 2")],
+)
+def test_position_out_of_range(capsys, line, col, needle):
+    # line 2 of example.py is empty: only column 1 (its end) exists
+    assert_one_line_error(
+        *dfim_fill(capsys, EXAMPLE, "--line", line, "--col", col)[::2], needle, "out of range"
+    )
+
+
+def test_position_at_line_end_and_after_the_last_newline_is_fine():
+    from engine.fill_command import split_at
+
+    text = "ab\r\ncd\n"
+    assert split_at(text, 1, 3) == ("ab", "\r\ncd\n")  # after the last character of a CRLF line
+    assert split_at(text, 2, 2) == ("ab\r\nc", "d\n")
+    assert split_at(text, 3, 1) == (text, "")  # the empty line after the final newline
+
+
+def test_unknown_extension_needs_language(capsys, tmp_path, checkpoint):
+    notes = tmp_path / "notes.xyz"
+    notes.write_text("total = \n")
+    assert_one_line_error(
+        *dfim_fill(capsys, notes, "--line", 1, "--col", 9)[::2], "unknown file type", "--language"
+    )
+    code, out, _ = dfim_fill(
+        capsys,
+        notes,
+        "--line",
+        1,
+        "--col",
+        9,
+        "--language",
+        "python",
+        "--model",
+        checkpoint,
+        "--steps",
+        1,
+        "--max-tokens",
+        16,
+        "--json",
+    )
+    assert code == 0 and json.loads(out)["language"] == "python"
+
+
+def test_missing_and_corrupt_checkpoints(capsys, tmp_path, checkpoint):
+    code, _, err = dfim_fill(capsys, EXAMPLE, "--line", 1, "--col", 1, "--model", tmp_path / "no-model")
+    assert_one_line_error(code, err, "no-model", "not found")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in Path(checkpoint).iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    shard = next(broken.glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    code, _, err = dfim_fill(capsys, EXAMPLE, "--line", 1, "--col", 1, "--model", broken)
+    assert_one_line_error(code, err, shard.name)
+
+
+def test_bad_numbers(capsys):
+    assert_one_line_error(*dfim_fill(capsys, EXAMPLE, "--line", 1, "--col", 1, "--steps", 0)[::2], "--steps")
+    assert_one_line_error(
+        *dfim_fill(capsys, EXAMPLE, "--line", 1, "--col", 1, "--max-tokens", -3)[::2], "--max-tokens"
+    )
+
+
+def test_real_process_exit_status(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "dfim", "fill", str(tmp_path / "gone.py"), "--line", "1", "--col", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == f"dfim fill: {tmp_path / 'gone.py'}: no such file"
