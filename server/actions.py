@@ -190,15 +190,21 @@ def plan_action(
     raise ActionError(f"unknown action {action!r}")
 
 
-def unsure_skeleton(scores: list[TokenScore], threshold: float) -> list | None:
-    """A skeleton that pins the confident tokens and opens a hole (one token wider, room to grow) over each
-    run of unsure ones; None when nothing is unsure."""
+def unsure_skeleton(pieces: list[str], scores: list[TokenScore], threshold: float) -> list | None:
+    """A skeleton over the selection's tokens (`pieces`): confident ones pinned, each run of unsure ones
+    (the model would write another token there, or it is not sure of it) opened as a hole one token wider,
+    room to grow. `scores[i]` is the model's view of position i; None when nothing is unsure."""
     middle: list = []
     run = 0
     pinned = ""
     any_unsure = False
-    for score in scores:
-        unsure = score.confidence < threshold and score.text.strip() != ""
+    for i, piece in enumerate(pieces):
+        score = scores[i] if i < len(scores) else None
+        unsure = (
+            score is not None
+            and piece.strip() != ""
+            and (score.confidence < threshold or score.text != piece)
+        )
         if unsure:
             if pinned:
                 middle.append(pinned)
@@ -209,7 +215,7 @@ def unsure_skeleton(scores: list[TokenScore], threshold: float) -> list | None:
             if run:
                 middle.append(Hole(run + 1))
                 run = 0
-            pinned += score.text
+            pinned += piece
     if run:
         middle.append(Hole(run + 1))
     if pinned:
@@ -251,6 +257,8 @@ def finish_action(plan: ActionPlan, result_text: str) -> list[tuple[int, int, st
     if text is None:
         raise ActionError("the model produced nothing usable here")
     if plan.action == "fillHole":
+        if ctx.prefix.endswith((" ", "\t")) and not plan.original_text[:1].isspace():
+            text = text.lstrip(" \t")  # the hole sits after its line's indentation: so does the fill
         text = fit_whitespace(text, plan.original_text, ctx.newline)
     return [(plan.start, plan.end, text)]
 
@@ -359,17 +367,23 @@ def register(ls) -> None:
         return await _apply(ls, edit, TITLES.get(args[0].get("action"), "dfim"))
 
     for command, name in ACTION_COMMANDS.items():
+        ls.command(command)(_direct_command(name))
 
-        async def direct(ls, *args, _name=name):
-            if len(args) < 2:
-                raise JsonRpcInvalidParams(f"dfim.{_name} takes [uri, range, instruction?]")
-            data = {"uri": args[0], "version": None, "action": _name, "range": args[1]}
-            if len(args) > 2 and args[2] is not None:
-                data["instruction"] = str(args[2])
-            edit = await run_action(ls, data)
-            return await _apply(ls, edit, TITLES[_name])
 
-        ls.command(command)(direct)
+def _direct_command(name: str):
+    """`dfim.<action>` with arguments [uri, range, instruction?]: compute the edit and apply it."""
+    from pygls.exceptions import JsonRpcInvalidParams
+
+    async def direct(ls, *args):
+        if len(args) < 2:
+            raise JsonRpcInvalidParams(f"dfim.{name} takes [uri, range, instruction?]")
+        data = {"uri": args[0], "version": None, "action": name, "range": args[1]}
+        if len(args) > 2 and args[2] is not None:
+            data["instruction"] = str(args[2])
+        edit = await run_action(ls, data)
+        return await _apply(ls, edit, TITLES[name])
+
+    return direct
 
 
 async def _apply(ls, edit, label: str) -> dict:
@@ -451,16 +465,19 @@ async def run_action(ls, data: dict):
     result = None
     try:
         if plan.action == "regenerateUnsure":
+            # one step from the selection itself (no renoising): the model's confidence at each position
+            pieces = ls.host.token_pieces(plan.original_text)
             score = FillRequest(
                 prefix=plan.ctx.prefix,
                 suffix=plan.ctx.suffix,
-                middle=[plan.original_text],
-                max_tokens=plan.max_tokens,
+                max_tokens=len(pieces) + 1,
+                warm_start=plan.original_text,
+                warm_start_noise=0.0,
                 settings=dataclasses.replace(settings, max_steps=1),
                 seed=options.sampling.seed,
             )
             scored = await ls.host.fill(score, flag)
-            skeleton = unsure_skeleton(scored.token_scores, options.actions.unsure_threshold)
+            skeleton = unsure_skeleton(pieces, scored.token_scores, options.actions.unsure_threshold)
             if skeleton is None:
                 raise ActionError("every token of the selection is confident; nothing to regenerate")
             plan.middle = skeleton

@@ -75,6 +75,23 @@ class EngineHost:
             return max(1, len(text) // 3)
         return len(engine.tokenizer.encode(text))
 
+    def token_pieces(self, text: str) -> list[str]:
+        """`text` split into the loaded tokenizer's tokens (bytes of a character split over tokens are kept
+        together on the first of them, so the pieces always join back to `text`)."""
+        tokenizer = self.engine.tokenizer
+        pieces: list[str] = []
+        pending = b""
+        for token_id in tokenizer.encode(text):
+            pending += tokenizer.token_bytes(token_id)
+            try:
+                pieces.append(pending.decode("utf-8"))
+                pending = b""
+            except UnicodeDecodeError:
+                pieces.append("")
+        if pending:
+            pieces.append(pending.decode("utf-8", "replace"))
+        return pieces
+
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 

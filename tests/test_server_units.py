@@ -347,9 +347,17 @@ def test_fill_hole_keeps_brace_layout():
 
 
 def test_unsure_skeleton():
-    scores = [TokenScore("a", 0.9), TokenScore(" =", 0.2), TokenScore(" ", 0.1), TokenScore("1", 0.95)]
-    assert actions.unsure_skeleton(scores, 0.5) == ["a", Hole(2), " 1"]
-    assert actions.unsure_skeleton(scores[:1], 0.5) is None
+    pieces = ["a", " =", " ", "1", "+", "2"]
+    scores = [
+        TokenScore("a", 0.9),
+        TokenScore(" =", 0.2),
+        TokenScore(" ", 0.1),
+        TokenScore("1", 0.95),
+        TokenScore("-", 0.9),
+    ]
+    # " =" is unsure, " " is blank (kept), "+" would be rewritten as "-", "2" has no score (kept)
+    assert actions.unsure_skeleton(pieces, scores, 0.5) == ["a", Hole(2), " 1", Hole(2), "2"]
+    assert actions.unsure_skeleton(pieces[:1], scores[:1], 0.5) is None
 
 
 def test_action_errors():

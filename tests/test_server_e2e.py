@@ -1,0 +1,294 @@
+"""End to end: the real `dfim serve` process over stdio, driven by pygls's LanguageClient.
+
+One server (with a random tiny checkpoint) is shared by the module; a couple of tests start their own short
+one where the point is the process itself (UTF-8 negotiation, a broken model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import pytest_asyncio
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException
+
+from tests.server_helpers import Session, apply_edits, random_checkpoint
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+FAST = {"sampling": {"maxSteps": 2, "actionMaxSteps": 2, "maxCanvas": 32}, "telemetry": {"enabled": True}}
+
+PY = "def add(a, b):\n    return \n\n\ndef main():\n    print(add(1, 2))\n"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return random_checkpoint(tmp_path_factory.mktemp("ckpt"))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def session(checkpoint, tmp_path_factory):
+    s = Session()
+    await s.start(checkpoint, tmp_path_factory.mktemp("data"), init_options=FAST)
+    status = await s.wait_state()
+    assert status.state == "ready", status
+    yield s
+    await s.stop()
+
+
+async def test_initialize_advertises_capabilities(session):
+    caps = session.result.capabilities
+    assert isinstance(caps.inline_completion_provider, types.InlineCompletionOptions)
+    assert caps.position_encoding == types.PositionEncodingKind.Utf16
+    assert caps.text_document_sync.change == types.TextDocumentSyncKind.Incremental
+    assert caps.code_action_provider.resolve_provider is True
+    assert "refactor.rewrite.dfim" in caps.code_action_provider.code_action_kinds
+    commands = caps.execute_command_provider.commands
+    assert {"dfim.runAction", "dfim.rewriteSelection", "dfim.inlineAccepted"} <= set(commands)
+    states = [s.state for s in session.statuses]
+    assert states[0] == "loading" and "ready" in states
+    ready = session.statuses[-1]
+    assert ready.isRandom is True and ready.model
+
+
+async def test_inline_item_fits_between_prefix_and_suffix(session):
+    uri = "file:///work/add.py"
+    session.open(uri, PY)
+    result = await session.inline(uri, 1, 11)
+    assert result is not None and result.items
+    item = result.items[0]
+    assert item.range.start.line == item.range.end.line == 1
+    assert item.range.start.character == 11
+    assert item.insert_text and "\n" not in item.insert_text  # single-line mode at the end of `return `
+    assert item.command.command == "dfim.inlineAccepted"
+    # accept it: the command is recorded, the server keeps answering
+    await session.client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command=item.command.command, arguments=list(item.command.arguments))
+    )
+    stats = await session.stats()
+    assert stats.completed >= 1
+    assert stats.status.lastSteps is not None and stats.status.lastLatencyMs is not None
+
+
+async def test_block_fill_in_empty_body_and_cache(session):
+    uri = "file:///work/empty.js"
+    text = "function area(w, h) {\n  \n}\n"
+    session.open(uri, text, "javascript")
+    first = await session.inline(uri, 1, 2)
+    before = await session.stats()
+    second = await session.inline(uri, 1, 2)
+    after = await session.stats()
+    if first is not None:
+        for item in first.items:
+            assert item.range.start.line == item.range.end.line == 1
+            new = apply_edits(text, [types.TextEdit(range=item.range, new_text=item.insert_text)])
+            assert new.startswith("function area(w, h) {\n  ") and new.endswith("\n}\n")
+        assert second is not None and second.items[0].insert_text == first.items[0].insert_text
+    assert after.cache_hits == before.cache_hits + 1
+    assert after.fills == before.fills
+
+
+async def test_typed_ahead_needs_no_model_call(session):
+    uri = "file:///work/typed.py"
+    text = "def sub(a, b):\n    return \n"
+    session.open(uri, text)
+    result = await session.inline(uri, 1, 11)
+    assert result is not None
+    shown = result.items[0].insert_text
+    before = await session.stats()
+    session.change(uri, shown[0], types.Range(start=types.Position(1, 11), end=types.Position(1, 11)))
+    again = await session.inline(uri, 1, 12)
+    after = await session.stats()
+    if len(shown) > 1:
+        assert again is not None and again.items[0].insert_text == shown[1:]
+        assert after.typed_ahead == before.typed_ahead + 1 and after.fills == before.fills
+
+
+async def test_incremental_and_whole_document_changes(session):
+    uri = "file:///work/changes.py"
+    session.open(uri, "x = 1\n")
+    # whole-document change, then an incremental one with an emoji before the cursor (UTF-16 units)
+    session.change(uri, "s = '😋'\ndef f():\n    return \n")
+    session.change(uri, "y", types.Range(start=types.Position(0, 0), end=types.Position(0, 1)))
+    # line 2 is `    return ` (11 units); line 0 is `y = '😋'` = 8 UTF-16 units
+    result = await session.inline(uri, 2, 11)
+    assert result is None or all(i.range.start == types.Position(2, 11) for i in result.items)
+    with pytest.raises(JsonRpcException):
+        await session.inline(uri, 0, 9)  # past the end of line 0 in UTF-16 units
+    ok = await session.inline(uri, 0, 8)  # the end of line 0 exists
+    assert ok is None or ok.items[0].range.start == types.Position(0, 8)
+
+
+async def test_out_of_range_position_is_an_error_and_the_server_keeps_serving(session):
+    uri = "file:///work/range.py"
+    session.open(uri, "a = 1\nb = \n")
+    with pytest.raises(JsonRpcException) as info:
+        await session.inline(uri, 99, 0)
+    assert info.value.code == -32602  # InvalidParams
+    with pytest.raises(JsonRpcException):
+        await session.inline(uri, 0, 42)
+    result = await session.inline(uri, 1, 4)
+    assert result is None or result.items
+
+
+async def code_actions(session, uri, rng):
+    return await session.client.text_document_code_action_async(
+        types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            range=rng,
+            context=types.CodeActionContext(diagnostics=[]),
+        )
+    )
+
+
+async def test_each_code_action_produces_a_clean_versioned_edit(session):
+    uri = "file:///work/actions.py"
+    text = "def f(x):\n    pass\n\n\ndef g(y):\n    ...\n"
+    session.open(uri, text)
+    whole = types.Range(start=types.Position(0, 0), end=types.Position(6, 0))
+    cursor = types.Range(start=types.Position(1, 6), end=types.Position(1, 6))
+    offered = (await code_actions(session, uri, cursor)) + (await code_actions(session, uri, whole))
+    names = [a.data["action"] for a in offered]
+    assert {
+        "fillHole",
+        "completeFunction",
+        "fillSelectionHoles",
+        "rewriteSelection",
+        "regenerateUnsure",
+    } <= set(names)
+    progress_before = len(session.progress)
+    for action in offered:
+        assert action.edit is None  # computed lazily, in resolve
+        try:
+            resolved = await session.client.code_action_resolve_async(action)
+        except JsonRpcException as exc:
+            # a random model may leave nothing usable; that fails the request, never the document
+            assert "dfim" in exc.message
+            continue
+        (change,) = resolved.edit.document_changes
+        assert change.text_document.uri == uri and change.text_document.version == session.version[uri]
+        new = apply_edits(text, change.edits)
+        assert new != text or action.data["action"] == "regenerateUnsure"
+        if action.data["action"] in ("fillHole", "fillSelectionHoles"):
+            assert new.startswith("def f(x):\n    ") and "def g(y):\n    " in new
+    assert len(session.progress) > progress_before  # $/progress per denoising step
+
+
+async def test_execute_command_applies_the_edit(session):
+    uri = "file:///work/cmd.py"
+    text = "def h(z):\n    pass\n"
+    session.open(uri, text)
+    rng = {"start": {"line": 0, "character": 0}, "end": {"line": 2, "character": 0}}
+    applied_before = len(session.applied)
+    try:
+        result = await session.client.workspace_execute_command_async(
+            types.ExecuteCommandParams(
+                command="dfim.rewriteSelection", arguments=[uri, rng, "make it faster"]
+            )
+        )
+    except JsonRpcException as exc:
+        assert "dfim" in exc.message
+        return
+    assert result["applied"] is True
+    (edit,) = session.applied[applied_before:]
+    (change,) = edit.document_changes
+    assert change.text_document.version == session.version[uri]
+    new = apply_edits(text, change.edits)
+    assert new.startswith("def h(z):\n")  # the signature is pinned
+
+
+async def test_stale_action_is_refused(session):
+    uri = "file:///work/stale.py"
+    session.open(uri, "def f():\n    pass\n")
+    (action, *_) = await code_actions(
+        session, uri, types.Range(start=types.Position(1, 5), end=types.Position(1, 5))
+    )
+    session.change(uri, "def f():\n    pass  # edited\n")
+    with pytest.raises(JsonRpcException) as info:
+        await session.client.code_action_resolve_async(action)
+    assert info.value.code == -32801  # ContentModified: nothing the user typed is lost
+
+
+async def test_burst_of_requests_leaves_only_the_last_running(session):
+    uri = "file:///work/burst.py"
+    line = "value = compute("
+    session.open(uri, f"def compute(x):\n    return x\n\n{line}\n")
+    session.configure({"sampling": {"maxSteps": 16}})
+    await asyncio.sleep(0.1)
+    before = await session.stats()
+    tasks = []
+    for i in range(20):
+        session.change(
+            uri,
+            "a",
+            types.Range(start=types.Position(3, len(line) + i), end=types.Position(3, len(line) + i)),
+        )
+        tasks.append(asyncio.ensure_future(session.inline(uri, 3, len(line) + i + 1)))
+        await asyncio.sleep(0.01)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    after = await session.stats()
+    session.configure({"sampling": FAST["sampling"]})
+    for r in results[:-1]:
+        assert r is None or (isinstance(r, JsonRpcException) and r.code == -32800), r
+    assert not isinstance(results[-1], Exception)
+    assert after.engine_fills_completed - before.engine_fills_completed == 1
+    assert after.completed - before.completed == 1
+
+
+async def test_cancel_request_stops_the_engine(session):
+    uri = "file:///work/cancel.py"
+    session.open(uri, "def slow(n):\n    total = \n")
+    session.configure({"sampling": {"maxSteps": 64}})
+    await asyncio.sleep(0.1)
+    before = await session.stats()
+    future = session.client.protocol.send_request(
+        types.TEXT_DOCUMENT_INLINE_COMPLETION,
+        types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(1, 12),
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked),
+        ),
+        msg_id="cancel-me",
+    )
+    await asyncio.sleep(0.3)
+    session.client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="cancel-me"))
+    with pytest.raises(JsonRpcException) as info:
+        await asyncio.wait_for(asyncio.wrap_future(future), 30)
+    assert info.value.code == -32800  # RequestCancelled
+    session.configure({"sampling": FAST["sampling"]})
+    await asyncio.sleep(0.2)
+    after = await session.stats()
+    assert after.engine_fills_completed == before.engine_fills_completed
+    assert after.cancelled == before.cancelled + 1
+
+
+async def test_bad_settings_show_an_error_and_keep_the_previous_value(session):
+    count = len(session.messages)
+    session.configure({"sampling": {"maxSteps": -3}, "model": {"device": "tpu"}})
+    for _ in range(100):
+        if len(session.messages) >= count + 2:
+            break
+        await asyncio.sleep(0.02)
+    new = session.messages[count:]
+    assert len(new) == 2 and all(m.type == types.MessageType.Error for m in new)
+    assert any("maxSteps" in m.message for m in new)
+    result = await session.inline("file:///work/add.py", 1, 11)  # still serving
+    assert result is None or result.items
+
+
+async def test_utf8_negotiation_and_missing_model(tmp_path):
+    s = Session()
+    result = await s.start(tmp_path / "no-such-model", tmp_path, encodings=["utf-16", "utf-8"])
+    try:
+        assert result.capabilities.position_encoding == types.PositionEncodingKind.Utf8
+        status = await s.wait_state()
+        assert status.state == "error" and status.message
+        uri = "file:///work/u8.py"
+        s.open(uri, "s = '😋'\n")
+        assert await s.inline(uri, 0, 10) is None  # no model: no completions, but an answer
+        assert await s.inline(uri, 0, 9) is None  # before the closing quote: 5 + 4 emoji bytes
+        with pytest.raises(JsonRpcException):
+            await s.inline(uri, 0, 11)  # the line is 10 UTF-8 bytes long
+    finally:
+        await s.stop()
