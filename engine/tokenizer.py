@@ -131,6 +131,11 @@ class Tokenizer:
         """The bytes one token stands for (empty for special tokens)."""
         return self._bytes[int(token_id)]
 
+    @property
+    def bytes_table(self) -> list[bytes]:
+        """bytes of every token id (empty for special tokens), for fast decoding of many ids."""
+        return self._bytes
+
     def is_special(self, token_id: int) -> bool:
         return int(token_id) < NUM_SPECIAL
 
