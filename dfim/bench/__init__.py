@@ -1,0 +1,1 @@
+"""Benchmarks that need more than the engine: real projects (tree-sitter, project tests) and the real server."""
