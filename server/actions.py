@@ -27,6 +27,7 @@ from server.context import (
     leading_ws,
     line_end,
     line_start,
+    region,
 )
 from server.postprocess import clean, limit_scope, normalize_newlines
 
@@ -42,6 +43,9 @@ TITLES = {
 
 def available_actions(text: str, lang: str | None, start: int, end: int) -> list[str]:
     """Action names that apply to the cursor (start == end) or selection [start, end)."""
+    lo, hi = region(text, start, end, 20000, 20000)
+    if lo or hi < len(text):  # editors ask on every cursor move: parse only around the cursor
+        return available_actions(text[lo:hi], lang, start - lo, end - lo)
     source = Source(text, lang)
     found: list[str] = []
     selection = end > start and text[start:end].strip() != ""

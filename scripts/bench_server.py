@@ -1,0 +1,121 @@
+"""End-to-end inline-completion latency of `dfim serve` over stdio, warm, on fixture files.
+
+    python scripts/bench_server.py [--model PATH | --random] [--requests 60] [--files fixtures/example.*]
+
+Starts the real server process, opens the fixture files, warms up, then asks for inline completions at
+positions spread over the files (each a fresh context: the result cache and typed-ahead are bypassed, so
+every request is a model call) and prints p50/p95 of the client-observed round trip. Targets on the 2-core
+machine: p50 <= 150 ms, p95 <= 400 ms. Also prints the typed-ahead round trip (no model call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lsprotocol import types  # noqa: E402
+
+from tests.server_helpers import Session, random_checkpoint  # noqa: E402
+
+LANGUAGES = {".py": "python", ".js": "javascript", ".ts": "typescript", ".go": "go", ".rs": "rust"}
+
+
+def positions(text: str, limit: int) -> list[tuple[int, int]]:
+    """(line, character) at the end of non-blank lines' first half: mid-statement single-line fills."""
+    out = []
+    for i, line in enumerate(text.split("\n")):
+        stripped = line.strip()
+        if len(stripped) < 12 or stripped.startswith(("#", "//", "import", "from", "use ", "package")):
+            continue
+        cut = len(line) - len(line.lstrip()) + len(stripped) // 2
+        out.append((i, cut))
+    step = max(1, len(out) // max(1, limit))
+    return out[::step][:limit]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q / 100 * len(ordered) + 0.5)) - 1))]
+
+
+async def main(args: argparse.Namespace) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="dfim-bench-"))
+    model = args.model
+    if args.random:
+        model = str(random_checkpoint(tmp / "ckpt"))
+    settings = {
+        "sampling": {"maxSteps": args.max_steps},
+        "telemetry": {"enabled": False},
+        "inline": {"cacheSize": 0},
+    }
+    session = Session()
+    start = time.perf_counter()
+    await session.start(model or "", tmp, init_options=settings)
+    status = await session.wait_state(timeout=300)
+    print(
+        f"server ready in {time.perf_counter() - start:.1f} s: {status.state} {status.model} {status.message}"
+    )
+    if status.state != "ready":
+        await session.stop()
+        return 1
+    files = [Path(p) for pattern in args.files for p in sorted(glob.glob(pattern))]
+    jobs = []
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        uri = path.resolve().as_uri()
+        session.open(uri, text, LANGUAGES.get(path.suffix, "plaintext"))
+        jobs += [(uri, line, ch) for line, ch in positions(text, args.requests // max(1, len(files)) + 1)]
+    for uri, line, ch in jobs[: args.warmup]:
+        await session.inline(uri, line, ch)
+    latencies, steps, empty = [], [], 0
+    for uri, line, ch in jobs[args.warmup : args.warmup + args.requests]:
+        t0 = time.perf_counter()
+        result = await session.inline(uri, line, ch)
+        latencies.append((time.perf_counter() - t0) * 1000)
+        empty += result is None
+        steps.append((await session.stats()).status.lastSteps or 0)
+    typed = []
+    for uri, line, ch in jobs[:10]:
+        result = await session.inline(uri, line, ch)
+        if result is None or len(result.items[0].insert_text) < 2:
+            continue
+        session.change(
+            uri,
+            result.items[0].insert_text[0],
+            types.Range(start=types.Position(line, ch), end=types.Position(line, ch)),
+        )
+        t0 = time.perf_counter()
+        await session.inline(uri, line, ch + 1)
+        typed.append((time.perf_counter() - t0) * 1000)
+    await session.stop()
+    print(
+        f"cpu cores {os.cpu_count()}, files {len(files)}, requests {len(latencies)} (empty {empty}), max steps {args.max_steps}"
+    )
+    print(
+        f"inline latency (model call): p50 {pct(latencies, 50):.0f} ms  p95 {pct(latencies, 95):.0f} ms  "
+        f"mean {statistics.mean(latencies):.0f} ms  max {max(latencies):.0f} ms  mean steps {statistics.mean(steps):.1f}"
+    )
+    if typed:
+        print(f"typed-ahead (no model call): p50 {pct(typed, 50):.1f} ms  n={len(typed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="", help="checkpoint folder (default: the shipped model)")
+    parser.add_argument("--random", action="store_true", help="a random tiny checkpoint (plumbing only)")
+    parser.add_argument("--requests", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--max-steps", type=int, default=16)
+    parser.add_argument("--files", nargs="+", default=[str(ROOT / "fixtures" / "example.*")])
+    sys.exit(asyncio.run(main(parser.parse_args())))
