@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# CI for the editor clients: the VS Code extension (build, unit tests, .vsix) and the Neovim plugin's
+# end-to-end test against the real server. Exits non-zero on the first failure.
+#
+#   clients/ci.sh            everything
+#   clients/ci.sh vscode     only the extension
+#   clients/ci.sh nvim       only the Neovim test
+#
+# Needs Node >= 20 with npm, and (for the Neovim test) the repo's .venv from ./install.sh --test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+what=${1:-all}
+
+step() { printf '\n== %s\n' "$*"; }
+
+if [[ $what == all || $what == vscode ]]; then
+  command -v npm >/dev/null || { echo "clients/ci.sh: npm is missing (Node >= 20 needed)" >&2; exit 1; }
+  cd "$ROOT/clients/vscode"
+  step "vscode: npm ci"
+  npm ci --no-fund --no-audit
+  step "vscode: compile"
+  npm run compile
+  step "vscode: unit tests"
+  npm test
+  step "vscode: package"
+  rm -f dfim.vsix
+  npm run package
+  test -s dfim.vsix
+  unzip -l dfim.vsix | grep -q 'extension/out/extension.js'
+  unzip -l dfim.vsix | grep -q 'extension/node_modules/vscode-languageclient/package.json'
+  if unzip -l dfim.vsix | grep -q 'extension/out/test/'; then
+    echo "clients/ci.sh: the .vsix carries the tests" >&2
+    exit 1
+  fi
+  cd "$ROOT"
+fi
+
+if [[ $what == all || $what == nvim ]]; then
+  if ! command -v nvim >/dev/null; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+      step "nvim: apt-get install neovim"
+      apt-get install -y neovim >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y neovim >/dev/null; }
+    else
+      echo "clients/ci.sh: nvim is missing and this is not root with apt-get; install Neovim >= 0.7" >&2
+      exit 1
+    fi
+  fi
+  nvim --version | head -1
+  step "nvim: end-to-end test against the real server"
+  PY=${PYTHON:-$ROOT/.venv/bin/python}
+  # -rs shows skip reasons; a skip here would mean nvim vanished, so fail on it.
+  out=$("$PY" -m pytest -q -rs tests/test_nvim_client.py 2>&1) || { echo "$out"; exit 1; }
+  echo "$out"
+  if grep -q ' skipped' <<<"$out"; then
+    echo "clients/ci.sh: the Neovim test was skipped" >&2
+    exit 1
+  fi
+fi
+echo "clients/ci.sh: ok"
