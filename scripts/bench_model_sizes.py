@@ -18,7 +18,7 @@ from engine.model import DiffusionGemma
 CANDIDATES = {
     "h256-l6": dict(hidden_size=256, num_hidden_layers=6, intermediate_size=768, moe_intermediate_size=256),
     "h256-l8": dict(hidden_size=256, num_hidden_layers=8, intermediate_size=768, moe_intermediate_size=256),
-    "h320-l8": dict(hidden_size=320, num_hidden_layers=8, intermediate_size=960, moe_intermediate_size=320, num_attention_heads=5),
+    "h320-l8": dict(hidden_size=320, num_hidden_layers=8, intermediate_size=960, moe_intermediate_size=320, num_attention_heads=5, num_key_value_heads=1),
     "h384-l8": dict(hidden_size=384, num_hidden_layers=8, intermediate_size=1024, moe_intermediate_size=384, num_attention_heads=6),
 }
 
