@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("engine.evaluate", "fill-in-the-middle evaluation with execution-based pass@1"),
     "train": ("engine.train", "train or fine-tune a checkpoint on one GPU"),
     "stats": ("server.telemetry", "acceptance rate and latency from local telemetry"),
+    "replay": ("dfim.bench.replay", "replay typing against the real server: acceptance, latency"),
+    "bench-realcode": ("dfim.bench.realcode", "FIM problems from a Python project and its tests"),
 }
 
 

@@ -1,0 +1,594 @@
+"""`dfim replay`: replay typing against the real language server and measure what inline completion saves.
+
+    dfim replay FILE... [--git REPO --commits N] [--model PATH] [--trigger word|line|chars] [--out DIR]
+
+The server runs as it does for an editor (`python -m dfim serve --model PATH` over stdio, driven by pygls's
+LanguageClient). Each replayed *region* is text a person types into a document:
+- a FILE is typed from an empty document, top to bottom;
+- a commit of `--git REPO` contributes every run of added lines of every changed file with a known language:
+  the document is the file after the commit minus the runs not typed yet, and the run is typed in place (so
+  the code after it is the suffix the model sees).
+
+Typing goes forward character by character (sent as incremental `didChange`s, one per stretch between two
+trigger points). At every trigger point the client sends `textDocument/inlineCompletion` and judges the
+first item against what the person types next:
+- **full accept**: the whole suggestion is what comes next (an item that also rewrites the rest of the line
+  counts when that rest comes back unchanged); the cursor jumps past it;
+- **partial accept**: otherwise, its longest common prefix with what comes next, if at least `--min-partial`
+  characters (an editor's accept-word/accept-line, counted by characters);
+- otherwise rejected, and typing goes on.
+After an accept the next request goes out at once. Model time comes from the server (`dfim/stats`: the
+engine's own latency of the fill a request caused; cache hits and typed-ahead reuse cost none).
+
+Reported (DESIGN §6): acceptance rate = accepted / shown; chars saved = accepted chars / chars of the
+replayed text; p50/p95 round-trip latency of the requests; latency per accepted edit = total model time /
+accepted suggestions (rejected requests included). JSON (`report.json`) and markdown (`summary.md`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from engine import metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+TRIGGERS = ("word", "line", "chars")
+IDENT = re.compile(r"\w")
+
+
+@dataclass
+class Region:
+    """Text typed into one document: `before + typed + after` is the document once it is all typed."""
+
+    source: str  # file path, or `commit:path:line` for a git run
+    path: str  # file name (for the URI and the language)
+    before: str
+    typed: str
+    after: str
+
+
+@dataclass
+class ReplayOptions:
+    trigger: str = "word"  # word: after every non-identifier character; line: at each line's first non-blank
+    every: int = 8  # characters between requests for trigger=chars
+    min_partial: int = 3  # shorter common prefixes are chance agreement (a space, a bracket), not an accept
+    max_chars: int = 2000  # of each region; the rest is dropped (keeps a replay of big commits bounded)
+
+
+@dataclass
+class RegionStats:
+    source: str
+    chars: int = 0  # characters of the replayed text (what the person would type without the tool)
+    requests: int = 0
+    shown: int = 0  # requests that returned a non-empty suggestion
+    full_accepts: int = 0
+    partial_accepts: int = 0
+    accepted_chars: int = 0
+    model_fills: int = 0  # requests the engine ran a fill for
+    model_ms: float = 0.0
+    errors: int = 0
+    latencies_ms: list[float] = field(default_factory=list)  # round trip of every request
+    model_latencies_ms: list[float] = field(default_factory=list)
+
+    @property
+    def accepted(self) -> int:
+        return self.full_accepts + self.partial_accepts
+
+
+# ----------------------------------------------------------------------------- regions
+
+
+def normalize(text: str) -> str:
+    """LSP counts \\r\\n, \\r and \\n as line ends; replay with \\n only so offsets stay simple."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def file_region(path: str | os.PathLike) -> Region:
+    text = normalize(Path(path).read_text(encoding="utf-8"))
+    return Region(source=str(path), path=Path(path).name, before="", typed=text, after="")
+
+
+def _runs(numbers: list[int]) -> list[tuple[int, int]]:
+    """Sorted line indices -> [start, end) runs of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for n in numbers:
+        if runs and runs[-1][1] == n:
+            runs[-1] = (runs[-1][0], n + 1)
+        else:
+            runs.append((n, n + 1))
+    return runs
+
+
+def added_lines(diff: str) -> dict[str, list[int]]:
+    """`git show -U0` output -> {path: sorted 0-based indices of added lines in the new file}."""
+    out: dict[str, list[int]] = {}
+    current: str | None = None
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            name = line[4:].strip()
+            current = name[2:] if name.startswith("b/") else None  # /dev/null: a deleted file
+        elif line.startswith("@@") and current is not None:
+            match = re.match(r"@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@", line)
+            if match:
+                start, count = int(match.group(1)), int(match.group(2) or 1)
+                out.setdefault(current, []).extend(range(start - 1, start - 1 + count))
+    return {k: sorted(set(v)) for k, v in out.items() if v}
+
+
+def regions_from_lines(source: str, path: str, text: str, added: list[int], max_chars: int) -> list[Region]:
+    """One region per run of added lines; runs after it are not in the document yet, runs before it are."""
+    lines = normalize(text).splitlines(keepends=True)
+    runs = [(s, min(e, len(lines))) for s, e in _runs([i for i in added if i < len(lines)])]
+    regions = []
+    for i, (start, end) in enumerate(runs):
+        later = {n for s, e in runs[i + 1 :] for n in range(s, e)}
+        typed = "".join(lines[start:end])[:max_chars]
+        if not typed.strip():
+            continue
+        after = "".join(line for n, line in enumerate(lines[end:], end) if n not in later)
+        regions.append(Region(f"{source}:{start + 1}", path, "".join(lines[:start]), typed, after))
+    return regions
+
+
+def git(repo: str, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", repo, *args], check=True, capture_output=True, text=True, errors="replace"
+    ).stdout
+
+
+def git_regions(repo: str, commits: int, rev: str, max_chars: int) -> list[Region]:
+    """Runs of added lines of the last `commits` non-merge commits up to `rev`, files of known languages only."""
+    from server.context import language_for
+
+    regions: list[Region] = []
+    for commit in git(repo, "log", "--no-merges", f"-n{commits}", "--format=%H", rev).split():
+        diff = git(repo, "show", "--format=", "--unified=0", "--no-color", "--no-ext-diff", commit)
+        for path, added in added_lines(diff).items():
+            if language_for(None, path) is None:
+                continue
+            try:
+                raw = subprocess.run(
+                    ["git", "-C", repo, "show", f"{commit}:{path}"], check=True, capture_output=True
+                ).stdout
+                text = raw.decode("utf-8")
+            except (subprocess.CalledProcessError, UnicodeDecodeError):
+                continue  # binary or not in the tree
+            regions += regions_from_lines(f"{commit[:10]}:{path}", Path(path).name, text, added, max_chars)
+    return regions
+
+
+# ----------------------------------------------------------------------------- judging a suggestion
+
+
+def trigger_points(typed: str, trigger: str, every: int = 8) -> list[int]:
+    """Cursor positions (0 <= p < len) where the client asks for a suggestion."""
+    points = []
+    for p in range(len(typed)):
+        if trigger == "chars":
+            ok = p % max(1, every) == 0
+        elif trigger == "line":
+            line_start = typed.rfind("\n", 0, p) + 1
+            ok = typed[line_start:p].strip() == "" and not typed[p].isspace()
+        else:  # word: after a non-identifier character, but not inside a run of indentation
+            ok = p == 0 or (
+                not IDENT.match(typed[p - 1]) and not (typed[p - 1] in " \t" and typed[p] in " \t")
+            )
+        if ok:
+            points.append(p)
+    return points
+
+
+def judge(doc: str, cursor: int, start: int, end: int, insert: str, remaining: str, min_partial: int):
+    """("full" | "partial" | "rejected", accepted characters) of the edit doc[start:end] = insert."""
+    if start > cursor or end < cursor:
+        return "rejected", 0
+    head = doc[start:cursor]
+    if not insert.startswith(head):
+        return "rejected", 0  # it would rewrite what was already typed
+    proposal, tail = insert[len(head) :], doc[cursor:end]
+    if proposal.endswith(tail):
+        core = proposal[: len(proposal) - len(tail)]
+        if core and remaining.startswith(core):
+            return "full", len(core)
+    common = len(os.path.commonprefix([proposal, remaining]))
+    if common >= min_partial:
+        return "partial", common
+    return "rejected", 0
+
+
+def utf16_position(text: str, offset: int) -> tuple[int, int]:
+    line = text.count("\n", 0, offset)
+    start = text.rfind("\n", 0, offset) + 1
+    return line, len(text[start:offset].encode("utf-16-le")) // 2
+
+
+def utf16_offset(text: str, line: int, character: int) -> int:
+    start = 0
+    for _ in range(line):
+        start = text.index("\n", start) + 1
+    end = text.find("\n", start)
+    row = text[start : len(text) if end < 0 else end]
+    units = 0
+    for i, ch in enumerate(row):
+        if units >= character:
+            return start + i
+        units += 2 if ord(ch) > 0xFFFF else 1
+    return start + len(row)
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
+# ----------------------------------------------------------------------------- the client
+
+
+class Client:
+    """The real `dfim serve` over stdio."""
+
+    def __init__(self) -> None:
+        from lsprotocol import types
+        from pygls.lsp.client import LanguageClient
+
+        self.types = types
+        self.lsp = LanguageClient("dfim-replay", "0")
+        self.statuses: list[Any] = []
+        self.version: dict[str, int] = {}
+
+        @self.lsp.feature("dfim/status")
+        def status(params: Any) -> None:
+            self.statuses.append(params)
+
+    async def start(self, model: str, device: str, init_options: dict, data_dir: str) -> Any:
+        t = self.types
+        env = {**os.environ, "DFIM_DATA_DIR": data_dir, "PYTHONPATH": str(ROOT)}
+        args = ["-m", "dfim", "serve", "--device", device] + (["--model", model] if model else [])
+        await self.lsp.start_io(sys.executable, *args, env=env, cwd=str(ROOT))
+        await self.lsp.initialize_async(
+            t.InitializeParams(
+                process_id=os.getpid(),
+                capabilities=t.ClientCapabilities(
+                    text_document=t.TextDocumentClientCapabilities(
+                        inline_completion=t.InlineCompletionClientCapabilities()
+                    )
+                ),
+                initialization_options=init_options,
+            )
+        )
+        self.lsp.initialized(t.InitializedParams())
+        return await self.wait_ready()
+
+    async def wait_ready(self, timeout: float = 600.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.statuses and _get(self.statuses[-1], "state") in ("ready", "error"):
+                return self.statuses[-1]
+            await asyncio.sleep(0.05)
+        raise TimeoutError("the server never became ready")
+
+    def open(self, uri: str, text: str, language_id: str) -> None:
+        t = self.types
+        self.version[uri] = 1
+        self.lsp.text_document_did_open(
+            t.DidOpenTextDocumentParams(
+                text_document=t.TextDocumentItem(uri=uri, language_id=language_id, version=1, text=text)
+            )
+        )
+
+    def insert(self, uri: str, doc: str, offset: int, text: str) -> None:
+        t = self.types
+        line, character = utf16_position(doc, offset)
+        here = t.Position(line=line, character=character)
+        self.version[uri] += 1
+        self.lsp.text_document_did_change(
+            t.DidChangeTextDocumentParams(
+                text_document=t.VersionedTextDocumentIdentifier(uri=uri, version=self.version[uri]),
+                content_changes=[
+                    t.TextDocumentContentChangePartial(range=t.Range(start=here, end=here), text=text)
+                ],
+            )
+        )
+
+    def close(self, uri: str) -> None:
+        t = self.types
+        self.lsp.text_document_did_close(
+            t.DidCloseTextDocumentParams(text_document=t.TextDocumentIdentifier(uri=uri))
+        )
+
+    async def inline(self, uri: str, doc: str, offset: int) -> Any:
+        t = self.types
+        line, character = utf16_position(doc, offset)
+        return await self.lsp.text_document_inline_completion_async(
+            t.InlineCompletionParams(
+                text_document=t.TextDocumentIdentifier(uri=uri),
+                position=t.Position(line=line, character=character),
+                context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic),
+            )
+        )
+
+    async def stats(self) -> Any:
+        return await self.lsp.protocol.send_request_async("dfim/stats", {})
+
+    async def stop(self) -> None:
+        try:
+            await asyncio.wait_for(self.lsp.shutdown_async(None), 10)
+            self.lsp.exit(None)
+        finally:
+            await asyncio.wait_for(self.lsp.stop(), 10)
+
+
+# ----------------------------------------------------------------------------- the replay
+
+
+async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOptions) -> RegionStats:
+    from server.context import language_for
+
+    typed = region.typed[: opts.max_chars]
+    stats = RegionStats(source=region.source, chars=len(typed))
+    points = trigger_points(typed, opts.trigger, opts.every)
+    client.open(uri, region.before + region.after, language_for(None, region.path) or "plaintext")
+    before_stats = await client.stats()
+    fills_done = _get(before_stats, "engine_fills_completed") or 0
+    p, force = 0, True  # a request goes out on opening and right after every accept
+    try:
+        while p < len(typed):
+            q = p if force else next((x for x in points if x > p), None)
+            force = False
+            doc = region.before + typed[:p] + region.after
+            if q is None:
+                break  # the rest is typed without another request
+            if q > p:
+                client.insert(uri, doc, len(region.before) + p, typed[p:q])
+                p = q
+                doc = region.before + typed[:p] + region.after
+            cursor = len(region.before) + p
+            stats.requests += 1
+            started = time.perf_counter()
+            try:
+                result = await client.inline(uri, doc, cursor)
+            except Exception:  # a failed request is a request that showed nothing
+                result = None
+                stats.errors += 1
+            stats.latencies_ms.append((time.perf_counter() - started) * 1000.0)
+            server = await client.stats()
+            done = _get(server, "engine_fills_completed") or 0
+            if done > fills_done:
+                latency = float(_get(_get(server, "status"), "lastLatencyMs") or 0.0)
+                stats.model_fills += done - fills_done
+                stats.model_ms += latency
+                stats.model_latencies_ms.append(latency)
+                fills_done = done
+            items = list(_get(result, "items") or []) if result is not None else []
+            insert = _get(items[0], "insert_text") if items else None
+            insert = insert if isinstance(insert, str) else _get(insert, "value")
+            if not insert:
+                continue
+            stats.shown += 1
+            rng = _get(items[0], "range")
+            if rng is None:
+                start = end = cursor
+            else:
+                start = utf16_offset(doc, rng.start.line, rng.start.character)
+                end = utf16_offset(doc, rng.end.line, rng.end.character)
+            verdict, chars = judge(doc, cursor, start, end, insert, typed[p:], opts.min_partial)
+            if verdict == "rejected":
+                continue
+            stats.full_accepts += verdict == "full"
+            stats.partial_accepts += verdict == "partial"
+            stats.accepted_chars += chars
+            client.insert(uri, doc, cursor, typed[p : p + chars])  # the same document the accept produces
+            p += chars
+            force = True
+    finally:
+        client.close(uri)
+    return stats
+
+
+def summarize(regions: list[RegionStats]) -> dict[str, Any]:
+    chars = sum(r.chars for r in regions)
+    shown = sum(r.shown for r in regions)
+    accepted = sum(r.accepted for r in regions)
+    model_ms = sum(r.model_ms for r in regions)
+    latencies = [x for r in regions for x in r.latencies_ms]
+    model_latencies = [x for r in regions for x in r.model_latencies_ms]
+    return {
+        "regions": len(regions),
+        "chars": chars,
+        "requests": sum(r.requests for r in regions),
+        "shown": shown,
+        "accepted": accepted,
+        "full_accepts": sum(r.full_accepts for r in regions),
+        "partial_accepts": sum(r.partial_accepts for r in regions),
+        "accepted_chars": sum(r.accepted_chars for r in regions),
+        "acceptance_rate": accepted / shown if shown else None,
+        "chars_saved": sum(r.accepted_chars for r in regions) / chars if chars else None,
+        "model_fills": sum(r.model_fills for r in regions),
+        "model_ms_total": round(model_ms, 1),
+        "errors": sum(r.errors for r in regions),
+        "latency_p50_ms": metrics.percentile(latencies, 50) if latencies else None,
+        "latency_p95_ms": metrics.percentile(latencies, 95) if latencies else None,
+        "model_latency_p50_ms": metrics.percentile(model_latencies, 50) if model_latencies else None,
+        "model_latency_p95_ms": metrics.percentile(model_latencies, 95) if model_latencies else None,
+        "latency_per_accepted_ms": model_ms / accepted if accepted else None,
+        "wall_per_accepted_ms": sum(latencies) / accepted if accepted else None,
+    }
+
+
+async def replay(
+    regions: list[Region],
+    *,
+    model: str = "",
+    device: str = "cpu",
+    options: ReplayOptions | None = None,
+    server_settings: dict | None = None,
+    progress: TextIO | None = None,
+) -> dict[str, Any]:
+    """Start a server, replay every region, stop it; the report's `summary`, `regions` and `server`."""
+    options = options or ReplayOptions()
+    init = {"telemetry": {"enabled": False}, **(server_settings or {})}
+    client = Client()
+    with tempfile.TemporaryDirectory(prefix="dfim-replay-") as data_dir:
+        ready = await client.start(model, device, init, data_dir)
+        try:
+            if _get(ready, "state") != "ready":
+                raise RuntimeError(f"the server could not load the model: {_get(ready, 'message')}")
+            results = []
+            for i, region in enumerate(regions):
+                uri = f"file:///dfim-replay/{i}/{region.path}"
+                results.append(await replay_region(client, region, uri, options))
+                if progress:
+                    s = results[-1]
+                    progress.write(
+                        f"[{i + 1}/{len(regions)}] {region.source}: {s.requests} requests, "
+                        f"{s.accepted} accepted, {s.accepted_chars}/{s.chars} chars\n"
+                    )
+            server = await client.stats()
+        finally:
+            await client.stop()
+    rows = []
+    for r in results:
+        row = asdict(r)
+        row["accepted"] = r.accepted
+        row["latencies_ms"] = [round(x, 1) for x in r.latencies_ms]
+        row["model_latencies_ms"] = [round(x, 1) for x in r.model_latencies_ms]
+        rows.append(row)
+    server_info = {
+        "model": _get(ready, "model"),
+        "is_random": _get(ready, "isRandom"),
+        "device": _get(ready, "device"),
+        "counters": {
+            k: _get(server, k)
+            for k in ("fills", "completed", "cancelled", "failed", "cache_hits", "typed_ahead")
+        },
+    }
+    return {"summary": summarize(results), "regions": rows, "server": server_info, "options": asdict(options)}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    s, meta = report["summary"], report["meta"]
+
+    def f(v: Any, scale: float = 1.0, digits: int = 1) -> str:
+        return "-" if v is None else f"{v * scale:.{digits}f}"
+
+    model = report["server"]["model"] or "default"
+    random_note = " (random weights)" if report["server"]["is_random"] else ""
+    lines = [
+        f"# dfim replay: {s['regions']} regions, {s['chars']} chars, model {model}{random_note}",
+        "",
+        "| requests | shown | accepted (full/partial) | acceptance | chars saved | p50 ms | p95 ms "
+        "| model p50 ms | model ms / accepted |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| {s['requests']} | {s['shown']} | {s['accepted']} ({s['full_accepts']}/{s['partial_accepts']}) "
+        f"| {f(s['acceptance_rate'], 100)}% | {f(s['chars_saved'], 100)}% | {f(s['latency_p50_ms'])} "
+        f"| {f(s['latency_p95_ms'])} | {f(s['model_latency_p50_ms'])} | {f(s['latency_per_accepted_ms'])} |",
+        "",
+        f"trigger: {report['options']['trigger']}; min partial accept: {report['options']['min_partial']} chars; "
+        f"model fills: {s['model_fills']} ({f(s['model_ms_total'])} ms); errors: {s['errors']}",
+        "",
+        f"command: `{meta['command']}`",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="files to type from an empty document")
+    parser.add_argument(
+        "--git", metavar="REPO", help="also replay the added lines of commits of this repository"
+    )
+    parser.add_argument(
+        "--commits", type=int, default=10, help="how many recent non-merge commits (with --git)"
+    )
+    parser.add_argument("--rev", default="HEAD", help="the newest commit to look at (with --git)")
+    parser.add_argument("--model", default="", help="checkpoint folder (default: the shipped model)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--trigger", default="word", choices=TRIGGERS, help="when the client asks")
+    parser.add_argument(
+        "--every", type=int, default=8, help="characters between requests for --trigger chars"
+    )
+    parser.add_argument(
+        "--min-partial", type=int, default=3, help="shortest common prefix counted as accepted"
+    )
+    parser.add_argument(
+        "--max-chars", type=int, default=2000, help="characters replayed per file or added run"
+    )
+    parser.add_argument("--steps", type=int, default=None, help="server sampling.maxSteps")
+    parser.add_argument("--max-canvas", type=int, default=None, help="server sampling.maxCanvas")
+    parser.add_argument(
+        "--out", default=None, help="folder for report.json and summary.md (default runs/replay/...)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no per-region progress lines")
+
+
+def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
+    stdout = stdout or sys.stdout
+    options = ReplayOptions(args.trigger, args.every, args.min_partial, args.max_chars)
+    try:
+        regions = [file_region(p) for p in args.paths]
+        if args.git:
+            regions += git_regions(args.git, args.commits, args.rev, args.max_chars)
+    except (OSError, UnicodeDecodeError, subprocess.CalledProcessError) as e:
+        print(f"dfim replay: {e}", file=sys.stderr)
+        return 2
+    for r in regions:
+        r.typed = r.typed[: args.max_chars]
+    regions = [r for r in regions if r.typed]
+    if not regions:
+        print("dfim replay: nothing to replay (give files or --git REPO)", file=sys.stderr)
+        return 2
+    sampling = {k: v for k, v in (("maxSteps", args.steps), ("maxCanvas", args.max_canvas)) if v is not None}
+    started = time.perf_counter()
+    try:
+        report = asyncio.run(
+            replay(
+                regions,
+                model=args.model,
+                device=args.device,
+                options=options,
+                server_settings={"sampling": sampling} if sampling else None,
+                progress=None if args.quiet else sys.stderr,
+            )
+        )
+    except (RuntimeError, TimeoutError) as e:
+        print(f"dfim replay: {e}", file=sys.stderr)
+        return 2
+    rest = sys.argv[sys.argv.index("replay") + 1 :] if "replay" in sys.argv else sys.argv[1:]
+    report["meta"] = {
+        "command": "dfim replay " + " ".join(shlex.quote(a) for a in rest),
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "wall_s": round(time.perf_counter() - started, 2),
+        "sources": [r.source for r in regions],
+    }
+    out = Path(args.out) if args.out else Path("runs/replay") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    table = markdown(report)
+    (out / "summary.md").write_text(table, encoding="utf-8")
+    stdout.write(table + f"\nwritten: {out / 'report.json'}, {out / 'summary.md'}\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dfim replay")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""`dfim replay`: the judging rules, regions from files and git commits, and a run against the real server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dfim.bench import replay
+
+TOKENIZER = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+
+
+def test_judge_full_partial_rejected():
+    doc, cursor = "x = \n", 4
+    # the whole suggestion is what comes next
+    assert replay.judge(doc, cursor, 4, 4, "foo(1)", "foo(1)\n", 3) == ("full", 6)
+    # it also rewrites the rest of the line, unchanged: still a full accept of the new part
+    assert replay.judge("f(\n", 2, 2, 2, "a)", "a)", 3) == ("full", 2)
+    assert replay.judge("f()\n", 2, 2, 3, "a)", "a", 3) == ("full", 1)
+    # a common prefix long enough is a partial accept counted by characters
+    assert replay.judge(doc, cursor, 4, 4, "foo(2)", "foo(1)\n", 3) == ("partial", 4)
+    assert replay.judge(doc, cursor, 4, 4, "fox", "foo(1)\n", 3) == ("rejected", 0)
+    # an item starting before the cursor must repeat what was typed
+    assert replay.judge(doc, cursor, 2, 4, "= foo", "foo\n", 3) == ("full", 3)
+    assert replay.judge(doc, cursor, 2, 4, "+ foo", "foo\n", 3) == ("rejected", 0)
+
+
+def test_trigger_points():
+    text = "def f(a):\n    return a\n"
+    assert replay.trigger_points(text, "line") == [0, 14]
+    assert replay.trigger_points(text, "chars", 10) == [0, 10, 20]
+    word = replay.trigger_points(text, "word")
+    assert word[:4] == [0, 4, 6, 8] and 11 not in word and 14 in word  # not inside indentation
+
+
+def test_utf16_positions_round_trip():
+    text = "s = '😋'\nx = 1\n"
+    for offset in range(len(text) + 1):
+        line, character = replay.utf16_position(text, offset)
+        assert replay.utf16_offset(text, line, character) == offset
+    assert replay.utf16_position(text, 7) == (0, 8)  # the emoji is two UTF-16 units
+
+
+def test_regions_from_added_lines():
+    text = "a = 1\nb = 2\nc = 3\nd = 4\ne = 5\n"
+    regions = replay.regions_from_lines("c", "m.py", text, [1, 3, 4], 2000)
+    assert [r.typed for r in regions] == ["b = 2\n", "d = 4\ne = 5\n"]
+    first, second = regions
+    assert (first.before, first.after) == ("a = 1\n", "c = 3\n")  # the later run is not there yet
+    assert (second.before, second.after) == ("a = 1\nb = 2\nc = 3\n", "")
+    diff = "+++ b/m.py\n@@ -1,0 +2 @@\n+b = 2\n@@ -3,0 +4,2 @@\n+d\n+e\n+++ /dev/null\n@@ -1 +0,0 @@\n"
+    assert replay.added_lines(diff) == {"m.py": [1, 3, 4]}
+
+
+def test_git_regions(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    (tmp_path / "m.py").write_text("def f():\n    return 1\n")
+    (tmp_path / "notes.txt").write_text("hello\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "one")
+    (tmp_path / "m.py").write_text("def f():\n    x = 2\n    return x\n")
+    git("commit", "-q", "-am", "two")
+    (last,) = replay.git_regions(str(tmp_path), 1, "HEAD", 2000)
+    assert (last.before, last.typed, last.after) == ("def f():\n", "    x = 2\n    return x\n", "")
+    both = replay.git_regions(str(tmp_path), 2, "HEAD", 2000)
+    assert len(both) == 2 and all(r.path == "m.py" for r in both)  # notes.txt: no known language
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from engine.checkpoint import write_random_checkpoint
+
+    return write_random_checkpoint(tmp_path_factory.mktemp("ckpt"), TOKENIZER)
+
+
+def test_replay_against_the_real_server(checkpoint, tmp_path):
+    source = tmp_path / "tiny.py"
+    source.write_text("a = 1\nb = a\n")
+    parser = argparse.ArgumentParser()
+    replay.add_arguments(parser)
+    out = tmp_path / "out"
+    args = parser.parse_args(
+        [str(source), "--model", str(checkpoint), "--trigger", "line", "--steps", "1", "--max-canvas", "16"]
+        + ["--out", str(out), "--quiet"]
+    )
+    assert replay.run(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert "dfim replay" in (out / "summary.md").read_text()
+    s, (region,) = report["summary"], report["regions"]
+    assert report["server"]["is_random"] is True
+    assert s["regions"] == 1 and s["chars"] == region["chars"] == len(source.read_text())
+    # requests: on opening, at each line's start reached by typing, and after each accept
+    assert region["requests"] >= 2 and s["requests"] == region["requests"] == len(region["latencies_ms"])
+    assert (
+        s["shown"] <= s["requests"]
+        and s["accepted"] == s["full_accepts"] + s["partial_accepts"] <= s["shown"]
+    )
+    assert 0 <= s["accepted_chars"] <= s["chars"]
+    assert s["model_fills"] == len(region["model_latencies_ms"]) <= s["requests"] + s["errors"]
+    assert s["model_fills"] >= 1 and s["model_ms_total"] > 0
+    counters = report["server"]["counters"]
+    assert counters["completed"] == s["model_fills"]
+    if s["shown"]:
+        assert s["acceptance_rate"] == pytest.approx(s["accepted"] / s["shown"])
+    assert s["chars_saved"] == pytest.approx(s["accepted_chars"] / s["chars"])
+    if s["accepted"]:
+        assert s["latency_per_accepted_ms"] == pytest.approx(s["model_ms_total"] / s["accepted"], rel=1e-3)
+    else:
+        assert s["latency_per_accepted_ms"] is None
+    assert s["latency_p50_ms"] <= s["latency_p95_ms"]
