@@ -1,0 +1,216 @@
+"""The fast GPU path (engine/fast.py) computes the same function as engine.model, checked on the CPU.
+
+fp32, a tiny config with both layer kinds, a context longer than the sliding window, prefill in
+chunks and a small graph bucket, so every static-cache slice and mask is exercised. CUDA graphs and
+torch.compile are not available here; they replay exactly this code on the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine.api import CheckpointError
+from engine.checkpoint import write_random_checkpoint
+from engine.config import ModelConfig
+from engine.fast import (
+    FastDiffusionGemma,
+    expected_experts_touched,
+    load_fast,
+    moe_gathered,
+    moe_grouped,
+    moe_padded,
+    pick_moe,
+)
+from engine.model import DiffusionGemma, causal_mask
+
+TOLERANCE = 1e-4
+TOKENIZER = "engine/weights/dfim-small/tokenizer.json"
+
+CONFIG = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=7,  # 5 sliding, 1 full, 1 forced full
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    global_head_dim=16,
+    num_global_key_value_heads=1,
+    sliding_window=6,
+    num_experts=16,
+    top_k_experts=4,
+    moe_intermediate_size=16,
+    canvas_length=8,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matrices: thread start-up costs more than the work (and thrashes a loaded 2-core box)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_model(seed: int = 0) -> DiffusionGemma:
+    torch.manual_seed(seed)
+    model = DiffusionGemma(ModelConfig(**CONFIG)).eval()
+    model.init_weights(std=0.2)
+    with torch.no_grad():  # non-trivial norms and scalars, encoder and decoder scalars different
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand_like(b))
+    return model
+
+
+def fast_of(model: DiffusionGemma) -> FastDiffusionGemma:
+    return FastDiffusionGemma(model, max_len=64, bucket=8, prefill_chunk=4)
+
+
+def causal_logits(model: DiffusionGemma, ids: torch.Tensor) -> torch.Tensor:
+    """The network as a plain causal LM (encoder scalars, every layer's feed-forward) -> [1, T, V]."""
+    t = ids.shape[1]
+    positions = torch.arange(t)
+    tables = model.rotary(positions[None], torch.float32)
+    masks = {False: causal_mask(positions, positions, None), True: causal_mask(positions, positions, 6)}
+    x = model.decoder.embed(ids)
+    for i, layer in enumerate(model.decoder.layers):
+        attn = layer.self_attn
+        q, k, v = attn.project(layer.input_layernorm(x), *tables[model.config.layer_types[i]])
+        x = x + layer.post_attention_layernorm(attn.attend(q, k, v, masks[attn.is_sliding][None, None]))
+        x = (x + layer.feed_forward(x)) * model.model.encoder.language_model.layers[i].layer_scalar
+    return model.logits(x)
+
+
+@torch.no_grad()
+def test_denoise_logits_match_reference():
+    model = make_model()
+    fast = fast_of(model)
+    g = torch.Generator().manual_seed(1)
+    context = torch.randint(0, 96, (1, 13), generator=g)  # longer than the window, 4 prefill chunks
+    canvas = torch.randint(0, 96, (1, 8), generator=g)
+    self_cond = torch.randn(1, 8, 96, generator=g) * 3
+    cache = model.new_cache()
+    model.encode(context, cache)
+    fast.encode(context[:, :5])
+    fast.encode(context[:, 5:])  # a second encode continues the cache
+    assert fast.length == 13
+    for sc in (None, self_cond):
+        want = model.denoise(canvas, cache, sc)
+        got = fast.denoise(canvas, sc)
+        assert (got - want).abs().max().item() <= TOLERANCE
+    # truncating (the user edited the end of the context) and re-encoding stays exact
+    fast.truncate(9)
+    cache.truncate(9)
+    other = torch.randint(0, 96, (1, 6), generator=g)
+    fast.encode(other)
+    model.encode(other, cache)
+    assert (
+        fast.denoise(canvas, self_cond) - model.denoise(canvas, cache, self_cond)
+    ).abs().max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("impl", [moe_grouped, moe_padded, moe_gathered])
+@torch.no_grad()
+def test_expert_implementations_match_dense_reference(impl):
+    model = make_model()
+    experts = model.decoder.layers[0].experts
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(24, 32, generator=g)
+    index = torch.stack([torch.randperm(16, generator=g)[:4] for _ in range(24)])
+    index[:6] = torch.tensor([0, 1, 2, 3])  # crowd some experts, leave others empty
+    weights = torch.rand(24, 4, generator=g)
+    want = experts._dense(x, weights, index)
+    got = impl(x, weights, index, experts.gate_up_proj, experts.down_proj)
+    assert (got - want).abs().max().item() <= TOLERANCE
+
+
+def test_pick_moe_prefers_grouped_when_it_works():
+    model = make_model()
+    fast = fast_of(model)
+    assert fast.moe == pick_moe(fast.layers[0], torch.device("cpu"), torch.float32)
+    assert fast.moe in ("grouped", "padded")
+    if hasattr(torch, "_grouped_mm"):
+        assert fast.moe == "grouped"
+
+
+@torch.no_grad()
+def test_autoregressive_logits_match_causal_forward():
+    model = make_model()
+    fast = fast_of(model)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 96, (1, 16), generator=g)
+    want = causal_logits(model, ids)
+    fast.encode(ids[:, :9])
+    for pos in range(9, 16):  # crosses a bucket edge (8, 16) and the window
+        got = fast.ar_logits(int(ids[0, pos]))
+        assert (got - want[:, pos]).abs().max().item() <= TOLERANCE
+
+
+@torch.no_grad()
+def test_greedy_decode_follows_the_causal_argmax():
+    model = make_model()
+    fast = fast_of(model)
+    g = torch.Generator().manual_seed(4)
+    context = torch.randint(0, 96, (1, 10), generator=g)
+    fast.encode(context[:, :-1])
+    out = fast.generate_ar(int(context[0, -1]), 7)
+    assert fast.length == 16
+    seq = torch.cat([context, out], dim=1)
+    want = causal_logits(model, seq).argmax(dim=-1)[:, 9:-1]
+    assert torch.equal(out, want)
+
+
+@torch.no_grad()
+def test_fixed_step_block_runs_every_step_and_commits_valid_ids():
+    model = make_model()
+    fast = fast_of(model)
+    fast.encode(torch.randint(0, 96, (1, 12)))
+    torch.manual_seed(5)
+    ids, used = fast.generate_block(16, fixed=True)
+    assert used == 16
+    assert ids.shape == (1, 8) and int(ids.min()) >= 0 and int(ids.max()) < 96
+    eos = (ids[0] == model.config.eos_token_id).nonzero().flatten()
+    if len(eos):  # everything after the first EOS is pad
+        assert bool((ids[0, int(eos[0]) + 1 :] == model.config.pad_token_id).all())
+    assert fast.length == 12  # denoising never moves the context
+
+
+@torch.no_grad()
+def test_adaptive_block_stops_once_stable_and_confident():
+    model = make_model()
+    fast = fast_of(model)
+    fast.encode(torch.randint(0, 96, (1, 12)))
+    _, used = fast.generate_block(48, confidence_threshold=1e-30, check_every=1)
+    assert used == 48  # unreachable confidence: every step runs
+    # a denoiser that always says the same confident thing: the argmax canvas repeats at step 2
+    peaked = torch.full((1, 8, 96), -30.0)
+    peaked[0, torch.arange(8), torch.arange(8) + 20] = 30.0
+    fast._decoder_logits = lambda hi, lo_hi: peaked.clone()
+    ids, used = fast.generate_block(48, check_every=1)
+    assert used == 2
+    assert torch.equal(ids[0], torch.arange(8) + 20)
+
+
+def test_expected_experts_touched():
+    assert expected_experts_touched(1, 128, 8) == pytest.approx(8 / 128)
+    assert expected_experts_touched(256, 128, 8) > 0.9999
+
+
+def test_loader_reads_a_saved_checkpoint_and_rejects_other_architectures(tmp_path):
+    folder = write_random_checkpoint(tmp_path / "ckpt", TOKENIZER, num_experts=4, top_k_experts=2)
+    fast = load_fast(folder, device="cpu", dtype=torch.float32, max_len=256, bucket=64)
+    fast.encode(torch.randint(0, fast.vocab, (1, 5)))
+    assert fast.denoise(torch.randint(0, fast.vocab, (1, 64))).shape == (1, 64, fast.vocab)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"], config["architectures"] = "llama", ["LlamaForCausalLM"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="not a DiffusionGemma checkpoint"):
+        load_fast(folder, device="cpu", dtype=torch.float32)
