@@ -92,7 +92,8 @@ def test_inline_completion_accepted_in_neovim(tmp_path, checkpoint):
     assert out["status"].get("isRandom") is True
     assert out["shown"], f"no completion shown: {out}"
     assert out["marks"] >= 1  # the ghost text is on screen
-    assert out["accepted"] is True
+    assert out["tab_mapped"]  # <Tab> is an expr mapping: accept when shown, a plain Tab otherwise
+    assert out["accepted_word"] is True and out["accepted"] is True
     assert out["marks_after"] == 0
 
     # The buffer changed by exactly the item: its range replaced by its insertText, on the cursor's line.
@@ -112,11 +113,17 @@ def test_inline_completion_accepted_in_neovim(tmp_path, checkpoint):
     head = expected[: start + len(item["insertText"])].split("\n")
     assert out["cursor"] == [len(head), len(head[-1].encode())]
 
-    # The accept command reached the server: its local telemetry holds shown and accepted for this id.
+    # Accept word took a first piece and left the rest on screen; word + rest is the whole suggestion.
+    word = out["text"][: len(out["text"]) - len(out["rest"])]
+    assert word and out["rest"] and word + out["rest"] == out["text"]
+    assert out["marks_word"] >= 1
+    assert "\n".join(out["after_word"]) + "\n" == before[:start] + word + before[start:]
+
+    # The partial accept reached the server's local telemetry, with the word's length.
     events = [json.loads(line) for line in (out["data_dir"] / "telemetry.jsonl").read_text().splitlines()]
-    kinds = {(e["event"], e["id"]) for e in events}
-    assert ("shown", out["id"]) in kinds
-    assert ("accepted", out["id"]) in kinds
+    mine = {e["event"]: e for e in events if e["id"] == out["id"]}
+    assert "shown" in mine
+    assert mine["partial"]["acceptedChars"] == len(word)
 
     # :DfimStats talks to the same server
     assert out["stats"]["completed"] >= 1

@@ -47,6 +47,13 @@ local ok, err = pcall(function()
   out.marks = #vim.api.nvim_buf_get_extmarks(0, vim.api.nvim_create_namespace('dfim_ghost'), 0, -1, {})
   out.statusline = dfim.statusline()
 
+  out.tab_mapped = vim.fn.maparg('<Tab>', 'i', false, true).expr == 1
+
+  -- accept the first word, then the rest: the word goes in, the rest stays on screen
+  out.accepted_word = dfim.accept_word()
+  out.after_word = vim.api.nvim_buf_get_lines(0, 0, -1, false)
+  out.rest = ghost.current() and ghost.current().text
+  out.marks_word = #vim.api.nvim_buf_get_extmarks(0, vim.api.nvim_create_namespace('dfim_ghost'), 0, -1, {})
   out.accepted = dfim.accept()
   out.after = vim.api.nvim_buf_get_lines(0, 0, -1, false)
   out.cursor = vim.api.nvim_win_get_cursor(0)

@@ -105,11 +105,16 @@ local function map_keys(bufnr)
       vim.keymap.set('i', lhs, fn, { buffer = bufnr, desc = desc, expr = expr, silent = true })
     end
   end
+  local fallback = k.accept and vim.api.nvim_replace_termcodes(k.accept, true, false, true)
   map(k.accept, function()
-    if M.visible() then
-      return '<Cmd>lua require("dfim").accept()<CR>'
+    if use_native() then
+      -- get() accepts what is shown and says so; nothing shown: the key does what it always did
+      return vim.lsp.inline_completion.get() and '' or fallback
     end
-    return vim.api.nvim_replace_termcodes(k.accept, true, false, true)
+    if ghost.visible() then
+      return '<Cmd>lua require("dfim").accept()<CR>' -- an expr mapping may not edit the buffer itself
+    end
+    return fallback
   end, 'dfim: accept the suggestion', true)
   map(k.accept_word, function() M.accept_word() end, 'dfim: accept the next word')
   map(k.accept_line, function() M.accept_line() end, 'dfim: accept the next line')
@@ -162,10 +167,7 @@ function M.attach(bufnr)
 end
 
 function M.visible()
-  if use_native() then
-    return true -- vim.lsp.inline_completion.get() reports itself whether it accepted
-  end
-  return ghost.visible()
+  return not use_native() and ghost.visible()
 end
 
 function M.accept()
