@@ -97,7 +97,10 @@ def section(name: str):
     finally:
         gc.collect()
         if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+            try:
+                torch.cuda.empty_cache()
+            except Exception as err:  # noqa: BLE001 - e.g. a capture aborted by the time limit
+                log(f"!! empty_cache failed: {err}")
 
 
 def sync(device: torch.device) -> None:
