@@ -1,0 +1,775 @@
+"""Train a DiffusionGemma infilling model on token shards from `engine.data`.
+
+    python -m engine.train --data DIR --out RUN [--model-config small] [--minutes 8] [--resume]
+    dfim train ...                       (same options)
+
+Objective (DESIGN §2, shaped for infilling). Every example is a file window cut at CHARACTER
+positions into prefix / middle / suffix (so mid-identifier cuts happen, as when the user is typing):
+~45% the rest of a line or a short piece of one, ~35% whole lines or a block body, ~20% a random
+span. The encoder reads `<bos> <fim_suffix> suffix <fim_prefix> prefix <fim_middle>` (left padded);
+the canvas is `middle <eos> <pad>...` of length L from the buckets. Uniform-state noise: each
+position not pinned is replaced by a uniformly random token with probability t ~ U(t_min, 1). Some
+examples pin a random subset or a contiguous run of canvas positions (pins are never noised and
+carry no loss), so the model learns to respect skeletons. Half the steps run a first no-grad pass
+whose logits self-condition the second.
+
+Resumable in chunks: `--minutes` stops cleanly and saves (`RUN/state/`: model and optimizer as
+safetensors, scalars as JSON; nothing is pickled); `--resume` continues. Every run ends with an
+HF-format bf16 export (`RUN/export/`, shards of at most 16 MiB) plus tokenizer.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine.config import ModelConfig
+from engine.data import TokenShards
+from engine.tokenizer import Tokenizer
+
+DEFAULT_TOKENIZER = Path(__file__).parent / "weights" / "dfim-small" / "tokenizer.json"
+
+# Model presets. `small` is the shipped candidate (~15.5 M parameters, 31 MB in bf16).
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(  # CPU smoke tests: a few hundred thousand parameters outside the embedding
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        global_head_dim=64,
+        num_global_key_value_heads=1,
+        sliding_window=64,
+        num_experts=2,
+        top_k_experts=1,
+        moe_intermediate_size=64,
+    ),
+    "small": dict(
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=8,  # 5 sliding + 1 full, then 1 sliding + 1 full (the last is always full)
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        global_head_dim=128,
+        num_global_key_value_heads=1,
+        sliding_window=512,  # covers the whole training context, so sliding == full during training
+        num_experts=4,
+        top_k_experts=2,
+        moe_intermediate_size=256,
+    ),
+}
+
+
+def model_config(spec: str, vocab_size: int, canvas_length: int) -> ModelConfig:
+    """A preset name, a JSON file, or inline JSON (flat ModelConfig fields or an HF config.json)."""
+    if spec in PRESETS:
+        values: dict[str, Any] = dict(PRESETS[spec])
+    else:
+        text = Path(spec).read_text() if Path(spec).is_file() else spec
+        values = json.loads(text)
+        if "text_config" in values:
+            return ModelConfig.from_hf(values)
+    values.setdefault("vocab_size", vocab_size)
+    values.setdefault("canvas_length", canvas_length)
+    return ModelConfig.from_dict(values)
+
+
+# ----------------------------------------------------------------------------------------------
+# Examples: character-level FIM cuts
+
+
+@dataclass
+class ExampleSettings:
+    context_tokens: int = 512  # encoder input incl. the 4 FIM/bos tokens
+    suffix_share: float = 1 / 3  # the suffix gets at most this share; the prefix gets the rest
+    buckets: tuple[int, ...] = (16, 32, 64, 128)
+    larger_bucket_p: float = 0.5  # put a middle in a larger canvas than it needs (learn long pad runs)
+    span_mix: tuple[float, float, float] = (0.45, 0.35, 0.20)  # line, block, random
+    short_context_p: float = 0.1  # shrink the context budget (start of file, small windows)
+    no_suffix_p: float = 0.08  # writing at the end of a file: nothing after the cursor
+    pin_subset_p: float = 0.3  # pin 10-60% of the real canvas positions
+    pin_run_p: float = 0.1  # pin one contiguous run (a skeleton such as the rest of a line)
+    pad_weight: float = 0.5  # loss weight of the pad positions after EOS
+    chars_per_token_budget: float = 6.0  # text taken around the cut, per token of budget (slack)
+
+
+@dataclass
+class Example:
+    context: list[int]
+    canvas: list[int]  # middle + eos + pads, length L
+    pinned: list[bool]
+    middle_len: int  # tokens before eos
+    kind: str = ""
+
+
+class FimExamples:
+    """Draws FIM examples from token shards. One instance per data-loader worker."""
+
+    def __init__(
+        self, shards: TokenShards, tok: Tokenizer, settings: ExampleSettings, rng: random.Random
+    ) -> None:
+        self.shards, self.tok, self.s, self.rng = shards, tok, settings, rng
+        # Sample files by (capped) length, so big files are seen more but do not dominate.
+        lengths = np.minimum(shards.lengths, 16384).astype(np.float64)
+        keep = shards.lengths >= 8
+        weights = np.where(keep, lengths, 0.0)
+        self.cum = np.cumsum(weights)
+        self.np_rng = np.random.default_rng(rng.getrandbits(64))
+
+    def pick_doc(self) -> np.ndarray:
+        i = int(np.searchsorted(self.cum, self.np_rng.random() * self.cum[-1], side="right"))
+        return self.shards.doc(min(i, len(self.shards) - 1))
+
+    def window_text(self) -> tuple[str, int, bool, bool]:
+        """(text around an anchor token, anchor char offset, window starts at file start, ends at file end)."""
+        doc = self.pick_doc()
+        n = len(doc)
+        a = self.rng.randrange(n)
+        lo, hi = max(0, a - self.s.context_tokens - 64), min(n, a + self.s.context_tokens)
+        table = self.tok.bytes_table
+        before = b"".join([table[i] for i in doc[lo:a].tolist()])
+        after = b"".join([table[i] for i in doc[a:hi].tolist()])
+        head = before.decode("utf-8", errors="ignore")
+        text = head + after.decode("utf-8", errors="ignore")
+        return text, len(head), lo == 0, hi == n
+
+    def choose_span(self, text: str, anchor: int) -> tuple[int, int, str]:
+        rng = self.rng
+        ls = text.rfind("\n", 0, anchor) + 1
+        le = text.find("\n", anchor)
+        le = len(text) if le < 0 else le
+        line = text[ls:le]
+        code_start = ls + len(line) - len(line.lstrip(" \t"))
+        r = rng.random()
+        line_p, block_p, _ = self.s.span_mix
+        if r < line_p:  # inline completion: from the cursor to the end of the line, or a piece of it
+            s = code_start if rng.random() < 0.25 else rng.randint(code_start, le)
+            e = le if rng.random() < 0.65 else min(le, s + rng.randint(1, 40))
+            return s, e, "line"
+        if r < line_p + block_p:
+            header_indent = len(line) - len(line.lstrip(" \t"))
+            if line.rstrip().endswith(":") and le < len(text) and rng.random() < 0.7:
+                # The body of a block (function, loop, if): the lines indented deeper than its header.
+                s = le + 1
+                e = s
+                pos = s
+                while pos < len(text):
+                    nl = text.find("\n", pos)
+                    nl = len(text) if nl < 0 else nl
+                    body_line = text[pos:nl]
+                    indent = len(body_line) - len(body_line.lstrip(" \t"))
+                    if body_line.strip() and indent <= header_indent:
+                        break
+                    if body_line.strip():
+                        e = nl
+                    pos = nl + 1
+                if e > s:
+                    if rng.random() < 0.5:  # the cursor after the auto-indent
+                        first = text[s : text.find("\n", s) if text.find("\n", s) >= 0 else len(text)]
+                        s += len(first) - len(first.lstrip(" \t"))
+                    return s, e, "block"
+            lines = 1 + min(int(rng.expovariate(1 / 3)), 30)
+            s = ls if rng.random() < 0.5 else code_start
+            e = le
+            for _ in range(lines - 1):
+                nxt = text.find("\n", e + 1)
+                if e >= len(text):
+                    break
+                e = len(text) if nxt < 0 else nxt
+            if e < len(text) and rng.random() < 0.3:
+                e += 1  # the middle includes the final newline
+            return s, e, "lines"
+        s = anchor
+        e = min(len(text), s + int(rng.expovariate(1 / 100)))
+        return s, e, "random"
+
+    def fit_middle(self, text: str, s: int, e: int, max_tokens: int) -> tuple[list[int], int]:
+        """Middle ids of text[s:e] cut to at most max_tokens tokens; returns (ids, new end)."""
+        ids = self.tok.encode(text[s:e])
+        while len(ids) > max_tokens:
+            cut = self.tok.decode(ids[:max_tokens])
+            # A cut inside a multi-byte character decodes to U+FFFD: back off until the text matches.
+            while cut and not text.startswith(cut, s):
+                cut = cut[:-1]
+            e = s + len(cut)
+            ids = self.tok.encode(cut)
+            max_tokens = max_tokens if len(ids) <= max_tokens else max_tokens - 1
+        return ids, e
+
+    def example(self, max_middle: int) -> Example:
+        s_ = self.s
+        text, anchor, at_start, at_end = self.window_text()
+        s, e, kind = self.choose_span(text, anchor)
+        middle, e = self.fit_middle(text, s, e, max_middle)
+
+        budget = s_.context_tokens - 4
+        if self.rng.random() < s_.short_context_p:
+            budget = self.rng.randint(16, budget)
+        suffix_budget = int(budget * s_.suffix_share)
+        if self.rng.random() < s_.no_suffix_p:
+            suffix_text = ""
+        else:
+            suffix_text = text[e : e + int(suffix_budget * s_.chars_per_token_budget)]
+            if not at_end and "\n" in suffix_text:  # end the window on a whole line
+                suffix_text = suffix_text[: suffix_text.rfind("\n") + 1]
+        suffix = self.tok.encode(suffix_text)[:suffix_budget]
+        prefix_budget = budget - len(suffix)
+        start = max(0, s - int(prefix_budget * s_.chars_per_token_budget))
+        prefix_text = text[start:s]
+        if (start > 0 or not at_start) and "\n" in prefix_text:  # start the window on a whole line
+            prefix_text = prefix_text[prefix_text.find("\n") + 1 :]
+        prefix = self.tok.encode(prefix_text)
+        prefix = prefix[max(0, len(prefix) - prefix_budget) :]
+        context = self.tok.fim_context(prefix, suffix)
+
+        needed = len(middle) + 1
+        fits = [b for b in s_.buckets if b >= needed]
+        length = fits[0] if self.rng.random() >= s_.larger_bucket_p else self.rng.choice(fits)
+        canvas = middle + [self.tok.eos_id] + [self.tok.pad_id] * (length - needed)
+        pinned = [False] * length
+        r = self.rng.random()
+        if r < s_.pin_subset_p and needed > 1:
+            share = self.rng.uniform(0.1, 0.6)
+            for i in self.rng.sample(range(needed), max(1, int(share * needed))):
+                pinned[i] = True
+        elif r < s_.pin_subset_p + s_.pin_run_p and needed > 2:
+            if self.rng.random() < 0.5:  # the tail of the middle is known (rest of a line), eos included
+                first = self.rng.randint(1, needed - 1)
+                last = needed
+            else:
+                first = self.rng.randrange(needed - 1)
+                last = self.rng.randint(first + 1, needed)
+            for i in range(first, last):
+                pinned[i] = True
+        return Example(context, canvas, pinned, len(middle), kind)
+
+
+@dataclass
+class Batch:
+    context: torch.Tensor  # [B, n] long, left padded
+    context_pad: torch.Tensor  # [B, n] bool
+    canvas: torch.Tensor  # [B, L] long (clean)
+    pinned: torch.Tensor  # [B, L] bool
+    weight: torch.Tensor  # [B, L] float: 1 on middle and eos, pad_weight on pads, 0 on pins
+    real_tokens: int = 0  # non-pad context tokens + canvas positions (for tokens/s)
+
+    def to(self, device: torch.device | str) -> Batch:
+        nb = torch.device(device).type == "cuda"
+        return Batch(
+            *(t.to(device, non_blocking=nb) for t in (self.context, self.context_pad, self.canvas)),
+            self.pinned.to(device, non_blocking=nb),
+            self.weight.to(device, non_blocking=nb),
+            self.real_tokens,
+        )
+
+
+def collate(examples: Sequence[Example], n: int, pad_id: int, pad_weight: float) -> Batch:
+    b, length = len(examples), len(examples[0].canvas)
+    context = torch.full((b, n), pad_id, dtype=torch.long)
+    context_pad = torch.ones((b, n), dtype=torch.bool)
+    for i, ex in enumerate(examples):
+        ctx = ex.context[-n:]
+        context[i, n - len(ctx) :] = torch.tensor(ctx)
+        context_pad[i, n - len(ctx) :] = False
+    canvas = torch.tensor([ex.canvas for ex in examples], dtype=torch.long)
+    pinned = torch.tensor([ex.pinned for ex in examples], dtype=torch.bool)
+    positions = torch.arange(length)[None]
+    middle_len = torch.tensor([ex.middle_len for ex in examples])[:, None]
+    weight = torch.where(positions <= middle_len, 1.0, pad_weight) * (~pinned)
+    real = int((~context_pad).sum()) + b * length
+    return Batch(context, context_pad, canvas, pinned, weight.float(), real)
+
+
+class BatchStream(torch.utils.data.IterableDataset):
+    """Endless batches; examples are grouped by canvas bucket so each batch has one L."""
+
+    def __init__(
+        self,
+        data_dir: str,
+        split: str,
+        tokenizer_path: str,
+        settings: ExampleSettings,
+        batch_size: int,
+        seed: int,
+    ) -> None:
+        super().__init__()
+        self.data_dir, self.split, self.tokenizer_path = data_dir, split, tokenizer_path
+        self.settings, self.batch_size, self.seed = settings, batch_size, seed
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        rng = random.Random(self.seed * 1_000_003 + worker)
+        tok = Tokenizer.from_file(self.tokenizer_path)
+        examples = FimExamples(TokenShards(self.data_dir, self.split), tok, self.settings, rng)
+        max_middle = max(self.settings.buckets) - 1
+        pools: dict[int, list[Example]] = {b: [] for b in self.settings.buckets}
+        while True:
+            ex = examples.example(max_middle)
+            pool = pools[len(ex.canvas)]
+            pool.append(ex)
+            if len(pool) == self.batch_size:
+                yield collate(pool, self.settings.context_tokens, tok.pad_id, self.settings.pad_weight)
+                pools[len(ex.canvas)] = []
+
+
+# ----------------------------------------------------------------------------------------------
+# Noise, loss, schedule
+
+
+def add_noise(canvas: torch.Tensor, pinned: torch.Tensor, vocab_size: int, t_min: float, gen=None):
+    """Uniform-state forward process: each unpinned position becomes a random token with prob. t."""
+    b, length = canvas.shape
+    t = torch.rand(b, 1, device=canvas.device, generator=gen) * (1 - t_min) + t_min
+    flip = (torch.rand(b, length, device=canvas.device, generator=gen) < t) & ~pinned
+    noise = torch.randint(0, vocab_size, (b, length), device=canvas.device, generator=gen)
+    return torch.where(flip, noise, canvas), t
+
+
+def weighted_loss(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), reduction="none")
+    return (ce * weight.flatten()).sum() / weight.sum().clamp(min=1.0)
+
+
+def lr_at(
+    step: int, progress: float, peak: float, warmup: int, decay_share: float, min_ratio: float
+) -> float:
+    """Warmup-stable-decay: linear warmup, flat, then linear decay over the last `decay_share` of the plan.
+
+    `progress` is the share of the planned run done (steps or seconds), so a run cut into resumable
+    chunks of wall time still lands on its decay at the end of the plan."""
+    warm = min(1.0, (step + 1) / max(1, warmup))
+    if progress <= 1 - decay_share:
+        return peak * warm
+    frac = min(1.0, (progress - (1 - decay_share)) / max(decay_share, 1e-9))
+    return peak * warm * (1 - frac * (1 - min_ratio))
+
+
+# ----------------------------------------------------------------------------------------------
+# State (resume) without pickle
+
+
+def save_state(
+    out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scalars: dict[str, Any]
+) -> None:
+    from safetensors.torch import save_file
+
+    tmp, final, old = out / "state.tmp", out / "state", out / "state.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
+        str(tmp / "model.safetensors"),
+    )
+    names = {id(p): n for n, p in model.named_parameters()}
+    tensors: dict[str, torch.Tensor] = {}
+    groups = []
+    for group in optimizer.param_groups:
+        groups.append(
+            {
+                "params": [names[id(p)] for p in group["params"]],
+                **{k: v for k, v in group.items() if k != "params"},
+            }
+        )
+        for p in group["params"]:
+            for key, value in optimizer.state.get(p, {}).items():
+                tensors[f"{names[id(p)]}::{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    (tmp / "trainer.json").write_text(json.dumps({**scalars, "param_groups": groups}, indent=1) + "\n")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_state(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Inverse of `save_state`; the optimizer gets a regular state_dict (so device/dtype rules apply)."""
+    from safetensors.torch import load_file
+
+    state = out / "state"
+    scalars = json.loads((state / "trainer.json").read_text())
+    model.load_state_dict(load_file(str(state / "model.safetensors")), strict=True)
+    tensors = load_file(str(state / "optimizer.safetensors"))
+    per_param: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
+    for key, t in tensors.items():
+        name, _, what = key.partition("::")
+        per_param[name][what] = t
+    saved_groups = scalars.pop("param_groups")
+    names = {id(p): n for n, p in model.named_parameters()}
+    current = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+    if [g["params"] for g in saved_groups] != current:
+        raise ValueError(f"{state}: optimizer parameters do not match this model")
+    index = 0
+    groups, opt_state = [], {}
+    for saved in saved_groups:
+        ids = []
+        for name in saved["params"]:
+            if name in per_param:
+                opt_state[index] = per_param[name]
+            ids.append(index)
+            index += 1
+        group = {k: (tuple(v) if k == "betas" else v) for k, v in saved.items() if k != "params"}
+        groups.append({**group, "params": ids})
+    optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
+    return scalars
+
+
+# ----------------------------------------------------------------------------------------------
+# Training
+
+
+@dataclass
+class Log:
+    path: Path
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def make_val_batches(args: argparse.Namespace, settings: ExampleSettings, tok_path: str) -> list[Batch]:
+    """Fixed validation batches (same files, cuts and noise every time) from the val split."""
+    split = "val" if (Path(args.data) / "val_docs.npy").is_file() else "train"
+    if split == "val" and len(np.load(Path(args.data) / "val_docs.npy")) == 0:
+        split = "train"
+    stream = iter(BatchStream(args.data, split, tok_path, settings, args.batch_size, seed=12345))
+    return [next(stream) for _ in range(args.val_batches)]
+
+
+def evaluate(
+    fwd, batches: Sequence[Batch], vocab_size: int, pad_id: int, device, autocast
+) -> dict[str, float]:
+    gen = torch.Generator(device=device).manual_seed(0)
+    total, weight, correct, count = 0.0, 0.0, 0.0, 0.0
+    with torch.no_grad(), autocast():
+        for batch in batches:
+            b = batch.to(device)
+            noisy, _ = add_noise(b.canvas, b.pinned, vocab_size, 0.02, gen)
+            logits = fwd(b.context, noisy, None, b.context_pad)
+            w = b.weight
+            ce = F.cross_entropy(logits.flatten(0, 1).float(), b.canvas.flatten(), reduction="none")
+            total += float((ce * w.flatten()).sum())
+            weight += float(w.sum())
+            content = ((b.canvas != pad_id) & ~b.pinned).flatten()  # middle + eos
+            correct += float((logits.argmax(-1).flatten() == b.canvas.flatten())[content].sum())
+            count += float(content.sum())
+    return {"val_loss": total / max(weight, 1.0), "val_acc": correct / max(count, 1.0)}
+
+
+def export(model, out_dir: Path, tok_path: Path, info: dict[str, Any]) -> Path:
+    from engine.api import SamplerSettings
+    from engine.checkpoint import save_model
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_model(model, out_dir, SamplerSettings(), dtype=torch.bfloat16, info=info)
+    shutil.copyfile(tok_path, out_dir / "tokenizer.json")
+    return out_dir
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    t_start = time.time()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # data-loader workers fork this process
+    deadline = t_start + args.minutes * 60 if args.minutes else float("inf")
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    else:
+        torch.set_flush_denormal(True)  # tiny CPU runs slow down badly on denormal activations
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok_path = Path(args.tokenizer)
+    tok = Tokenizer.from_file(tok_path)
+    meta_path = Path(args.data) / "meta.json"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("vocab_size") not in (None, tok.vocab_size):
+            raise SystemExit(f"{args.data} was tokenized with another vocabulary ({meta['vocab_size']})")
+
+    buckets = tuple(sorted(int(b) for b in args.buckets.split(",")))
+    settings = ExampleSettings(context_tokens=args.context_tokens, buckets=buckets)
+    resuming = args.resume and (out / "state" / "trainer.json").is_file()
+
+    from engine.model import DiffusionGemma
+
+    if resuming:
+        saved = json.loads((out / "state" / "trainer.json").read_text())
+        config = ModelConfig.from_dict(saved["model_config"])
+    elif args.init_from:
+        from engine.checkpoint import read_config
+
+        config = read_config(Path(args.init_from))
+    else:
+        config = model_config(args.model_config, tok.vocab_size, max(buckets))
+    if config.vocab_size != tok.vocab_size:
+        raise SystemExit(f"model vocab {config.vocab_size} != tokenizer vocab {tok.vocab_size}")
+    model = DiffusionGemma(config)
+    model.init_weights(generator=torch.Generator().manual_seed(args.seed))
+    if args.init_from and not resuming:
+        from engine.checkpoint import load_model
+
+        loaded, _ = load_model(args.init_from, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+    model.to(device)
+    model.train()
+
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        fused=cuda,
+    )
+    step, tokens_seen, train_seconds = 0, 0, 0.0
+    if resuming:
+        scalars = load_state(out, model, optimizer)
+        step, tokens_seen, train_seconds = scalars["step"], scalars["tokens"], scalars["train_seconds"]
+        print(f"resumed from {out / 'state'} at step {step} ({tokens_seen:,} tokens)", flush=True)
+    plan_seconds = (args.plan_minutes or args.minutes or 0) * 60
+
+    raw_model = model
+    eager = model.forward_train
+    compiled = torch.compile(model.forward_train, mode=args.compile_mode) if args.compile else None
+
+    def fwd(context, canvas, self_cond, context_pad):
+        if compiled is None:
+            return eager(context, canvas, self_cond, context_pad)
+        # One graph for every canvas bucket instead of one per L (compile time is training time).
+        torch._dynamo.mark_dynamic(canvas, 1)
+        if self_cond is not None:
+            torch._dynamo.mark_dynamic(self_cond, 1)
+        return compiled(context, canvas, self_cond, context_pad)
+
+    def autocast():
+        if cuda:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cpu", enabled=False)
+
+    val_batches = make_val_batches(args, settings, str(tok_path)) if args.val_batches else []
+    stream = BatchStream(args.data, "train", str(tok_path), settings, args.batch_size, seed=args.seed + step)
+    loader = torch.utils.data.DataLoader(
+        stream,
+        batch_size=None,
+        num_workers=args.workers,
+        pin_memory=cuda,
+        prefetch_factor=8 if args.workers else None,
+        persistent_workers=False,
+    )
+    log = Log(out / "train_log.jsonl")
+    n_params = raw_model.num_parameters()
+    print(
+        f"model {n_params / 1e6:.2f} M parameters ({n_params * 2 / 2**20:.1f} MiB bf16), device {device}, "
+        f"batch {args.batch_size} x context {args.context_tokens} + canvas {buckets}, "
+        f"compile {bool(args.compile)}, workers {args.workers}",
+        flush=True,
+    )
+
+    def scalars_now() -> dict[str, Any]:
+        return {
+            "step": step,
+            "tokens": tokens_seen,
+            "train_seconds": train_seconds,
+            "model_config": config.to_dict(),
+            "args": {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)},
+        }
+
+    last_save = time.time()
+    window_loss, window_n, window_tokens, window_t0 = 0.0, 0, 0, time.time()
+    losses: list[float] = []
+    gen = torch.Generator(device=device).manual_seed(args.seed * 7 + step)
+    sc_rng = random.Random(args.seed + step)
+
+    def forward_backward(batch: Batch) -> torch.Tensor:
+        noisy, _ = add_noise(batch.canvas, batch.pinned, config.vocab_size, args.t_min, gen)
+        self_cond = None
+        if sc_rng.random() < args.self_cond_p:
+            with torch.no_grad(), autocast():
+                self_cond = fwd(batch.context, noisy, None, batch.context_pad).detach()
+        with autocast():
+            logits = fwd(batch.context, noisy, self_cond, batch.context_pad)
+        loss = weighted_loss(logits, batch.canvas, batch.weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss
+
+    stop_reason = "steps"
+    it = iter(loader)
+    while True:
+        if args.steps and step >= args.steps:
+            break
+        if time.time() >= deadline - args.reserve_seconds:
+            stop_reason = "time"
+            break
+        t0 = time.time()
+        batch = next(it).to(device)
+        if args.total_steps or args.steps:
+            progress = step / (args.total_steps or args.steps)
+        elif plan_seconds:
+            progress = train_seconds / plan_seconds
+        else:
+            progress = 0.0  # no plan: constant learning rate after warmup
+        lr = lr_at(step, progress, args.lr, args.warmup, args.decay_share, args.min_lr_ratio)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        try:
+            loss = forward_backward(batch)
+        except Exception as err:  # a compiler failure must not cost the run: fall back to eager
+            if compiled is None or step > 0:
+                raise
+            print(f"torch.compile failed ({type(err).__name__}: {err}); continuing without it", flush=True)
+            compiled = None
+            loss = forward_backward(batch)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        optimizer.step()
+        step += 1
+        tokens_seen += batch.real_tokens
+        window_tokens += batch.real_tokens
+        loss_value = float(loss.detach())  # syncs: keeps the step time honest
+        losses.append(loss_value)
+        window_loss += loss_value
+        window_n += 1
+        train_seconds += time.time() - t0
+
+        if step % args.log_every == 0 or step == 1:
+            dt = max(time.time() - window_t0, 1e-9)
+            row = {
+                "step": step,
+                "loss": window_loss / window_n,
+                "lr": lr,
+                "tok_per_s": window_tokens / dt,
+                "tokens": tokens_seen,
+                "elapsed_s": round(time.time() - t_start, 1),
+                "canvas": int(batch.canvas.shape[1]),
+            }
+            if val_batches and (step % args.eval_every == 0):
+                # No eval()/train() toggling: the network has no dropout, and a changed mode would
+                # make torch.compile recompile.
+                row.update(evaluate(fwd, val_batches, config.vocab_size, tok.pad_id, device, autocast))
+            log.write(row)
+            extra = f" val {row['val_loss']:.4f} acc {row['val_acc']:.3f}" if "val_loss" in row else ""
+            print(
+                f"step {step} loss {row['loss']:.4f}{extra} lr {lr:.2e} tok/s {row['tok_per_s']:,.0f} "
+                f"tokens {tokens_seen:,} t {row['elapsed_s']}s",
+                flush=True,
+            )
+            window_loss, window_n, window_tokens, window_t0 = 0.0, 0, 0, time.time()
+        if args.save_every_minutes and time.time() - last_save > args.save_every_minutes * 60:
+            save_state(out, raw_model, optimizer, scalars_now())
+            last_save = time.time()
+
+    del it, loader
+    final = {"step": step, "tokens": tokens_seen, "stop": stop_reason}
+    if val_batches:
+        final.update(evaluate(fwd, val_batches, config.vocab_size, tok.pad_id, device, autocast))
+    save_state(out, raw_model, optimizer, scalars_now())
+    log.write({"final": True, **final, "elapsed_s": round(time.time() - t_start, 1)})
+    info = {
+        "name": args.name,
+        "random": False,
+        "step": step,
+        "tokens": tokens_seen,
+        "train_seconds": round(train_seconds, 1),
+        "data": str(args.data),
+        **{k: v for k, v in final.items() if k.startswith("val")},
+    }
+    export_dir = Path(args.export) if args.export else out / "export"
+    export(raw_model, export_dir, tok_path, info)
+    print(
+        f"stopped ({stop_reason}) at step {step}; state in {out / 'state'}, export in {export_dir}",
+        flush=True,
+    )
+    return {**final, "losses": losses, "export": str(export_dir)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line (python -m engine.train, dfim train)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", required=True, help="token shards from `python -m engine.data`")
+    parser.add_argument("--out", required=True, help="run folder: state/, train_log.jsonl, export/")
+    parser.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
+    parser.add_argument(
+        "--model-config", default="small", help=f"preset {sorted(PRESETS)}, JSON file or JSON"
+    )
+    parser.add_argument("--init-from", help="start from the weights of this checkpoint folder")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/state if it exists")
+    parser.add_argument("--export", help="export folder (default OUT/export)")
+    parser.add_argument("--name", default="dfim-small", help="model name written to dfim.json")
+    parser.add_argument("--minutes", type=float, default=0.0, help="wall-clock limit of this run (0 = none)")
+    parser.add_argument(
+        "--plan-minutes", type=float, default=0.0, help="training time planned over all chunks (lr schedule)"
+    )
+    parser.add_argument("--total-steps", type=int, default=0, help="plan in steps instead of minutes")
+    parser.add_argument("--steps", type=int, default=0, help="stop after this many steps in total (0 = none)")
+    parser.add_argument("--reserve-seconds", type=float, default=20.0, help="kept for saving and export")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--context-tokens", type=int, default=512)
+    parser.add_argument("--buckets", default="16,32,64,128", help="canvas lengths")
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--min-lr-ratio", type=float, default=0.1)
+    parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument(
+        "--decay-share", type=float, default=0.25, help="WSD: share of the plan spent decaying"
+    )
+    parser.add_argument("--weight-decay", type=float, default=0.1)
+    parser.add_argument("--grad-clip", type=float, default=1.0)
+    parser.add_argument("--t-min", type=float, default=0.02, help="smallest noise level sampled")
+    parser.add_argument("--self-cond-p", type=float, default=0.5)
+    parser.add_argument("--workers", type=int, default=min(12, max(0, (os.cpu_count() or 2) - 2)))
+    parser.add_argument("--device", default=None)
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile (default: on GPU)",
+    )
+    parser.add_argument(
+        "--compile-mode", default=None, help="torch.compile mode (e.g. max-autotune-no-cudagraphs)"
+    )
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--eval-every", type=int, default=500, help="validation every N steps (at log steps)")
+    parser.add_argument("--val-batches", type=int, default=8)
+    parser.add_argument("--save-every-minutes", type=float, default=4.0)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.compile is None:
+        args.compile = torch.cuda.is_available() and (args.device or "cuda") != "cpu"
+    train(args)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.train", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Training on CPU: FIM examples are well formed, a tiny model's loss falls, resume continues, export loads."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.data import Root, TokenShards, build
+from engine.tokenizer import Tokenizer
+from engine.train import (
+    Batch,
+    ExampleSettings,
+    FimExamples,
+    add_arguments,
+    add_noise,
+    collate,
+    load_state,
+    lr_at,
+    train,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+TOKENIZER_JSON = REPO / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shards built from this repository's own Python files (engine/, fixtures/)."""
+    out = tmp_path_factory.mktemp("shards")
+    roots = [Root(REPO / "engine", "dir"), Root(REPO / "fixtures", "dir")]
+    build(out, TOKENIZER_JSON, roots, workers=2, val_fraction=0.1, log=lambda *_: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return Tokenizer.from_file(TOKENIZER_JSON)
+
+
+def test_fim_examples_are_contiguous_source(data_dir: Path, tok: Tokenizer) -> None:
+    settings = ExampleSettings(context_tokens=256, buckets=(16, 32, 64))
+    shards = TokenShards(data_dir, "train")
+    sources = [tok.decode(shards.doc(i).tolist()) for i in range(len(shards))]
+    examples = FimExamples(shards, tok, settings, random.Random(1))
+    kinds: set[str] = set()
+    for _ in range(200):
+        ex = examples.example(63)
+        kinds.add(ex.kind)
+        ctx = ex.context
+        assert len(ctx) <= 256
+        assert ctx[:2] == [tok.bos_id, tok.fim_suffix_id] and ctx[-1] == tok.fim_middle_id
+        split = ctx.index(tok.fim_prefix_id)
+        suffix, prefix = tok.decode(ctx[2:split]), tok.decode(ctx[split + 1 : -1])
+        length = len(ex.canvas)
+        assert length in settings.buckets and ex.middle_len + 1 <= length
+        middle = tok.decode(ex.canvas[: ex.middle_len])
+        assert ex.canvas[ex.middle_len] == tok.eos_id
+        assert all(i == tok.pad_id for i in ex.canvas[ex.middle_len + 1 :])
+        assert not any(ex.pinned[ex.middle_len + 1 :])  # pins sit on the middle and its eos only
+        # prefix + middle + suffix is one contiguous piece of a real file (windows cut on whole lines).
+        assert any(prefix + middle + suffix in src for src in sources), (prefix[-40:], middle, suffix[:40])
+    assert kinds >= {"line", "lines", "random"}
+
+
+def test_collate_noise_and_weights(data_dir: Path, tok: Tokenizer) -> None:
+    settings = ExampleSettings(context_tokens=128, buckets=(32,))
+    examples = FimExamples(TokenShards(data_dir, "train"), tok, settings, random.Random(2))
+    exs = [examples.example(31) for _ in range(16)]
+    batch: Batch = collate(exs, 128, tok.pad_id, 0.5)
+    assert batch.context.shape == (16, 128) and batch.canvas.shape == (16, 32)
+    # Left padding: pads first, then the real context ending with <fim_middle>.
+    assert bool((batch.context[:, -1] == tok.fim_middle_id).all())
+    assert bool((batch.context[batch.context_pad] == tok.pad_id).all())
+    assert bool((batch.weight[batch.pinned] == 0).all())
+    noisy, t = add_noise(batch.canvas, batch.pinned, tok.vocab_size, 0.02, torch.Generator().manual_seed(0))
+    assert bool((noisy[batch.pinned] == batch.canvas[batch.pinned]).all())  # pins are never noised
+    changed = (noisy != batch.canvas).float().mean(dim=1)
+    assert float(torch.corrcoef(torch.stack([changed, t[:, 0]]))[0, 1]) > 0.5  # more noise at larger t
+
+
+def test_lr_schedule() -> None:
+    assert lr_at(0, 0.0, 1.0, 10, 0.25, 0.1) == pytest.approx(0.1)
+    assert lr_at(50, 0.5, 1.0, 10, 0.25, 0.1) == pytest.approx(1.0)
+    assert lr_at(50, 0.875, 1.0, 10, 0.25, 0.1) == pytest.approx(0.55)
+    assert lr_at(50, 2.0, 1.0, 10, 0.25, 0.1) == pytest.approx(0.1)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(list(argv))
+    args.compile = False
+    return args
+
+
+@pytest.fixture
+def one_thread():
+    # A shared 2-core box: one intra-op thread is several times faster than two under contention.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_tiny_training_loss_falls_and_resume_continues(data_dir: Path, tmp_path: Path, one_thread) -> None:
+    out = tmp_path / "run"
+    common = [
+        "--data", str(data_dir), "--out", str(out), "--model-config", "tiny", "--batch-size", "8",
+        "--context-tokens", "96", "--buckets", "16,32", "--workers", "0", "--lr", "5e-3", "--warmup", "5",
+        "--total-steps", "40", "--log-every", "10", "--eval-every", "20", "--val-batches", "1", "--device", "cpu",
+    ]  # fmt: skip
+    first = train(parse(*common, "--steps", "30"))
+    losses = first["losses"]
+    assert len(losses) == 30
+    start, end = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert end < start - 1.0, (start, end)
+
+    state = json.loads((out / "state" / "trainer.json").read_text())
+    assert state["step"] == 30 and state["tokens"] > 0
+    second = train(parse(*common, "--steps", "33", "--resume"))
+    assert second["step"] == 33 and len(second["losses"]) == 3
+    assert second["losses"][0] < start - 1.0  # continued from trained weights, not a fresh init
+
+    rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert any("val_loss" in r for r in rows) and rows[-1]["final"] and rows[-1]["step"] == 33
+
+    # The optimizer state round-trips without pickle, and the export is a loadable checkpoint.
+    from engine.checkpoint import load_model
+    from engine.model import DiffusionGemma
+
+    model, _ = load_model(out / "export")
+    assert isinstance(model, DiffusionGemma) and (out / "export" / "tokenizer.json").is_file()
+    assert all(p.stat().st_size <= 16 * 2**20 for p in (out / "export").glob("*.safetensors"))
+    fresh = DiffusionGemma(model.config)
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": [p for p in fresh.parameters() if p.ndim >= 2]},
+            {"params": [p for p in fresh.parameters() if p.ndim < 2]},
+        ]
+    )
+    scalars = load_state(out, fresh, optimizer)
+    assert scalars["step"] == 33 and len(optimizer.state) == len(list(fresh.parameters()))
