@@ -269,6 +269,10 @@ class Batch:
     weight: torch.Tensor  # [B, L] float: 1 on middle and eos, pad_weight on pads, 0 on pins
     real_tokens: int = 0  # non-pad context tokens + canvas positions (for tokens/s)
 
+    def pin_memory(self) -> Batch:  # called by the DataLoader's pinning thread
+        tensors = (self.context, self.context_pad, self.canvas, self.pinned, self.weight)
+        return Batch(*(t.pin_memory() for t in tensors), self.real_tokens)
+
     def to(self, device: torch.device | str) -> Batch:
         nb = torch.device(device).type == "cuda"
         return Batch(
