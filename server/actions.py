@@ -507,6 +507,8 @@ async def run_action(ls, data: dict):
         raise JsonRpcRequestCancelled("dfim: cancelled") from None
     except EngineError as exc:
         raise JsonRpcInternalError(f"dfim: the engine failed: {exc}") from None
+    except Exception as exc:  # a bug in the engine fails this request only
+        raise JsonRpcInternalError(f"dfim: the engine failed: {type(exc).__name__}: {exc}") from None
     finally:
         if result is not None:
             ls.status.end_fill(result.latency_ms, result.steps, result.stop_reason)
@@ -517,6 +519,7 @@ async def run_action(ls, data: dict):
                 token, types.WorkDoneProgressEnd(message="done" if result else "stopped")
             )
             ls.work_done_progress.tokens.pop(token, None)
+        ls.note_fallback()
 
     snapshot = Document(uri=uri, text=text, version=version)
     text_edits = [

@@ -26,6 +26,7 @@ from server.telemetry import SuggestionTracker, Telemetry, data_dir
 log = logging.getLogger("dfim.server")
 VERSION = "0.1.0"
 STATS_METHOD = "dfim/stats"  # custom request: counters for tests and benchmarks
+TEXT_METHOD = "dfim/documentText"  # custom request: the server's copy of a document (sync checks)
 
 
 class DfimProtocol(LanguageServerProtocol):
@@ -147,6 +148,13 @@ class DfimServer(LanguageServer):
         if result and result[0] is not None:
             self.show_errors(self.apply_settings(result[0], "workspace/configuration"))
 
+    def note_fallback(self) -> None:
+        """After a fill: say so in the status when out-of-GPU-memory moved the model to the CPU."""
+        if self.host.fell_back_to_cpu and self.status.status.device != "cpu":
+            message = "out of GPU memory: the model now runs on the CPU"
+            log.warning(message)
+            self.status.update(device="cpu", message=message)
+
     def cancel_inflight(self, uri: str) -> threading.Event:
         """Raise the cancel flag of the fill in flight for `uri` and return a fresh flag for the next one."""
         previous = self.inflight.get(uri)
@@ -221,12 +229,20 @@ def _register_lifecycle(ls: DfimServer) -> None:
         for flag in ls.inflight.values():
             flag.set()
 
+    @ls.feature(TEXT_METHOD)
+    def document_text(ls: DfimServer, params) -> dict | None:
+        uri = params.get("uri") if isinstance(params, dict) else getattr(params, "uri", None)
+        doc = ls.docs.get(str(uri))
+        return None if doc is None else {"uri": doc.uri, "version": doc.version, "text": doc.text}
+
     @ls.feature(STATS_METHOD)
     def stats(ls: DfimServer, *args) -> dict:
         return {
             **ls.counters,
             "engine_fills_started": ls.host.fills_started,
             "engine_fills_completed": ls.host.fills_completed,
+            "engine_queued": ls.host.queued,
+            "oom_retries": ls.host.oom_retries,
             "status": ls.status.status.to_json(),
             "encoding": ls.docs.encoding,
         }

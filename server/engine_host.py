@@ -4,15 +4,31 @@ Torch work must not run on the event loop (the server would stop reading message
 hear `$/cancelRequest`), and two fills at once would only fight for the same cores. So every engine call goes
 through one single-thread executor. Each fill carries a `threading.Event`; raising it makes the engine stop
 at its next step boundary (`FillCancelled`), and a fill still queued behind another one is skipped outright.
+
+Out of memory (`torch.OutOfMemoryError`, GPU or CPU) fails no request outright: the fill is retried once on
+a smaller canvas with one candidate, and on CUDA, if that also runs out, the model moves to the CPU for good.
+
+Test hook (off unless the server process has `DFIM_TEST_FAULTS=1`): a fill whose prefix or suffix contains
+`<<dfim-fault:error>>` raises a RuntimeError in the worker, `<<dfim-fault:oom>>` raises OutOfMemoryError
+on the first attempt only, `<<dfim-fault:oom-always>>` on every attempt (tests/test_faults.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
+import os
+import re
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from engine.api import EngineError, FillCancelled, FillRequest, FillResult
+
+log = logging.getLogger("dfim.server")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # lone UTF-16 halves: JSON can carry them, tokenizers refuse them
+FAULTS_ENV = "DFIM_TEST_FAULTS"  # "1" enables the fault markers below (tests only)
 
 
 class EngineHost:
@@ -24,10 +40,21 @@ class EngineHost:
         self.generation = 0  # bumps on every (re)load, so a late load of an old model is dropped
         self.fills_started = 0  # fills that reached the engine (tests and benchmarks read this)
         self.fills_completed = 0
+        self.fills_submitted = 0  # handed to the worker (event loop thread only)
+        self.fills_finished = 0  # left the worker, however they ended (worker thread only)
+        self.oom_retries = 0
+        self.fell_back_to_cpu = False  # set when CUDA ran out of memory and the model moved to the CPU
+        self.faults = os.environ.get(FAULTS_ENV) == "1"
+        self._moved: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # GPU engine -> its CPU copy
 
     @property
     def ready(self) -> bool:
         return self.engine is not None
+
+    @property
+    def queued(self) -> int:
+        """Fills handed to the worker that have not left it yet (a backlog shows here)."""
+        return self.fills_submitted - self.fills_finished
 
     async def load(self, path: str | None, device: str) -> None:
         """Load a checkpoint in the worker; on failure `error` holds the message and `engine` stays None."""
@@ -42,6 +69,7 @@ class EngineHost:
             return
         if generation == self.generation:
             self.engine, self.error, self.loading = engine, None, False
+            self.fell_back_to_cpu = False
 
     async def fill(self, request: FillRequest, cancel: threading.Event) -> FillResult:
         """Run one fill; raises FillCancelled if `cancel` is raised before or during it (also when this
@@ -49,8 +77,13 @@ class EngineHost:
         engine = self.engine
         if engine is None:
             raise EngineError(self.error or "the model is not loaded")
+        request.prefix, request.suffix = scrub(request.prefix), scrub(request.suffix)
+        request.middle = [scrub(part) if isinstance(part, str) else part for part in request.middle]
+        if request.warm_start is not None:
+            request.warm_start = scrub(request.warm_start)
         previous = request.cancel
         request.cancel = (lambda: cancel.is_set() or previous()) if previous else cancel.is_set
+        self.fills_submitted += 1
         future = asyncio.get_running_loop().run_in_executor(
             self._executor, self._run, engine, request, cancel
         )
@@ -61,19 +94,57 @@ class EngineHost:
             raise
 
     def _run(self, engine, request: FillRequest, cancel: threading.Event) -> FillResult:
-        if cancel.is_set():
-            raise FillCancelled("cancelled before it started")
-        self.fills_started += 1
-        result = engine.fill(request)
-        self.fills_completed += 1
-        return result
+        try:
+            if cancel.is_set():
+                raise FillCancelled("cancelled before it started")
+            self.fills_started += 1
+            result = self._fill(self._moved.get(engine, engine), request)
+            self.fills_completed += 1
+            return result
+        finally:
+            self.fills_finished += 1
+
+    def _fill(self, engine, request: FillRequest) -> FillResult:
+        """engine.fill, retried on a smaller canvas (then on the CPU, from CUDA) when memory runs out."""
+        import torch
+
+        smaller = dataclasses.replace(request, candidates=1)
+        if not any(not isinstance(part, str) for part in request.middle):  # inner holes keep their width
+            smaller.max_tokens = max(1, request.max_tokens // 4)
+        for attempt, req in enumerate((request, smaller)):
+            try:
+                self._inject_fault(req, attempt)
+                return engine.fill(req)
+            except torch.OutOfMemoryError as exc:
+                self.oom_retries += 1
+                log.warning("out of memory on %s (%s); retrying smaller", engine.device, _one_line(exc))
+                _free_memory(engine)
+        if engine.device.type != "cuda":
+            raise EngineError("out of memory, even on a smaller canvas")
+        log.warning("out of GPU memory twice: moving the model to the CPU")
+        cpu = _load(str(engine.path), "cpu")
+        self._moved[engine] = cpu  # fills already queued for the GPU engine run on the CPU one
+        if self.engine is engine:
+            self.engine, self.fell_back_to_cpu = cpu, True
+        return cpu.fill(smaller)
+
+    def _inject_fault(self, request: FillRequest, attempt: int) -> None:
+        if not self.faults:
+            return
+        import torch
+
+        context = request.prefix + request.suffix
+        if "<<dfim-fault:error>>" in context:
+            raise RuntimeError("injected engine fault")
+        if "<<dfim-fault:oom-always>>" in context or ("<<dfim-fault:oom>>" in context and attempt == 0):
+            raise torch.OutOfMemoryError("injected out of memory")
 
     def count_tokens(self, text: str) -> int:
         """Tokens of `text` under the loaded model's tokenizer (an estimate before it loads)."""
         engine = self.engine
         if engine is None:
             return max(1, len(text) // 3)
-        return len(engine.tokenizer.encode(text))
+        return len(engine.tokenizer.encode(scrub(text)))
 
     def token_pieces(self, text: str) -> list[str]:
         """`text` split into the loaded tokenizer's tokens (bytes of a character split over tokens are kept
@@ -81,7 +152,7 @@ class EngineHost:
         tokenizer = self.engine.tokenizer
         pieces: list[str] = []
         pending = b""
-        for token_id in tokenizer.encode(text):
+        for token_id in tokenizer.encode(scrub(text)):
             pending += tokenizer.token_bytes(token_id)
             try:
                 pieces.append(pending.decode("utf-8"))
@@ -100,6 +171,21 @@ def _load(path: str | None, device: str):
     from engine.infill import Engine  # imported here: torch takes a second, initialize must not wait
 
     return Engine.load(path or None, device=device)
+
+
+def scrub(text: str) -> str:
+    """`text` with lone surrogates replaced by U+FFFD: the same length in every position encoding, so offsets
+    into the document still hold, and something the tokenizer accepts."""
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+
+
+def _free_memory(engine) -> None:
+    """Drop the context KV cache (rebuilt on the next fill) and hand cached CUDA blocks back."""
+    import torch
+
+    engine.cache.reset()
+    if engine.device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _one_line(exc: BaseException) -> str:

@@ -294,6 +294,7 @@ async def complete(ls, params):
         raise JsonRpcInternalError(f"the engine failed: {type(exc).__name__}: {exc}") from None
     ls.counters["completed"] += 1
     ls.status.end_fill(result.latency_ms, result.steps, result.stop_reason)
+    ls.note_fallback()
     if ls.inflight.get(uri) is flag:
         del ls.inflight[uri]
     raw = [result.text, *result.alternatives]
