@@ -18,6 +18,7 @@ UTF16 = types.PositionEncodingKind.Utf16
 UTF32 = types.PositionEncodingKind.Utf32
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
+_LINE_CHAR = re.compile(r"[\r\n]")
 
 
 class PositionError(ValueError):
@@ -145,10 +146,31 @@ class Document:
         rng = getattr(change, "range", None)
         if rng is None:
             self.text = change.text
+            self._starts = None
         else:
             start, end = self.range_offsets(rng, encoding, clamp=True)
             self.text = self.text[:start] + change.text + self.text[end:]
-        self._starts = None
+            if self._starts is not None:  # typing in a 5 MB file must not rescan it per keystroke
+                self._starts = _edited_starts(self._starts, self.text, start, end, len(change.text))
+
+
+def _edited_starts(starts: list[int], text: str, start: int, end: int, inserted: int) -> list[int]:
+    """Line starts after text[start:end] of the old text became `inserted` characters (`text` is the new text).
+
+    Position p starts a line iff text[p-1] is \\n, or is \\r and text[p] is not \\n (so an edit can join a
+    \\r and a \\n into one line end, or split them). Starts before the edit keep their place, starts whose
+    two neighbours lie after it shift by the length change, and the ones in between are looked at anew.
+    """
+    delta = inserted - (end - start)
+    head = starts[: _bisect_right(starts, start - 1)]
+    new_end = start + inserted  # the last position whose left or right neighbour is new
+    middle = []
+    for m in _LINE_CHAR.finditer(text, max(0, start - 1), new_end):
+        p = m.start() + 1
+        if p >= start and (text[p - 1] == "\n" or not text.startswith("\n", p)):
+            middle.append(p)
+    tail = [s + delta for s in starts[_bisect_right(starts, end) :]]
+    return (head or [0]) + middle + tail
 
 
 def _bisect_right(values: list[int], x: int) -> int:

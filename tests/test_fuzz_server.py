@@ -142,7 +142,9 @@ def sync(start: str, edits, encoding: str) -> tuple[Document, str]:
         a, b, new = concrete(client, edit, encoding)
         client = apply_ref(client, a, b, new, encoding)
         store.change("file:///f.py", version, [lsp_change(a, b, new)])
-    return store.get("file:///f.py"), client
+    doc = store.get("file:///f.py")
+    assert doc.line_starts == Document("file:///g.py", doc.text).line_starts  # kept up to date per edit
+    return doc, client
 
 
 @settings(max_examples=150, deadline=None)
