@@ -242,6 +242,7 @@ def _register_lifecycle(ls: DfimServer) -> None:
             "engine_fills_started": ls.host.fills_started,
             "engine_fills_completed": ls.host.fills_completed,
             "engine_queued": ls.host.queued,
+            "engine_queued_live": ls.host.queued_live,
             "oom_retries": ls.host.oom_retries,
             "status": ls.status.status.to_json(),
             "encoding": ls.docs.encoding,

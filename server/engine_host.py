@@ -16,13 +16,16 @@ on the first attempt only, `<<dfim-fault:oom-always>>` on every attempt (tests/t
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import dataclasses
 import logging
 import os
 import re
 import threading
+import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from engine.api import EngineError, FillCancelled, FillRequest, FillResult
 
@@ -40,9 +43,9 @@ class EngineHost:
         self.generation = 0  # bumps on every (re)load, so a late load of an old model is dropped
         self.fills_started = 0  # fills that reached the engine (tests and benchmarks read this)
         self.fills_completed = 0
-        self.fills_submitted = 0  # handed to the worker (event loop thread only)
-        self.fills_finished = 0  # left the worker, however they ended (worker thread only)
+        self._queue: dict[Future, threading.Event] = {}  # fills handed to the worker that have not left it
         self.oom_retries = 0
+        self._last_trim = 0.0
         self.fell_back_to_cpu = False  # set when CUDA ran out of memory and the model moved to the CPU
         self.faults = os.environ.get(FAULTS_ENV) == "1"
         self._moved: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # GPU engine -> its CPU copy
@@ -53,8 +56,14 @@ class EngineHost:
 
     @property
     def queued(self) -> int:
-        """Fills handed to the worker that have not left it yet (a backlog shows here)."""
-        return self.fills_submitted - self.fills_finished
+        """Fills handed to the worker that have not left it yet (superseded ones included: the worker skips
+        those as soon as it reaches them)."""
+        return len(self._queue)
+
+    @property
+    def queued_live(self) -> int:
+        """Queued fills that will really run (not cancelled or superseded): a backlog shows here."""
+        return sum(not flag.is_set() for flag in list(self._queue.values()))
 
     async def load(self, path: str | None, device: str) -> None:
         """Load a checkpoint in the worker; on failure `error` holds the message and `engine` stays None."""
@@ -83,26 +92,35 @@ class EngineHost:
             request.warm_start = scrub(request.warm_start)
         previous = request.cancel
         request.cancel = (lambda: cancel.is_set() or previous()) if previous else cancel.is_set
-        self.fills_submitted += 1
-        future = asyncio.get_running_loop().run_in_executor(
-            self._executor, self._run, engine, request, cancel
-        )
+        work = self._executor.submit(self._run, engine, request, cancel)
+        self._queue[work] = cancel  # until it leaves the worker, or is cancelled while still queued
+        work.add_done_callback(lambda done: self._queue.pop(done, None))
         try:
-            return await future
+            return await asyncio.wrap_future(work)
         except asyncio.CancelledError:
             cancel.set()
             raise
 
     def _run(self, engine, request: FillRequest, cancel: threading.Event) -> FillResult:
+        if cancel.is_set():
+            raise FillCancelled("cancelled before it started")
+        self.fills_started += 1
         try:
-            if cancel.is_set():
-                raise FillCancelled("cancelled before it started")
-            self.fills_started += 1
             result = self._fill(self._moved.get(engine, engine), request)
-            self.fills_completed += 1
-            return result
         finally:
-            self.fills_finished += 1
+            self._trim_heap()
+        self.fills_completed += 1
+        return result
+
+    def _trim_heap(self) -> None:
+        """Give freed heap memory back to the OS, at most once a second. A fill's large short-lived buffers
+        (logits, attention) make glibc raise its mmap threshold and keep them in the heap afterwards; under a
+        stream of fills the server's RSS would grow by ~200 MB and stay there (scripts/soak.py)."""
+        now = time.monotonic()
+        if _malloc_trim is None or now - self._last_trim < 1.0:
+            return
+        self._last_trim = now
+        _malloc_trim(0)
 
     def _fill(self, engine, request: FillRequest) -> FillResult:
         """engine.fill, retried on a smaller canvas (then on the CPU, from CUDA) when memory runs out."""
@@ -171,6 +189,17 @@ def _load(path: str | None, device: str):
     from engine.infill import Engine  # imported here: torch takes a second, initialize must not wait
 
     return Engine.load(path or None, device=device)
+
+
+def _find_malloc_trim():
+    """glibc's malloc_trim, or None (macOS, musl, Windows: nothing to do there)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_malloc_trim = _find_malloc_trim()
 
 
 def scrub(text: str) -> str:
