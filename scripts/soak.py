@@ -165,6 +165,8 @@ async def soak(
         await asyncio.wait(set(pending), timeout=drain_timeout)
     drain_ms = (loop.time() - drain_start) * 1000
     unanswered = len(pending)
+    for task in list(pending):  # never answered: stop waiting (the server is stopped after this)
+        task.cancel()
     after = await session.stats()
     rss_end = rss_bytes(session.pid)
     rss_peak = max(rss_peak, rss_end)
