@@ -1,0 +1,81 @@
+"""Single-line fill latency of a checkpoint on this CPU, warm, with a ~1k-token context (issue 3).
+
+Simulates typing at the end of a function in a fixture file: each request adds the next few characters
+of the real line, so the context comes from the KV cache except the newly typed tokens. Prints p50/p95
+latency, mean denoising steps and encoded tokens per request for the released sampler defaults and for
+the server's inline settings (at most 16 steps).
+
+    python scripts/bench_latency.py [--model DIR] [--threads 2] [--requests 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from engine import Engine
+from engine.api import FillRequest
+from engine.metrics import percentile
+
+SOURCE = Path(__file__).resolve().parents[1] / "engine" / "sampler.py"  # ~1k tokens before the cursor
+
+
+def typing_points(text: str, requests: int, prefix_chars: int) -> list[tuple[str, str]]:
+    """(prefix, suffix) pairs: the cursor walks through the characters of lines in the file's middle.
+    The prefix window starts at a fixed line, as the server's does while the user types."""
+    cut = text.index("\n", len(text) // 2) + 1
+    start = text.index("\n", max(0, cut - prefix_chars)) + 1
+    points = []
+    pos = cut
+    while len(points) < requests and pos < len(text):
+        pos += 3
+        points.append((text[start:pos], text[pos:]))
+    return points
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument("--prefix-chars", type=int, default=3600, help="about 1k tokens of context")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    engine = Engine.load(args.model)
+    text = SOURCE.read_text()
+    points = typing_points(text, args.requests + 1, args.prefix_chars)
+    print(f"model {engine.model_name}, torch {torch.__version__}, threads {torch.get_num_threads()}")
+    print("| sampler | requests | p50 ms | p95 ms | mean steps | mean encoded tokens | context tokens |")
+    print("|---|---|---|---|---|---|---|")
+    for label, settings in (
+        ("released defaults (max 48 steps)", engine.settings),
+        ("server inline (max 16 steps)", replace(engine.settings, max_steps=16)),
+    ):
+        times, steps, encoded, context = [], [], [], []
+        for i, (prefix, suffix) in enumerate(points):
+            request = FillRequest(
+                prefix=prefix, suffix=suffix[:400], max_tokens=16, settings=settings, seed=i
+            )
+            start = time.perf_counter()
+            result = engine.fill(request)
+            elapsed = (time.perf_counter() - start) * 1000
+            if i == 0:
+                continue  # the cold request encodes the whole context
+            times.append(elapsed)
+            steps.append(result.steps)
+            encoded.append(result.encoded_tokens)
+            context.append(result.context_tokens)
+        print(
+            f"| {label} | {len(times)} | {percentile(times, 50):.0f} | {percentile(times, 95):.0f} | "
+            f"{statistics.mean(steps):.1f} | {statistics.mean(encoded):.1f} | {statistics.mean(context):.0f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
