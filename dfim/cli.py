@@ -24,7 +24,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dfim", description="Fill code in the middle with a diffusion model.")
+    parser = argparse.ArgumentParser(
+        prog="dfim", description="Fill code in the middle with a diffusion model."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)

@@ -26,16 +26,19 @@ SOURCE = Path(__file__).resolve().parents[1] / "engine" / "sampler.py"  # ~1k to
 
 
 def typing_points(text: str, requests: int, prefix_chars: int) -> list[tuple[str, str]]:
-    """(prefix, suffix) pairs: the cursor walks through the characters of lines in the file's middle.
-    The prefix window starts at a fixed line, as the server's does while the user types."""
+    """(prefix, suffix) pairs of someone typing lines in the middle of the file, 3 characters at a time:
+    the prefix grows at its end, the suffix (the text after the line being typed) stays the same, and the
+    prefix window starts at a fixed line, as the server's does while the user types."""
     cut = text.index("\n", len(text) // 2) + 1
     start = text.index("\n", max(0, cut - prefix_chars)) + 1
-    points = []
-    pos = cut
-    while len(points) < requests and pos < len(text):
-        pos += 3
-        points.append((text[start:pos], text[pos:]))
-    return points
+    points: list[tuple[str, str]] = []
+    while len(points) < requests and cut < len(text):
+        end = text.index("\n", cut) + 1
+        line = text[cut:end]
+        for k in range(3, len(line), 3):
+            points.append((text[start:cut] + line[:k], text[end:]))
+        cut = end
+    return points[:requests]
 
 
 def main() -> None:

@@ -56,7 +56,9 @@ def main() -> None:
         for i, row in enumerate(rows):
             start = time.perf_counter()
             result = engine.fill(
-                FillRequest(row["prompt"], row["suffix"], max_tokens=args.max_tokens, seed=i, settings=settings)
+                FillRequest(
+                    row["prompt"], row["suffix"], max_tokens=args.max_tokens, seed=i, settings=settings
+                )
             )
             ms.append((time.perf_counter() - start) * 1000)
             want = row["canonical_solution"]
