@@ -87,5 +87,6 @@ def measure(config: ModelConfig, context: int) -> tuple[int, float, float, dict[
     enc = median_ms(lambda: model.encode(ids, model.new_cache()), 3)
     return model.num_parameters(), enc, median_ms(encode_more, 10), steps
 
+
 if __name__ == "__main__":
     main()
