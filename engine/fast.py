@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from engine.config import FULL
-from engine.model import DiffusionGemma, rope_inv_freq
+from engine.model import DiffusionGemma, apply_rope, gelu, rms_norm, rope_inv_freq
 
 
 class LayerWeights(NamedTuple):
@@ -77,29 +77,7 @@ class LayerShape:
     head_dim: int
 
 
-# --- functional building blocks (exactly engine.model's arithmetic) -------------------------------
-
-
-def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-    y = x.float()
-    y = y * torch.pow(y.pow(2).mean(-1, keepdim=True) + eps, -0.5)
-    if weight is not None:
-        y = y * weight.float()
-    return y.type_as(x)
-
-
-def gelu(x: Tensor) -> Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x: [B, T, Hx, D]; cos/sin: [1, T, D]
-    return x * cos[:, :, None] + rotate_half(x) * sin[:, :, None]
+# --- functional building blocks (rms_norm, gelu and apply_rope are engine.model's own) ---------------
 
 
 def router(w: LayerWeights, x: Tensor, top_k: int, eps: float) -> tuple[Tensor, Tensor]:

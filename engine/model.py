@@ -30,11 +30,15 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
 
     def forward(self, x: Tensor) -> Tensor:
-        y = x.float()
-        y = y * torch.pow(y.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
-        if self.weight is not None:
-            y = y * self.weight.float()
-        return y.type_as(x)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+    y = x.float()
+    y = y * torch.pow(y.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    if weight is not None:
+        y = y * weight.float()
+    return y.type_as(x)
 
 
 def gelu(x: Tensor) -> Tensor:
