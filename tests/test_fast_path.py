@@ -47,15 +47,6 @@ CONFIG = dict(
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: thread start-up costs more than the work (and thrashes a loaded 2-core box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_model(seed: int = 0) -> DiffusionGemma:
     torch.manual_seed(seed)
     model = DiffusionGemma(ModelConfig(**CONFIG)).eval()

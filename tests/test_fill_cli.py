@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from dfim.cli import main
 from engine.checkpoint import write_random_checkpoint
@@ -16,14 +15,6 @@ from engine.checkpoint import write_random_checkpoint
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_JSON = ROOT / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 EXAMPLE = ROOT / "fixtures" / "example.py"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

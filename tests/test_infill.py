@@ -8,7 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 
 from engine import Engine, FillCancelled, FillRequest, Hole, SamplerSettings
 from engine.api import CheckpointError
@@ -16,15 +15,6 @@ from engine.checkpoint import write_random_checkpoint
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 FAST = SamplerSettings(max_steps=4)  # a random model never gets confident: keep runs short
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny matmuls gain nothing from threads, and on a busy 2-core box OpenMP spinning makes them 30x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -98,16 +98,7 @@ def parse(*argv: str) -> argparse.Namespace:
     return args
 
 
-@pytest.fixture
-def one_thread():
-    # A shared 2-core box: one intra-op thread is several times faster than two under contention.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def test_tiny_training_loss_falls_and_resume_continues(data_dir: Path, tmp_path: Path, one_thread) -> None:
+def test_tiny_training_loss_falls_and_resume_continues(data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     common = [
         "--data", str(data_dir), "--out", str(out), "--model-config", "tiny", "--batch-size", "8",

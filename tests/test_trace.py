@@ -1,0 +1,180 @@
+"""`dfim trace`: the recorded frames, the HTML page, and the page rendered by headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from engine.api import FillRequest, Hole, SamplerSettings
+from engine.checkpoint import write_random_checkpoint
+from engine.infill import Engine
+from engine.trace import Trace, build_html, record
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENIZER = ROOT / "engine/weights/dfim-small/tokenizer.json"
+CHROMIUM = Path("/usr/bin/chromium")
+# A few steps keep the test fast on 2 busy cores; early_stop off so the step count is exact.
+SETTINGS = SamplerSettings(max_steps=5, early_stop=False)
+PIN = "return "
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory) -> Engine:
+    folder = write_random_checkpoint(tmp_path_factory.mktemp("tiny"), TOKENIZER)
+    return Engine.load(folder)
+
+
+@pytest.fixture(scope="module")
+def trace(engine) -> Trace:
+    """A skeleton fill: a pinned string, then an open hole."""
+    request = FillRequest(
+        prefix="def mean(values):\n    ", suffix="\n", middle=[PIN, Hole(8)], settings=SETTINGS, seed=3
+    )
+    return record(engine, request)
+
+
+class ById(HTMLParser):
+    """Text of the elements with an id, and the class of every span."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text: dict[str, str] = {}
+        self.span_classes: list[str] = []
+        self._open: list[str | None] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "span":
+            self.span_classes.append(a.get("class") or "")
+        if tag in ("br", "meta", "input", "link"):
+            return
+        self._open.append(a.get("id"))
+        if a.get("id"):
+            self.text.setdefault(a["id"], "")
+
+    def handle_endtag(self, tag):
+        if tag not in ("br", "meta", "input", "link") and self._open:
+            self._open.pop()
+
+    def handle_data(self, data):
+        for element_id in self._open:
+            if element_id:
+                self.text[element_id] += data
+
+
+def parse(page: str) -> ById:
+    parser = ById()
+    parser.feed(page)
+    return parser
+
+
+def embedded(page: str) -> dict:
+    m = re.search(r'<script id="trace-data" type="application/json">(.*?)</script>', page, re.S)
+    assert m, "no trace data in the page"
+    return json.loads(m.group(1))
+
+
+def lf(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # HTML parsing normalizes line ends
+
+
+def test_frames_follow_the_fill(engine, trace):
+    assert len(trace.frames) == trace.steps == SETTINGS.max_steps
+    assert [f.step for f in trace.frames] == list(range(1, SETTINGS.max_steps + 1))
+    assert trace.fill.startswith(PIN)
+    assert trace.frames[-1].text == trace.fill
+    times = [f.ms for f in trace.frames]
+    assert times == sorted(times) and times[0] > 0
+    pin_ids = engine.tokenizer.encode(PIN)
+    for f in trace.frames:
+        length = len(f.tokens)
+        assert len(f.confidence) == len(f.kept) == len(f.pinned) == len(f.special) == length
+        assert f.pinned[: len(pin_ids)] == [True] * len(pin_ids) and not any(f.pinned[len(pin_ids) :])
+        assert "".join(f.tokens[: len(pin_ids)]) == PIN
+        assert all(f.kept[p] for p in range(len(pin_ids)))  # pins are never renoised
+        assert all(0.0 < c <= 1.0 for c in f.confidence)
+        assert f.accepted == sum(f.kept)
+    # uniform-state denoising renoises something in the first steps of an untrained model
+    assert not all(trace.frames[0].kept)
+
+
+def test_page_is_self_contained_and_carries_every_frame(trace):
+    page = build_html(trace)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page), "the page loads something"
+    assert "<link" not in page
+    data = embedded(page)
+    assert len(data["frames"]) == len(trace.frames)
+    assert data["frames"][-1]["text"] == trace.fill
+    assert data["frames"][-1]["pinned"] == trace.frames[-1].pinned
+    assert lf(parse(page).text["final"]) == lf(trace.fill)
+
+
+def test_text_cannot_break_out_of_the_page(trace):
+    from dataclasses import replace
+
+    nasty = "x = '</script><script>alert(1)</script><!--'"
+    page = build_html(replace(trace, fill=nasty, prefix=nasty))
+    assert page.count("</script>") == 2  # the data block's and the code's, nothing from the text
+    assert embedded(page)["prefix"] == nasty
+    assert parse(page).text["final"] == nasty
+
+
+def test_cli_bad_input_is_one_line_and_status_2(tmp_path):
+    def trace_cli(*argv):
+        return subprocess.run(
+            [sys.executable, "-m", "dfim.cli", "trace", *argv], capture_output=True, text=True, cwd=ROOT
+        )
+
+    source = tmp_path / "a.py"
+    source.write_text("x = 1\n")
+    for argv, message in [
+        ([str(tmp_path / "missing.py"), "--line", "1", "--col", "1"], "no such file"),
+        ([str(source), "--line", "9", "--col", "1"], "out of range"),
+        ([str(source), "--line", "1", "--col", "1", "--out", str(tmp_path / "no/dir/t.html")], "no such"),
+        ([str(source), "--line", "1", "--col", "1", "--steps", "0"], "--steps"),
+    ]:
+        done = trace_cli(*argv)
+        assert done.returncode == 2, done.stderr
+        assert done.stdout == ""
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("dfim trace: ") and message in lines[0]
+
+
+def test_chromium_renders_the_final_frame(trace, tmp_path):
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} not installed (clients/ci.sh installs it)")
+    page = tmp_path / "trace.html"
+    page.write_text(build_html(trace), encoding="utf-8")
+    done = subprocess.run(
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = parse(done.stdout)
+    # Written by the page's script (empty in the file itself): the script ran and opened on the last frame.
+    assert lf(dom.text["frame-text"]) == lf(trace.fill)
+    assert f"step {SETTINGS.max_steps}/{SETTINGS.max_steps}" in dom.text["label"]
+    assert lf(dom.text["final"]) == lf(trace.fill)
+    canvas_spans = [c for c in dom.span_classes if c.startswith("tok")]
+    assert len(canvas_spans) >= len(trace.frames[-1].tokens)
+    pins = sum(trace.frames[-1].pinned)
+    assert sum("pin" in c.split() for c in canvas_spans) == pins + 1  # + the legend's
