@@ -53,6 +53,12 @@ class StepInfo:
     mean_entropy: float
     argmax_text: str  # what the canvas reads now if it were committed
     block: int = 0  # 0-based canvas index when a long fill runs over several canvases
+    # Per canvas position, for the best-first row 0 (traces); empty where a caller builds a StepInfo itself.
+    token_ids: list[int] = field(default_factory=list)  # the argmax canvas, pins forced, pad after EOS
+    tokens: list[str] = field(default_factory=list)  # their text ("" for special tokens: EOS, pad)
+    confidence: list[float] = field(default_factory=list)  # exp(-entropy) of this step's distribution
+    accepted_mask: list[bool] = field(default_factory=list)  # kept this step; False: renoised
+    pinned: list[bool] = field(default_factory=list)
 
 
 @dataclass

@@ -242,6 +242,11 @@ class Engine:
                     mean_entropy=float(sampler.mean_free_entropy(s)[0]),
                     argmax_text=preview,
                     block=block,
+                    token_ids=ids,
+                    tokens=[self.tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in ids],
+                    confidence=sampler.confidence(s)[0].tolist(),
+                    accepted_mask=s.accepted[0].tolist(),
+                    pinned=list(plan.pinned),
                 )
             )
 
