@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stats": ("server.telemetry", "acceptance rate and latency from local telemetry"),
     "replay": ("dfim.bench.replay", "replay typing against the real server: acceptance, latency"),
     "bench-realcode": ("dfim.bench.realcode", "FIM problems from a Python project and its tests"),
+    "trace": ("engine.trace", "write an HTML replay of one fill, step by step"),
 }
 
 

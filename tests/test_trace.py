@@ -85,22 +85,30 @@ def lf(text: str) -> str:
 
 
 def test_frames_follow_the_fill(engine, trace):
-    assert len(trace.frames) == trace.steps == SETTINGS.max_steps
-    assert [f.step for f in trace.frames] == list(range(1, SETTINGS.max_steps + 1))
+    # The untrained model writes no EOS, so the open hole runs on into a second canvas (block 1).
+    assert len(trace.frames) == trace.steps
+    blocks = sorted({f.block for f in trace.frames})
+    assert blocks == [0, 1]
+    for block in blocks:
+        assert [f.step for f in trace.frames if f.block == block] == list(range(1, SETTINGS.max_steps + 1))
     assert trace.fill.startswith(PIN)
     assert trace.frames[-1].text == trace.fill
     times = [f.ms for f in trace.frames]
     assert times == sorted(times) and times[0] > 0
-    pin_ids = engine.tokenizer.encode(PIN)
     for f in trace.frames:
-        length = len(f.tokens)
-        assert len(f.confidence) == len(f.kept) == len(f.pinned) == len(f.special) == length
-        assert f.pinned[: len(pin_ids)] == [True] * len(pin_ids) and not any(f.pinned[len(pin_ids) :])
-        assert "".join(f.tokens[: len(pin_ids)]) == PIN
-        assert all(f.kept[p] for p in range(len(pin_ids)))  # pins are never renoised
+        assert len(f.confidence) == len(f.kept) == len(f.pinned) == len(f.special) == len(f.tokens)
         assert all(0.0 < c <= 1.0 for c in f.confidence)
         assert f.accepted == sum(f.kept)
-    # uniform-state denoising renoises something in the first steps of an untrained model
+    pin_ids = engine.tokenizer.encode(PIN)
+    for f in trace.frames:
+        if f.block == 0:
+            assert f.pinned[: len(pin_ids)] == [True] * len(pin_ids) and not any(f.pinned[len(pin_ids) :])
+            assert "".join(f.tokens[: len(pin_ids)]) == PIN
+            assert all(f.kept[: len(pin_ids)])  # pins are never renoised
+            assert f.text.startswith(PIN)
+        else:
+            assert not any(f.pinned)
+    # uniform-state denoising renoises positions in the first step of an untrained model
     assert not all(trace.frames[0].kept)
 
 
@@ -111,7 +119,7 @@ def test_page_is_self_contained_and_carries_every_frame(trace):
     data = embedded(page)
     assert len(data["frames"]) == len(trace.frames)
     assert data["frames"][-1]["text"] == trace.fill
-    assert data["frames"][-1]["pinned"] == trace.frames[-1].pinned
+    assert data["frames"][0]["pinned"] == trace.frames[0].pinned
     assert lf(parse(page).text["final"]) == lf(trace.fill)
 
 
@@ -176,5 +184,4 @@ def test_chromium_renders_the_final_frame(trace, tmp_path):
     assert lf(dom.text["final"]) == lf(trace.fill)
     canvas_spans = [c for c in dom.span_classes if c.startswith("tok")]
     assert len(canvas_spans) >= len(trace.frames[-1].tokens)
-    pins = sum(trace.frames[-1].pinned)
-    assert sum("pin" in c.split() for c in canvas_spans) == pins + 1  # + the legend's
+    assert sum("pin" in c.split() for c in canvas_spans) == 1  # the legend's: the last canvas has no pins

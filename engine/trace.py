@@ -1,0 +1,303 @@
+"""`dfim trace FILE --line L --col C`: record one fill step by step and write a self-contained HTML replay.
+
+The page (inline CSS and JS, no network) shows, per denoising step, the canvas read as its argmax tokens:
+each token shaded by its confidence exp(-entropy), renoised positions struck through, pins outlined, with
+the step number and the time since the fill started; a slider and a play button walk the steps. It opens
+on the last frame, and the committed fill is always in the page as `<pre id="final">`.
+
+Input checks are `dfim fill`'s (engine/fill_command.py); bad input is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from engine.fill_command import InputError, detect_language, read_source, split_at, window
+
+# How much context the page shows around the canvas: enough to see where the fill goes.
+CONTEXT_LINES = 6
+
+
+@dataclass
+class Frame:
+    """One denoising step of row 0 (the only row when candidates == 1)."""
+
+    step: int  # 1-based within its block
+    max_steps: int
+    block: int
+    ms: float  # since the fill started (context encoding included)
+    accepted: int  # positions kept this step (pins included)
+    mean_entropy: float
+    text: str  # what the fill reads now: the earlier blocks' text + this canvas' argmax text
+    tokens: list[str]  # per canvas position
+    special: list[str]  # per position: "" for text, "eos" or "pad" for the end markers
+    confidence: list[float]
+    kept: list[bool]  # accepted this step; False: renoised
+    pinned: list[bool]
+
+
+@dataclass
+class Trace:
+    prefix: str
+    suffix: str
+    fill: str  # the committed fill (FillResult.text)
+    steps: int
+    stop_reason: str
+    latency_ms: float
+    model: str
+    random_model: bool
+    frames: list[Frame] = field(default_factory=list)
+
+
+def record(engine, request) -> Trace:
+    """Run `request` on `engine`, keeping every step. The request's own on_step still runs."""
+    frames: list[Frame] = []
+    done_text: list[str] = []  # text of finished blocks
+    user_on_step = request.on_step
+    eos, pad = engine.tokenizer.eos_id, engine.tokenizer.pad_id
+    start = time.perf_counter()
+
+    def on_step(info) -> None:
+        if frames and info.block != frames[-1].block:
+            done_text.append(frames[-1].text[len("".join(done_text)) :])
+        special = ["eos" if t == eos else "pad" if t == pad else "" for t in info.token_ids]
+        frames.append(
+            Frame(
+                step=info.step,
+                max_steps=info.max_steps,
+                block=info.block,
+                ms=(time.perf_counter() - start) * 1000.0,
+                accepted=info.accepted,
+                mean_entropy=info.mean_entropy,
+                text="".join(done_text) + info.argmax_text,
+                tokens=list(info.tokens),
+                special=special,
+                confidence=[round(c, 4) for c in info.confidence],
+                kept=list(info.accepted_mask),
+                pinned=list(info.pinned),
+            )
+        )
+        if user_on_step is not None:
+            user_on_step(info)
+
+    result = engine.fill(replace(request, on_step=on_step))
+    return Trace(
+        prefix=request.prefix,
+        suffix=request.suffix,
+        fill=result.text,
+        steps=result.steps,
+        stop_reason=result.stop_reason,
+        latency_ms=result.latency_ms,
+        model=engine.model_name,
+        random_model=engine.is_random,
+        frames=frames,
+    )
+
+
+def context_tail(prefix: str, lines: int = CONTEXT_LINES) -> str:
+    return "\n".join(prefix.split("\n")[-lines:])
+
+
+def context_head(suffix: str, lines: int = CONTEXT_LINES) -> str:
+    return "\n".join(suffix.split("\n")[:lines])
+
+
+def build_html(trace: Trace) -> str:
+    """One HTML document that replays `trace`; nothing outside it is loaded."""
+    data = asdict(trace)
+    data["prefix"] = context_tail(trace.prefix)
+    data["suffix"] = context_head(trace.suffix)
+    # JSON inside <script>: escape "<" so no "</script>" or "<!--" in the text can end the block.
+    payload = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
+    title = f"dfim trace: {len(trace.frames)} steps, {trace.latency_ms:.0f} ms"
+    note = " (untrained random checkpoint: its fills are noise)" if trace.random_model else ""
+    return (
+        _PAGE.replace("@TITLE@", html.escape(title))
+        .replace("@MODEL@", html.escape(trace.model + note))
+        .replace("@FINAL@", html.escape(trace.fill))
+        .replace("@DATA@", payload)
+    )
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+<title>@TITLE@</title>
+<style>
+body { font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; background: #fafafa; }
+h1 { font-size: 1.1em; margin: 0 0 .3em; }
+.meta { color: #666; margin-bottom: 1em; }
+#controls { display: flex; gap: .6em; align-items: center; margin-bottom: .8em; }
+#slider { flex: 1; max-width: 40em; }
+#label { font-variant-numeric: tabular-nums; }
+.code { font: 13px ui-monospace, Menlo, Consolas, monospace; white-space: pre-wrap; background: #fff;
+  border: 1px solid #ddd; padding: .8em; line-height: 1.7; }
+.ctx { color: #999; }
+.tok { border-radius: 2px; padding: 1px 0; }
+.tok.renoised { text-decoration: line-through; color: #b33; }
+.tok.pin { outline: 1.5px solid #2a62c9; }
+.tok.end { color: #777; font-size: 11px; border: 1px dashed #999; padding: 0 2px; }
+.tok.pad { color: #ccc; }
+.legend span { margin-right: 1.2em; }
+h2 { font-size: 1em; margin: 1.2em 0 .3em; }
+</style></head>
+<body>
+<h1>@TITLE@</h1>
+<div class="meta">model: @MODEL@</div>
+<div id="controls">
+  <button id="play" type="button">play</button>
+  <button id="prev" type="button">&#9664;</button>
+  <input id="slider" type="range" min="0" value="0">
+  <button id="next" type="button">&#9654;</button>
+  <span id="label"></span>
+</div>
+<div class="legend"><span style="background:rgba(46,160,67,.55)">confident</span>
+<span style="background:rgba(46,160,67,.08)">unsure</span>
+<span class="tok renoised">renoised</span><span class="tok pin">pinned</span>
+<span class="tok end">EOS</span></div>
+<h2>Canvas (argmax of each position at this step)</h2>
+<div id="canvas" class="code"></div>
+<h2>Fill at this step</h2>
+<pre id="frame-text" class="code"></pre>
+<h2>Committed fill</h2>
+<pre id="final" class="code">@FINAL@</pre>
+<script id="trace-data" type="application/json">@DATA@</script>
+<script>
+"use strict";
+const T = JSON.parse(document.getElementById("trace-data").textContent);
+const slider = document.getElementById("slider");
+const playButton = document.getElementById("play");
+let timer = null;
+
+function span(cls, text, title) {
+  const s = document.createElement("span");
+  s.className = cls;
+  s.textContent = text;
+  if (title) s.title = title;
+  return s;
+}
+
+function show(i) {
+  const f = T.frames[i];
+  const canvas = document.getElementById("canvas");
+  canvas.replaceChildren(span("ctx", T.prefix));
+  for (let p = 0; p < f.tokens.length; p++) {
+    const c = f.confidence[p];
+    const cls = ["tok"];
+    if (!f.kept[p]) cls.push("renoised");
+    if (f.pinned[p]) cls.push("pin");
+    let text = f.tokens[p];
+    if (f.special[p] === "eos") { cls.push("end"); text = "EOS"; }
+    else if (f.special[p] === "pad") { cls.push("pad"); text = "\\u00b7"; }
+    const s = span(cls.join(" "), text, "position " + p + ", confidence " + c.toFixed(3) +
+      (f.kept[p] ? ", accepted" : ", renoised") + (f.pinned[p] ? ", pinned" : ""));
+    if (!f.special[p]) s.style.background = "rgba(46,160,67," + (0.05 + 0.6 * c).toFixed(3) + ")";
+    canvas.appendChild(s);
+  }
+  canvas.appendChild(span("ctx", T.suffix));
+  document.getElementById("frame-text").textContent = f.text;
+  const prev = i > 0 ? T.frames[i - 1].ms : 0;
+  const last = i === T.frames.length - 1;
+  document.getElementById("label").textContent =
+    (f.block > 0 ? "block " + (f.block + 1) + ", " : "") + "step " + f.step + "/" + f.max_steps +
+    "  \\u00b7  " + f.ms.toFixed(1) + " ms (+" + (f.ms - prev).toFixed(1) + ")" +
+    "  \\u00b7  accepted " + f.accepted + "/" + f.tokens.length +
+    "  \\u00b7  mean entropy " + f.mean_entropy.toFixed(3) + (last ? "  \\u00b7  stop: " + T.stop_reason : "");
+  slider.value = i;
+}
+
+function stop() { clearInterval(timer); timer = null; playButton.textContent = "play"; }
+function play() {
+  if (timer) { stop(); return; }
+  if (+slider.value >= T.frames.length - 1) show(0);
+  playButton.textContent = "pause";
+  timer = setInterval(() => {
+    const i = +slider.value + 1;
+    if (i >= T.frames.length) { stop(); return; }
+    show(i);
+  }, 250);
+}
+
+if (T.frames.length) {
+  slider.max = T.frames.length - 1;
+  slider.addEventListener("input", () => { stop(); show(+slider.value); });
+  playButton.addEventListener("click", play);
+  document.getElementById("prev").addEventListener("click", () => { stop(); show(Math.max(0, +slider.value - 1)); });
+  document.getElementById("next").addEventListener("click", () => {
+    stop(); show(Math.min(T.frames.length - 1, +slider.value + 1));
+  });
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "ArrowLeft") document.getElementById("prev").click();
+    if (e.key === "ArrowRight") document.getElementById("next").click();
+  });
+  show(T.frames.length - 1);  // open on the last frame: the committed fill
+}
+</script>
+</body></html>
+"""
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="source file")
+    parser.add_argument("--line", type=int, required=True, help="1-based line of the cursor")
+    parser.add_argument("--col", type=int, required=True, help="1-based column of the cursor, in characters")
+    parser.add_argument("--out", default="trace.html", help="HTML file to write (default trace.html)")
+    parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="most tokens to fill (default 64)")
+    parser.add_argument("--steps", type=int, default=None, help="most denoising steps (default: the model's)")
+    parser.add_argument("--seed", type=int, default=None, help="seed for a reproducible fill")
+    parser.add_argument("--language", default=None, help="language name, for files with an unknown extension")
+
+
+def fail(message: str) -> int:
+    print(f"dfim trace: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    out = Path(args.out)
+    try:
+        if args.max_tokens < 1:
+            raise InputError(f"--max-tokens must be at least 1 (got {args.max_tokens})")
+        if args.steps is not None and args.steps < 1:
+            raise InputError(f"--steps must be at least 1 (got {args.steps})")
+        if out.is_dir():
+            raise InputError(f"{out}: is a directory")
+        if not out.parent.is_dir():
+            raise InputError(f"{out.parent}: no such directory for --out")
+        text = read_source(path)
+        detect_language(path, args.language)
+        prefix, suffix = window(*split_at(text, args.line, args.col))
+    except InputError as err:
+        return fail(str(err))
+
+    from engine.api import EngineError, FillRequest  # torch loads only once the input is known good
+    from engine.infill import Engine
+
+    try:
+        engine = Engine.load(args.model)
+        if engine.is_random:
+            print(f"dfim trace: note: {engine.path} is an untrained (random) checkpoint", file=sys.stderr)
+        settings = engine.settings if args.steps is None else replace(engine.settings, max_steps=args.steps)
+        request = FillRequest(
+            prefix=prefix, suffix=suffix, max_tokens=args.max_tokens, seed=args.seed, settings=settings
+        )
+        trace = record(engine, request)
+    except EngineError as err:
+        return fail(str(err))
+    try:
+        out.write_text(build_html(trace), encoding="utf-8")
+    except OSError as err:
+        return fail(f"{out}: cannot write ({err.strerror or err})")
+    print(f"{out}: {len(trace.frames)} steps, {trace.latency_ms:.0f} ms, stop: {trace.stop_reason}")
+    return 0
