@@ -5,6 +5,7 @@
 #   clients/ci.sh            everything
 #   clients/ci.sh vscode     only the extension
 #   clients/ci.sh nvim       only the Neovim test
+#   clients/ci.sh trace      only the canvas view (dfim trace) rendered by headless Chromium
 #
 # Needs Node >= 20 with npm, and (for the Neovim test) the repo's .venv from ./install.sh --test.
 set -euo pipefail
@@ -56,6 +57,25 @@ if [[ $what == all || $what == nvim ]]; then
   echo "$out"
   if grep -q ' skipped' <<<"$out"; then
     echo "clients/ci.sh: the Neovim test was skipped" >&2
+    exit 1
+  fi
+fi
+if [[ $what == all || $what == trace ]]; then
+  if [[ ! -x /usr/bin/chromium ]]; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+      step "trace: apt-get install chromium"
+      apt-get install -y chromium >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y chromium >/dev/null; }
+    else
+      echo "clients/ci.sh: /usr/bin/chromium is missing and this is not root with apt-get; install Chromium" >&2
+      exit 1
+    fi
+  fi
+  step "trace: the canvas view in headless Chromium"
+  PY=${PYTHON:-$ROOT/.venv/bin/python}
+  out=$("$PY" -m pytest -q -rs tests/test_trace.py 2>&1) || { echo "$out"; exit 1; }
+  echo "$out"
+  if grep -q ' skipped' <<<"$out"; then
+    echo "clients/ci.sh: the Chromium test was skipped" >&2
     exit 1
   fi
 fi
