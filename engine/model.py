@@ -163,8 +163,10 @@ class Router(nn.Module):
 class Experts(nn.Module):
     """Expert weights as 3-D tensors, as in the checkpoint: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
 
-    # Up to this many experts every token runs through every expert in one batched matmul (no host
-    # sync, compile-friendly); beyond it only the chosen experts run, one gathered matmul each.
+    # How to run the experts: "dense" sends every token through every expert in one batched product
+    # (no host sync, compile-friendly: training, and accelerators with few experts); "sparse" runs only
+    # the chosen experts (CPU inference, where it is ~7% faster per step, and many experts); "auto" picks.
+    mode = "auto"
     dense_max_experts = 8
 
     def __init__(self, config: ModelConfig) -> None:
@@ -176,9 +178,11 @@ class Experts(nn.Module):
 
     def forward(self, x: Tensor, weights: Tensor, index: Tensor) -> Tensor:
         """x: [N, H], weights/index: [N, k] -> [N, H]."""
-        if self.num_experts <= self.dense_max_experts:
-            return self._dense(x, weights, index)
-        return self._sparse(x, weights, index)
+        mode = self.mode
+        if mode == "auto":
+            cpu_inference = x.device.type == "cpu" and not torch.is_grad_enabled()
+            mode = "sparse" if cpu_inference or self.num_experts > self.dense_max_experts else "dense"
+        return self._dense(x, weights, index) if mode == "dense" else self._sparse(x, weights, index)
 
     def _dense(self, x: Tensor, weights: Tensor, index: Tensor) -> Tensor:
         gate, up = torch.einsum("nh,eoh->eno", x, self.gate_up_proj).chunk(2, dim=-1)

@@ -71,12 +71,11 @@ def reference_logits(ref, context, canvas, self_cond):
     return out.logits
 
 
-@pytest.mark.parametrize("dense_experts", [True, False])
-def test_logits_match_reference(tmp_path, dense_experts, monkeypatch):
+@pytest.mark.parametrize("experts_mode", ["dense", "sparse"])
+def test_logits_match_reference(tmp_path, experts_mode, monkeypatch):
     ref = make_reference(tmp_path)
     ours, _ = load_model(tmp_path / "ref")
-    if not dense_experts:  # exercise the sparse (gathered) expert path too
-        monkeypatch.setattr("engine.model.Experts.dense_max_experts", 0)
+    monkeypatch.setattr("engine.model.Experts.mode", experts_mode)  # both expert paths must match
     g = torch.Generator().manual_seed(1)
     context = torch.randint(0, 96, (1, 11), generator=g)  # longer than the sliding window (6)
     canvas = torch.randint(0, 96, (1, 8), generator=g)
