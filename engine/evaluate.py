@@ -312,6 +312,7 @@ def evaluate(
     limits: sandbox.SandboxLimits | None = None,
     progress: Progress | None = None,
     overlap: bool = False,
+    on_fill: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Fill every problem under every config, execute the tests in parallel, return one record per pair.
 
@@ -321,7 +322,8 @@ def evaluate(
 
     By default the tests run after all fills, so test programs never compete with the model for CPU and the
     latencies are clean. `overlap=True` starts each test as soon as its completion exists (faster wall time
-    on a machine with cores to spare, noisier latencies).
+    on a machine with cores to spare, noisier latencies). `on_fill` sees each record as soon as it is filled
+    (before its test), so a run that is killed midway still leaves its fills behind.
     """
     limits = limits or sandbox.SandboxLimits()
     records: list[dict[str, Any]] = []
@@ -364,6 +366,8 @@ def evaluate(
                         metrics.edit_similarity(completion, problem.canonical_solution), 2
                     )
                     records.append(record)
+                    if on_fill is not None:
+                        on_fill(record)
                     pending.append((problem, completion))
                     if overlap:
                         submit_pending()
@@ -630,6 +634,12 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
 
     started = time.perf_counter()
     progress = Progress(len(problems) * len(configs), enabled=not args.quiet)
+    fills_log = open(out / "fills.jsonl", "w", encoding="utf-8")  # streamed: survives a killed run
+
+    def log_fill(record: dict[str, Any]) -> None:
+        fills_log.write(json.dumps(_finite(record), allow_nan=False) + "\n")
+        fills_log.flush()
+
     try:
         records = evaluate(
             problems,
@@ -640,11 +650,14 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
             limits=limits,
             progress=progress,
             overlap=args.overlap_tests,
+            on_fill=log_fill,
         )
     except KeyboardInterrupt:
         progress.close()
         print("dfim eval: interrupted", file=sys.stderr)
         return 130
+    finally:
+        fills_log.close()
     progress.close()
     wall_s = time.perf_counter() - started
 

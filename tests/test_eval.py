@@ -212,6 +212,8 @@ def _check_outputs(out: Path, n_configs: int) -> dict:
     assert len(results["problems"]) == 3 * n_configs
     for record in results["problems"]:
         assert PROBLEM_FIELDS <= set(record)
+    fills = [json.loads(line) for line in (out / "fills.jsonl").read_text().splitlines()]
+    assert [f["task_id"] for f in fills] == [r["task_id"] for r in results["problems"]]  # streamed as filled
     summary_md = (out / "summary.md").read_text()
     assert "| config | n | pass@1 % | EM % | ES | mean steps | p50 ms | p95 ms |" in summary_md
     table = [line for line in summary_md.splitlines() if line.startswith("|")]
