@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 # LSP languageId -> (grammar module, language function)
@@ -541,14 +541,13 @@ def _build_context(text, cursor, lang, prefix_tokens, suffix_tokens, max_canvas,
     )
 
 
-def open_brackets(prefix: str, limit: int = 2000) -> list[str]:
-    """Brackets opened in the tail of `prefix` and not yet closed (strings and comments roughly skipped)."""
-    stack: list[str] = []
+def scan_brackets(text: str, skip_comments: bool = False) -> Iterator[tuple[int, str]]:
+    """Yield (index, char) for brackets outside string literals (and `#` / `//` comments if asked):
+    a rough, language-agnostic scan."""
     quote = ""
-    tail = prefix[-limit:]
     i = 0
-    while i < len(tail):
-        c = tail[i]
+    while i < len(text):
+        c = text[i]
         if quote:
             if c == "\\":
                 i += 1
@@ -556,13 +555,20 @@ def open_brackets(prefix: str, limit: int = 2000) -> list[str]:
                 quote = ""
         elif c in "'\"`":
             quote = c
-        elif c == "#" and not tail.startswith("#include", i) or tail.startswith("//", i):
-            nl = min([x for x in (tail.find("\n", i), tail.find("\r", i)) if x >= 0] or [len(tail)])
-            i = nl
+        elif skip_comments and (c == "#" and not text.startswith("#include", i) or text.startswith("//", i)):
+            i = min([x for x in (text.find("\n", i), text.find("\r", i)) if x >= 0] or [len(text)])
             continue
-        elif c in OPENERS:
-            stack.append(c)
-        elif c in CLOSERS and stack and stack[-1] == MATCH[c]:
-            stack.pop()
+        elif c in OPENERS or c in CLOSERS:
+            yield i, c
         i += 1
+
+
+def open_brackets(prefix: str, limit: int = 2000) -> list[str]:
+    """Brackets opened in the tail of `prefix` and not yet closed (strings and comments roughly skipped)."""
+    stack: list[str] = []
+    for _, c in scan_brackets(prefix[-limit:], skip_comments=True):
+        if c in OPENERS:
+            stack.append(c)
+        elif stack and stack[-1] == MATCH[c]:
+            stack.pop()
     return stack

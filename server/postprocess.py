@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import re
 
-from server.context import CLOSERS, MATCH, OPENERS, FillContext, error_count, indent_width, open_brackets
+from server.context import (
+    MATCH,
+    OPENERS,
+    FillContext,
+    error_count,
+    indent_width,
+    open_brackets,
+    scan_brackets,
+)
 
 _REPEAT = re.compile(r"(.{1,12}?)\1{3,}", re.S)
 
@@ -19,31 +27,13 @@ def split_lines(text: str) -> list[str]:
     return re.split(r"\r\n|\r|\n", text)
 
 
-def _scan_brackets(text: str):
-    """Yield (index, char) for brackets outside string literals (a rough, language-agnostic scan)."""
-    quote = ""
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote or (c in "\r\n" and quote in "'\""):
-                quote = ""
-        elif c in "'\"`":
-            quote = c
-        elif c in OPENERS or c in CLOSERS:
-            yield i, c
-        i += 1
-
-
 def closers_provided(suffix: str, outer: list[str]) -> int:
     """How many of the `outer` open brackets (innermost last) the suffix closes, reading the rest of the line
     and a few lines more."""
     own: list[str] = []
     closed = 0
     remaining = list(outer)
-    for _, c in _scan_brackets(suffix[:400]):
+    for _, c in scan_brackets(suffix[:400]):
         if c in OPENERS:
             own.append(c)
         elif own and own[-1] == MATCH[c]:
@@ -62,7 +52,7 @@ def balance_brackets(completion: str, prefix: str, suffix: str, close_open: bool
     outer = open_brackets(prefix)
     may_close = len(outer) - closers_provided(suffix, outer)
     own: list[str] = []
-    for i, c in _scan_brackets(completion):
+    for i, c in scan_brackets(completion):
         if c in OPENERS:
             own.append(c)
         elif own:
