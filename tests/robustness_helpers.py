@@ -4,43 +4,15 @@ arguments and environment, waiting for the next settled status, and the server's
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from pathlib import Path
 
-from lsprotocol import types
-
-from tests.server_helpers import ROOT, Session, client_capabilities
+from tests.server_helpers import Session
 
 FAST = {"sampling": {"maxSteps": 2, "actionMaxSteps": 2, "maxCanvas": 32}, "telemetry": {"enabled": False}}
 
 
 class ServerSession(Session):
-    """`Session` whose server process gets extra command-line arguments and environment variables."""
-
-    async def start(
-        self,
-        model: Path | str,
-        data_dir: Path,
-        init_options: dict | None = None,
-        encodings: list[str] | None = None,
-        resolve: bool = True,
-        args: tuple[str, ...] = (),
-        env: dict[str, str] | None = None,
-    ) -> types.InitializeResult:
-        full_env = {**os.environ, "DFIM_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT), **(env or {})}
-        await self.client.start_io(
-            sys.executable, "-m", "dfim", "serve", "--model", str(model), *args, env=full_env, cwd=str(ROOT)
-        )
-        self.result = await self.client.initialize_async(
-            types.InitializeParams(
-                process_id=os.getpid(),
-                capabilities=client_capabilities(encodings, resolve),
-                initialization_options=init_options,
-            )
-        )
-        self.client.initialized(types.InitializedParams())
-        return self.result
+    """`Session` with the process-level views the robustness tests need (pid, liveness, memory)."""
 
     @property
     def pid(self) -> int:

@@ -77,10 +77,13 @@ class Session:
         init_options: dict | None = None,
         encodings: list[str] | None = None,
         resolve: bool = True,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> types.InitializeResult:
-        env = {**os.environ, "DFIM_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT)}
+        """Start `dfim serve` (with extra command-line `args` and `env` variables) and initialize it."""
+        full_env = {**os.environ, "DFIM_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT), **(env or {})}
         await self.client.start_io(
-            sys.executable, "-m", "dfim", "serve", "--model", str(model), env=env, cwd=str(ROOT)
+            sys.executable, "-m", "dfim", "serve", "--model", str(model), *args, env=full_env, cwd=str(ROOT)
         )
         self.result = await self.client.initialize_async(
             types.InitializeParams(
