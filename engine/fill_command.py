@@ -52,17 +52,22 @@ class InputError(Exception):
     """Bad command-line input; the message is the one line printed."""
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_fill_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of one fill at a file position (shared by `dfim fill` and `dfim trace`)."""
     parser.add_argument("file", help="source file")
     parser.add_argument("--line", type=int, required=True, help="1-based line of the cursor")
     parser.add_argument("--col", type=int, required=True, help="1-based column of the cursor, in characters")
-    parser.add_argument("--json", action="store_true", help="print text, steps, tokens, latency ... as JSON")
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
     parser.add_argument("--max-tokens", type=int, default=64, help="most tokens to fill (default 64)")
     parser.add_argument("--steps", type=int, default=None, help="most denoising steps (default: the model's)")
     parser.add_argument("--seed", type=int, default=None, help="seed for a reproducible fill")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--language", default=None, help="language name, for files with an unknown extension")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_fill_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print text, steps, tokens, latency ... as JSON")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
 
 
 def read_source(path: Path) -> str:

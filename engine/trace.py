@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from engine.fill_command import InputError, detect_language, read_source, split_at, window
+from engine.fill_command import InputError, add_fill_arguments, detect_language, read_source, split_at, window
 
 # How much context the page shows around the canvas: enough to see where the fill goes.
 CONTEXT_LINES = 6
@@ -247,15 +247,8 @@ if (T.frames.length) {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="source file")
-    parser.add_argument("--line", type=int, required=True, help="1-based line of the cursor")
-    parser.add_argument("--col", type=int, required=True, help="1-based column of the cursor, in characters")
+    add_fill_arguments(parser)
     parser.add_argument("--out", default="trace.html", help="HTML file to write (default trace.html)")
-    parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
-    parser.add_argument("--max-tokens", type=int, default=64, help="most tokens to fill (default 64)")
-    parser.add_argument("--steps", type=int, default=None, help="most denoising steps (default: the model's)")
-    parser.add_argument("--seed", type=int, default=None, help="seed for a reproducible fill")
-    parser.add_argument("--language", default=None, help="language name, for files with an unknown extension")
 
 
 def fail(message: str) -> int:
