@@ -15,6 +15,17 @@ what=${1:-all}
 
 step() { printf '\n== %s\n' "$*"; }
 
+# apt_install PACKAGE WHAT: install a Debian package when running as root with apt-get, else fail.
+apt_install() {
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    step "apt-get install $1"
+    apt-get install -y "$1" >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y "$1" >/dev/null; }
+  else
+    echo "clients/ci.sh: $2 is missing and this is not root with apt-get; install it" >&2
+    exit 1
+  fi
+}
+
 if [[ $what == all || $what == vscode ]]; then
   command -v npm >/dev/null || { echo "clients/ci.sh: npm is missing (Node >= 20 needed)" >&2; exit 1; }
   cd "$ROOT/clients/vscode"
@@ -40,15 +51,7 @@ if [[ $what == all || $what == vscode ]]; then
 fi
 
 if [[ $what == all || $what == nvim ]]; then
-  if ! command -v nvim >/dev/null; then
-    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-      step "nvim: apt-get install neovim"
-      apt-get install -y neovim >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y neovim >/dev/null; }
-    else
-      echo "clients/ci.sh: nvim is missing and this is not root with apt-get; install Neovim >= 0.7" >&2
-      exit 1
-    fi
-  fi
+  command -v nvim >/dev/null || apt_install neovim "nvim (Neovim >= 0.7)"
   nvim --version | head -1
   step "nvim: end-to-end test against the real server"
   PY=${PYTHON:-$ROOT/.venv/bin/python}
@@ -61,15 +64,7 @@ if [[ $what == all || $what == nvim ]]; then
   fi
 fi
 if [[ $what == all || $what == trace ]]; then
-  if [[ ! -x /usr/bin/chromium ]]; then
-    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-      step "trace: apt-get install chromium"
-      apt-get install -y chromium >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y chromium >/dev/null; }
-    else
-      echo "clients/ci.sh: /usr/bin/chromium is missing and this is not root with apt-get; install Chromium" >&2
-      exit 1
-    fi
-  fi
+  [[ -x /usr/bin/chromium ]] || apt_install chromium /usr/bin/chromium
   step "trace: the canvas view in headless Chromium"
   PY=${PYTHON:-$ROOT/.venv/bin/python}
   out=$("$PY" -m pytest -q -rs tests/test_trace.py 2>&1) || { echo "$out"; exit 1; }
