@@ -24,8 +24,11 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 class ContextCache:
     """The model's KVCache plus the token ids it was built from (batch 1)."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, causal: bool = False) -> None:
         self.model = model
+        # A causal (AR) checkpoint builds its cache with the network run as a causal LM, not with the
+        # diffusion encoder (their layer scalars and last feed-forward differ).
+        self.causal = causal
         self.kv = model.new_cache()
         self.ids: list[int] = []
 
@@ -52,13 +55,32 @@ class ContextCache:
             self._encode(ids)
         return len(ids)
 
+    def step(self, ids: Sequence[int]) -> torch.Tensor:
+        """Causal models: append `ids` and return the next-token logits after them ([V], fp32)."""
+        if not self.causal:
+            raise TypeError("step() needs a causal model")
+        ids = [int(i) for i in ids]
+        try:
+            logits = self.model.causal_lm(
+                torch.tensor([ids], dtype=torch.long, device=self.device), self.kv, last_only=True
+            )
+        except BaseException:
+            self.reset()
+            raise
+        self.ids.extend(ids)
+        return logits[0, -1]
+
     def reset(self) -> None:
         self.kv = self.model.new_cache()
         self.ids = []
 
     def _encode(self, ids: list[int]) -> None:
         try:
-            self.model.encode(torch.tensor([ids], dtype=torch.long, device=self.device), self.kv)
+            batch = torch.tensor([ids], dtype=torch.long, device=self.device)
+            if self.causal:
+                self.model.causal_lm(batch, self.kv, last_only=True)
+            else:
+                self.model.encode(batch, self.kv)
         except BaseException:
             self.reset()  # a half-written cache must never be reused
             raise

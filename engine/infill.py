@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from engine import sampler
+from engine import autoregressive, sampler
 from engine.api import CheckpointError, EngineError, FillRequest, FillResult, SamplerSettings, StepInfo
-from engine.cache import ContextCache
+from engine.cache import ContextCache, common_prefix_length
 from engine.canvas import (
     CanvasPlan,
     TokenTable,
@@ -87,6 +87,7 @@ class Engine:
         model_name: str,
         is_random: bool,
         path: Path,
+        objective: str = "diffusion",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -98,7 +99,9 @@ class Engine:
         self.canvas_limit = int(model.config.canvas_length)
         self.vocab_size = int(model.config.vocab_size)
         self.table = TokenTable(tokenizer, self.vocab_size)
-        self.cache = ContextCache(model)
+        # "causal": an AR checkpoint (the evaluation's baseline), filled by engine.autoregressive.
+        self.objective = objective
+        self.cache = ContextCache(model, causal=objective == "causal")
         self.banned = self._banned_tokens()
         self._lock = threading.Lock()
 
@@ -124,7 +127,10 @@ class Engine:
         info = read_info(folder)
         is_random = bool(info.get("random") or info.get("dfim_random"))
         name = str(info.get("name") or folder.name)
-        return cls(model, tokenizer, settings, name, is_random, folder)
+        objective = str(info.get("objective") or "diffusion")
+        if objective not in ("diffusion", "causal"):
+            raise CheckpointError(f"{folder}: dfim.json names an unknown objective {objective!r}")
+        return cls(model, tokenizer, settings, name, is_random, folder, objective)
 
     def _banned_tokens(self) -> torch.Tensor:
         """Control tokens never belong on a canvas (pad and EOS do: they end the text), nor do ids the
@@ -149,6 +155,8 @@ class Engine:
         with self._lock, torch.inference_mode():
             start = time.perf_counter()
             plan = build_canvas(request, self.tokenizer, self.table, self.canvas_limit)
+            if self.objective == "causal":
+                return self._fill_causal(request, plan, start)
             encoded = self.cache.prepare(plan.context_ids)
             generator = torch.Generator(device=self.device)
             if request.seed is None:
@@ -189,6 +197,22 @@ class Engine:
                 token_scores=scores,
                 alternatives=alternatives,
             )
+
+    def _fill_causal(self, request: FillRequest, plan: CanvasPlan, start: float) -> FillResult:
+        encoded = len(plan.context_ids) - common_prefix_length(self.cache.ids, plan.context_ids)
+        out = autoregressive.decode(self.cache, plan, request, self.banned, self.tokenizer)
+        text, scores = assemble_text(out.tokens, self.tokenizer, plan.heal_bytes)
+        return FillResult(
+            text=text,
+            steps=out.steps,
+            canvas_length=plan.length,
+            tokens=len(out.tokens) + int(out.ended),
+            encoded_tokens=encoded,
+            context_tokens=len(plan.context_ids),
+            latency_ms=(time.perf_counter() - start) * 1000.0,
+            stop_reason="eos" if out.ended else "max_tokens",
+            token_scores=scores,
+        )
 
     def _denoise(
         self,

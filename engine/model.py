@@ -494,3 +494,54 @@ class DiffusionGemma(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    # --- autoregressive mode ----------------------------------------------------------------------
+    # The same network read as a causal language model (the same-size AR baseline of the evaluation,
+    # trained with `engine.train --objective causal`): every layer runs causally with the decoder's
+    # layer scalars and feed-forward; self-conditioning and the encoder scalars are unused.
+
+    def causal_lm(self, input_ids: Tensor, cache: KVCache, last_only: bool = False) -> Tensor:
+        """Run input_ids [B, T] causally after what `cache` holds and append their keys/values.
+        Returns logits for the next token after each position: [B, T, V] ([B, 1, V] if last_only)."""
+        b, t = input_ids.shape
+        start = cache.length
+        positions = torch.arange(start, start + t, device=input_ids.device)
+        tables = self.rotary(positions[None].expand(b, t), self.decoder.embed_tokens.weight.dtype)
+        x = self.decoder.embed(input_ids)
+        key_positions = torch.arange(start + t, device=input_ids.device)
+        masks = {
+            False: causal_mask(positions, key_positions, None),
+            True: causal_mask(positions, key_positions, self.config.sliding_window),
+        }
+        for i, layer in enumerate(self.decoder.layers):
+            attn = layer.self_attn
+            q, k, v = attn.project(layer.input_layernorm(x), *tables[self.config.layer_types[i]])
+            k, v = cache.append(i, k, v)
+            x = x + layer.post_attention_layernorm(attn.attend(q, k, v, masks[attn.is_sliding][None, None]))
+            x = (x + layer.feed_forward(x)) * layer.layer_scalar
+        cache.length = start + t
+        return self.logits(x[:, -1:] if last_only else x)
+
+    def causal_forward_train(self, ids: Tensor, pad: Tensor) -> Tensor:
+        """ids [B, N] with LEFT padding marked True in pad [B, N] (right padding needs no mask: nothing
+        after it is read) -> next-token logits [B, N, V]. Positions count real tokens only, so a padded
+        row computes what `causal_lm` computes on it unpadded."""
+        b, n = ids.shape
+        device = ids.device
+        real = (~pad).long()
+        positions = (real.cumsum(dim=1) - 1).clamp(min=0)
+        tables = self.rotary(positions, self.decoder.embed_tokens.weight.dtype)
+        idx = torch.arange(n, device=device)
+        key_ok = ~pad[:, None, None, :]
+        eye = torch.eye(n, dtype=torch.bool, device=device)  # pad queries attend to themselves: no NaN
+        masks = {
+            False: (causal_mask(idx, idx, None) & key_ok) | eye,
+            True: (causal_mask(idx, idx, self.config.sliding_window) & key_ok) | eye,
+        }
+        x = self.decoder.embed(ids)
+        for i, layer in enumerate(self.decoder.layers):
+            attn = layer.self_attn
+            q, k, v = attn.project(layer.input_layernorm(x), *tables[self.config.layer_types[i]])
+            x = x + layer.post_attention_layernorm(attn.attend(q, k, v, masks[attn.is_sliding]))
+            x = (x + layer.feed_forward(x)) * layer.layer_scalar
+        return self.logits(x)

@@ -29,7 +29,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -480,6 +480,48 @@ def evaluate(
     return {"val_loss": total / max(weight, 1.0), "val_acc": correct / max(count, 1.0)}
 
 
+def causal_sequence(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The AR view of a FIM example: `context middle <eos>` as one sequence (context left padded,
+    pads after EOS on the right) -> (ids [B, N], left-pad mask [B, N], target weight [B, N-1]).
+
+    Every real token after the first is a target, context included (the usual FIM language-model
+    loss on the whole reordered document), so the AR model learns from all the text it reads."""
+    ids = torch.cat([batch.context, batch.canvas], dim=1)
+    pad = torch.cat([batch.context_pad, torch.zeros_like(batch.pinned)], dim=1)
+    real = torch.cat([~batch.context_pad, batch.weight > 0], dim=1)
+    weight = (real[:, 1:] & real[:, :-1]).float()
+    return ids, pad, weight
+
+
+def causal_loss(model, batch: Batch) -> torch.Tensor:
+    ids, pad, weight = causal_sequence(batch)
+    logits = model.causal_forward_train(ids, pad)
+    return weighted_loss(logits[:, :-1], ids[:, 1:], weight)
+
+
+def validate(model, fwd, batches, causal: bool, config: ModelConfig, pad_id: int, device, autocast):
+    if not causal:
+        return evaluate(fwd, batches, config.vocab_size, pad_id, device, autocast)
+    # AR: loss over every target as in training; accuracy over the middle and its EOS only, the
+    # figure comparable to the diffusion model's content accuracy.
+    total, weight, correct, count = 0.0, 0.0, 0.0, 0.0
+    with torch.no_grad(), autocast():
+        for batch in batches:
+            b = batch.to(device)
+            ids, pad, w = causal_sequence(b)
+            logits = model.causal_forward_train(ids, pad)[:, :-1]
+            target = ids[:, 1:]
+            ce = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), reduction="none")
+            total += float((ce * w.flatten()).sum())
+            weight += float(w.sum())
+            n = b.context.shape[1]
+            middle = w[:, n - 1 :] > 0  # targets inside the canvas: middle + eos
+            hit = logits[:, n - 1 :].argmax(-1) == target[:, n - 1 :]
+            correct += float(hit[middle].sum())
+            count += float(middle.sum())
+    return {"val_loss": total / max(weight, 1.0), "val_acc": correct / max(count, 1.0)}
+
+
 def export(model, out_dir: Path, tok_path: Path, info: dict[str, Any]) -> Path:
     from engine.api import SamplerSettings
     from engine.checkpoint import save_model
@@ -513,7 +555,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"{args.data} was tokenized with another vocabulary ({meta['vocab_size']})")
 
     buckets = tuple(sorted(int(b) for b in args.buckets.split(",")))
-    settings = ExampleSettings(context_tokens=args.context_tokens, buckets=buckets)
+    causal = args.objective == "causal"
+    settings = ExampleSettings(
+        context_tokens=args.context_tokens, buckets=buckets, pad_weight=args.pad_weight
+    )
+    if causal:  # no canvas to pin, and the pads after EOS are never read by a causal model
+        settings = replace(settings, pin_subset_p=0.0, pin_run_p=0.0, pad_weight=0.0)
     resuming = args.resume and (out / "state" / "trainer.json").is_file()
 
     from engine.model import DiffusionGemma
@@ -608,6 +655,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     sc_rng = random.Random(args.seed + step)
 
     def forward_backward(batch: Batch) -> torch.Tensor:
+        if causal:
+            with autocast():
+                loss = causal_loss(raw_model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            return loss
         noisy, _ = add_noise(batch.canvas, batch.pinned, config.vocab_size, args.t_min, gen)
         self_cond = None
         if sc_rng.random() < args.self_cond_p:
@@ -627,6 +680,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             break
         if time.time() >= deadline - args.reserve_seconds:
             stop_reason = "time"
+            break
+        if args.stop_at_plan and plan_seconds and train_seconds >= plan_seconds:
+            stop_reason = "plan"  # the planned GPU minutes are spent (equal-budget comparisons)
             break
         t0 = time.time()
         batch = next(it).to(device)
@@ -672,7 +728,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             if val_batches and (step % args.eval_every == 0):
                 # No eval()/train() toggling: the network has no dropout, and a changed mode would
                 # make torch.compile recompile.
-                row.update(evaluate(fwd, val_batches, config.vocab_size, tok.pad_id, device, autocast))
+                row.update(
+                    validate(raw_model, fwd, val_batches, causal, config, tok.pad_id, device, autocast)
+                )
             log.write(row)
             extra = f" val {row['val_loss']:.4f} acc {row['val_acc']:.3f}" if "val_loss" in row else ""
             print(
@@ -688,12 +746,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     del it, loader
     final = {"step": step, "tokens": tokens_seen, "stop": stop_reason}
     if val_batches:
-        final.update(evaluate(fwd, val_batches, config.vocab_size, tok.pad_id, device, autocast))
+        final.update(validate(raw_model, fwd, val_batches, causal, config, tok.pad_id, device, autocast))
     save_state(out, raw_model, optimizer, scalars_now())
     log.write({"final": True, **final, "elapsed_s": round(time.time() - t_start, 1)})
     info = {
         "name": args.name,
         "random": False,
+        "objective": args.objective,
         "step": step,
         "tokens": tokens_seen,
         "train_seconds": round(train_seconds, 1),
@@ -742,6 +801,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--weight-decay", type=float, default=0.1)
     parser.add_argument("--grad-clip", type=float, default=1.0)
+    parser.add_argument(
+        "--objective",
+        choices=("diffusion", "causal"),
+        default="diffusion",
+        help="diffusion: the shipped infilling objective; causal: the same network as an AR FIM model",
+    )
+    parser.add_argument("--pad-weight", type=float, default=0.5, help="loss weight of pads after EOS")
+    parser.add_argument(
+        "--stop-at-plan", action="store_true", help="stop once --plan-minutes of training are spent"
+    )
     parser.add_argument("--t-min", type=float, default=0.02, help="smallest noise level sampled")
     parser.add_argument("--self-cond-p", type=float, default=0.5)
     parser.add_argument("--workers", type=int, default=min(12, max(0, (os.cpu_count() or 2) - 2)))

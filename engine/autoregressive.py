@@ -1,0 +1,95 @@
+"""Autoregressive fill with a causal checkpoint: the same-size AR baseline of the evaluation.
+
+A checkpoint trained with `engine.train --objective causal` (its `dfim.json` says
+`"objective": "causal"`) is the DiffusionGemma network read as a causal LM over
+`<bos><fim_suffix>suffix<fim_prefix>prefix<fim_middle>middle<eos>`. `Engine` sends its requests
+here instead of to the denoising loop, so `dfim fill`, `dfim eval`, `dfim replay` and the server
+all compare the two objectives through the same interface.
+
+Decoding is greedy, one token per network pass, over the engine's `ContextCache`: the context is
+cached once (the prefix-sharing reuse works exactly as for diffusion), the generated tokens are
+appended to it while decoding and cut off again afterwards. The middle skeleton of a request is
+honoured position by position: pinned tokens are forced, free positions are decoded, inner holes
+cannot end, the open hole ends at the first EOS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.api import FillCancelled, FillRequest, StepInfo
+from engine.cache import ContextCache
+from engine.canvas import CanvasPlan
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Decoded:
+    tokens: list[tuple[int, float, bool]]  # (id, confidence, pinned) of the text, EOS excluded
+    steps: int  # network passes after the context
+    ended: bool  # an EOS ended the text (False: the token budget ran out)
+
+
+def allowed_logits(
+    logits: torch.Tensor, banned: torch.Tensor, may_end: bool, eos_id: int, pad_id: int
+) -> torch.Tensor:
+    """Mask what may not come next: control tokens always, pad always (a causal model ends with EOS),
+    EOS where the text may not end yet."""
+    x = logits.masked_fill(banned, NEG_INF)
+    x[pad_id] = NEG_INF
+    if not may_end:
+        x[eos_id] = NEG_INF
+    return x
+
+
+def decode(
+    cache: ContextCache,
+    plan: CanvasPlan,
+    request: FillRequest,
+    banned: torch.Tensor,
+    tokenizer,
+) -> Decoded:
+    """Greedy decoding of the middle after `plan.context_ids`; the cache holds the context again after."""
+    eos_id, pad_id = tokenizer.eos_id, tokenizer.pad_id
+    context = plan.context_ids
+    cache.prepare(context[:-1])
+    logits = cache.step(context[-1:])
+    budget = max(request.max_tokens, plan.length)
+    allowed0 = None
+    if plan.heal_allowed:
+        allowed0 = torch.zeros_like(banned)
+        allowed0[plan.heal_allowed] = True
+    tokens: list[tuple[int, float, bool]] = []
+    ended, steps = False, 0
+    try:
+        for p in range(budget):
+            if request.cancel is not None and request.cancel():
+                raise FillCancelled("fill cancelled")
+            in_plan = p < plan.length
+            if in_plan and plan.pinned[p]:
+                token, conf, pinned = plan.pin_ids[p], 1.0, True
+            else:
+                # Past the planned canvas only the open hole goes on, and it may end anywhere.
+                may_end = not (in_plan and plan.no_end[p])
+                x = allowed_logits(logits, banned, may_end, eos_id, pad_id)
+                if p == 0 and allowed0 is not None:
+                    x = x.masked_fill(~allowed0, NEG_INF)
+                probs = torch.softmax(x, dim=-1)
+                conf_t, token_t = probs.max(dim=-1)
+                token, conf, pinned = int(token_t), float(conf_t), False
+            if token == eos_id:
+                ended = True
+                break
+            tokens.append((token, conf, pinned))
+            if request.on_step is not None:
+                ids = [t for t, _, _ in tokens]
+                request.on_step(StepInfo(p + 1, budget, 1, budget, 0.0, tokenizer.decode(ids), token_ids=ids))
+            if p + 1 < budget:
+                logits = cache.step([token])
+                steps += 1
+    finally:
+        cache.prepare(context)  # drop the generated tokens: the next request shares the context only
+    return Decoded(tokens, steps + 1, ended)
