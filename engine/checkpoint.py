@@ -1,13 +1,16 @@
 """Checkpoint folders in the HF format: `config.json`, `generation_config.json`, safetensors shards
 (with `model.safetensors.index.json` when sharded), `tokenizer.json`, and our own `dfim.json` notes.
 
-Weights are read only from safetensors (memory-mapped, no pickle). Every problem with a folder is a
-`CheckpointError` whose message names the path and what is wrong.
+Weights are read only from safetensors (memory-mapped, tensor by tensor, no pickle); scaled FP8
+checkpoints (`quantization_config` in config.json, `*_scale` keys) are dequantized on load by
+engine/fp8.py. Every problem with a folder is a `CheckpointError` whose message names the path and
+what is wrong.
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,17 @@ from tokenizers import Tokenizer
 
 from engine.api import CheckpointError, SamplerSettings
 from engine.config import ModelConfig
+from engine.fp8 import (
+    Quantization,
+    QuantizationError,
+    dequantize,
+    is_float8,
+    is_unused_aux,
+    looks_like_scale,
+    parse_quantization,
+    scale_keys,
+    scale_layout,
+)
 from engine.model import DiffusionGemma
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "weights" / "dfim-small"
@@ -106,54 +120,142 @@ def _shard_files(folder: Path) -> dict[str, list[str]]:
     raise CheckpointError(f"{folder}: no {INDEX_FILE} or {SINGLE_FILE}")
 
 
-def read_tensors(folder: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
+def _open_shards(folder: Path, stack: ExitStack) -> dict[str, Any]:
+    """Key -> the open (memory-mapped) shard holding it. Nothing is read yet but the headers."""
+    handles: dict[str, Any] = {}
     for name in _shard_files(folder):
         path = folder / name
         if not path.is_file():
             raise CheckpointError(f"{path}: shard listed in the index is missing")
         try:
-            with safe_open(str(path), framework="pt", device=device) as shard:
-                for key in shard.keys():
-                    if not _is_ignored(key):
-                        tensors[key] = shard.get_tensor(key)
-        except CheckpointError:
-            raise
+            shard = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+            keys = list(shard.keys())
         except Exception as err:  # safetensors raises several types for truncated/corrupt files
             raise CheckpointError(f"{path}: corrupt safetensors file ({err})") from None
-    return tensors
+        for key in keys:
+            if not _is_ignored(key):
+                handles[key] = (path, shard)
+    return handles
+
+
+def _read_quantization(folder: Path) -> Quantization | None:
+    path = folder / "config.json"
+    try:
+        return parse_quantization(_read_json(path))
+    except QuantizationError as err:
+        raise CheckpointError(f"{path}: {err}") from None
+
+
+def _match_scales(folder: Path, expected: dict[str, torch.Tensor], present: set[str]) -> dict[str, str]:
+    """Weight key -> its scale key, for every scale in the checkpoint; refuses scales without weights."""
+    scales: dict[str, str] = {}
+    for key in expected:
+        found = [name for name in scale_keys(key) if name in present and name not in expected]
+        if len(found) > 1:
+            raise CheckpointError(f"{folder}: {key} has two scales ({found[0]} and {found[1]})")
+        if found:
+            if key not in present:
+                raise CheckpointError(f"{folder}: scale key {found[0]} has no weight {key} beside it")
+            scales[key] = found[0]
+    used = set(scales.values())
+    for name in sorted(present - set(expected) - used):
+        if looks_like_scale(name) and not is_unused_aux(name):
+            raise CheckpointError(f"{folder}: scale key {name} belongs to no weight of this model")
+    return scales
 
 
 def load_model(
     folder: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32
 ) -> tuple[DiffusionGemma, SamplerSettings]:
-    """Build the network from a checkpoint folder, checking every key and shape against the config."""
+    """Build the network from a checkpoint folder, checking every key and shape against the config.
+
+    Tensors are read one at a time from the memory-mapped shards and moved to `device` in `dtype`, so
+    host memory holds one tensor, not the checkpoint. Scaled FP8 weights (see engine/fp8.py) are
+    dequantized on `device` as they are read."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: checkpoint folder not found")
     config = read_config(folder)
+    quant = _read_quantization(folder)
     settings = read_settings(folder)
     with torch.device("meta"):
         model = DiffusionGemma(config)
     expected = model.state_dict()
-    tensors = read_tensors(folder)
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing:
-        raise CheckpointError(f"{folder}: {len(missing)} weights missing, e.g. {missing[:3]}")
-    if unexpected:
-        raise CheckpointError(f"{folder}: {len(unexpected)} unknown weights, e.g. {unexpected[:3]}")
-    for key, want in expected.items():
-        if tuple(tensors[key].shape) != tuple(want.shape):
+    with ExitStack() as stack:
+        handles = _open_shards(folder, stack)
+        present = set(handles)
+        scales = _match_scales(folder, expected, present)
+        if scales and quant is None:
+            example = next(iter(scales.values()))
             raise CheckpointError(
-                f"{folder}: {key} has shape {tuple(tensors[key].shape)}, config.json implies {tuple(want.shape)}"
+                f"{folder}: weights carry scales (e.g. {example}) but config.json has no quantization_config"
             )
-        if not tensors[key].is_floating_point():
-            raise CheckpointError(f"{folder}: {key} is not a floating-point tensor")
-    state = {key: t.to(device=device, dtype=dtype) for key, t in tensors.items()}
+        missing = sorted(set(expected) - present)
+        unexpected = sorted(
+            present - set(expected) - set(scales.values()) - {k for k in present if is_unused_aux(k)}
+        )
+        if missing:
+            raise CheckpointError(f"{folder}: {len(missing)} weights missing, e.g. {missing[:3]}")
+        if unexpected:
+            raise CheckpointError(f"{folder}: {len(unexpected)} unknown weights, e.g. {unexpected[:3]}")
+        # Check every shape from the headers before reading any data: a wrong 50 GB folder fails at once.
+        for key, want in expected.items():
+            shape = _shape(handles, key)
+            if shape != tuple(want.shape):
+                raise CheckpointError(
+                    f"{folder}: {key} has shape {shape}, config.json implies {tuple(want.shape)}"
+                )
+            if key in scales:
+                try:
+                    scale_layout(shape, _shape(handles, scales[key]), quant.blocks if quant else ())
+                except QuantizationError as err:
+                    raise CheckpointError(f"{folder}: {scales[key]}: {err}") from None
+        state = {
+            key: _load_tensor(folder, handles, key, scales.get(key), quant, device, dtype) for key in expected
+        }
     model.load_state_dict(state, strict=True, assign=True)
     model.eval()
     return model, settings
+
+
+def _shape(handles: dict[str, Any], key: str) -> tuple[int, ...]:
+    return tuple(handles[key][1].get_slice(key).get_shape())
+
+
+def _get(handles: dict[str, Any], key: str) -> torch.Tensor:
+    path, shard = handles[key]
+    try:
+        return shard.get_tensor(key)
+    except Exception as err:  # a header that promises more bytes than a truncated file holds
+        raise CheckpointError(f"{path}: cannot read {key} ({err})") from None
+
+
+def _load_tensor(
+    folder: Path,
+    handles: dict[str, Any],
+    key: str,
+    scale_key: str | None,
+    quant: Quantization | None,
+    device: str,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    tensor = _get(handles, key)
+    if not tensor.is_floating_point():
+        raise CheckpointError(f"{folder}: {key} is not a floating-point tensor")
+    if scale_key is None:
+        if quant is not None and is_float8(tensor.dtype):
+            # In a quantized checkpoint an unscaled FP8 tensor is a broken file, not "scale 1".
+            raise CheckpointError(f"{folder}: {key} is {tensor.dtype} but has no weight_scale")
+        return tensor.to(device=device, dtype=dtype)
+    if not is_float8(tensor.dtype):
+        raise CheckpointError(f"{folder}: {key} has a scale ({scale_key}) but is {tensor.dtype}, not float8")
+    assert quant is not None  # _match_scales' caller refused scales without a quantization_config
+    scale = _get(handles, scale_key)
+    try:
+        # On the target device: the FP8 bytes travel (half of bf16), the multiply runs on the GPU.
+        return dequantize(tensor.to(device), scale.to(device), dtype, quant.blocks)
+    except QuantizationError as err:
+        raise CheckpointError(f"{folder}: {scale_key}: {err}") from None
 
 
 def save_model(

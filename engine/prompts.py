@@ -3,7 +3,7 @@
 An infill or rewrite request becomes one user turn that shows the code before and after the gap and
 asks for the missing part only; the model's answer (one canvas, cut at its end-of-turn/EOS) is the
 middle. The turn is rendered with the checkpoint's own chat template when it ships one
-(`chat_template.jinja`, or `chat_template` in `tokenizer_config.json`) and jinja2 is installed;
+(`chat_template.jinja`, `tokenizer_config.json` or `chat_template.json`) and jinja2 is installed;
 otherwise with Gemma's turn markup, which the released checkpoint uses.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.api import FillRequest
+from engine.api import CheckpointError, FillRequest
 
 HOLE = "<|fill|>"  # where the answer goes, inside the shown code
 GEMMA_TURNS = "<bos><start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
@@ -46,13 +46,24 @@ def rewrite_message(prefix: str, selection: str, suffix: str, instruction: str, 
 
 
 def load_chat_template(folder: str | Path) -> str | None:
+    """The checkpoint's own chat template, where transformers puts one: `chat_template.jinja`, else
+    `chat_template` in `tokenizer_config.json` (a string, or a list of named templates of which the
+    "default" one is the chat template), else `chat_template.json` (multimodal processors)."""
     folder = Path(folder)
     path = folder / "chat_template.jinja"
     if path.is_file():
         return path.read_text(encoding="utf-8")
-    config = folder / "tokenizer_config.json"
-    if config.is_file():
-        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+    for name in ("tokenizer_config.json", "chat_template.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
+            raise CheckpointError(f"{path}: not a readable JSON object ({err})") from None
+        if isinstance(template, list):
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
         if isinstance(template, str):
             return template
     return None

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine.api import EngineError, FillRequest, Hole
+from engine.api import CheckpointError, EngineError, FillRequest, Hole
 from engine.prompts import HOLE, infill_message, load_chat_template, render, rewrite_message
 from engine.vllm_backend import VllmBackend, strip_fences, vllm_available
 
@@ -43,6 +43,18 @@ def test_checkpoint_chat_template_is_used(tmp_path):
     assert render("hi", loaded) == "<bos>[user]hi[model]"
     (tmp_path / "chat_template.jinja").write_text("{{ messages[0].content }}!")
     assert render("hi", load_chat_template(tmp_path)) == "hi!"
+
+
+def test_chat_templates_in_every_place_transformers_writes_them(tmp_path):
+    assert load_chat_template(tmp_path) is None
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": "processor"}))
+    assert load_chat_template(tmp_path) == "processor"
+    named = [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": "chat"}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
+    assert load_chat_template(tmp_path) == "chat"  # tokenizer_config.json before chat_template.json
+    (tmp_path / "tokenizer_config.json").write_text("{ not json")
+    with pytest.raises(CheckpointError, match="tokenizer_config.json"):
+        load_chat_template(tmp_path)
 
 
 def test_strip_fences():
