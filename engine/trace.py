@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from engine.api import FillRequest, FillResult, StepInfo
 from engine.fill_command import InputError, add_fill_arguments, detect_language, read_source, split_at, window
 
 # How much context the page shows around the canvas: enough to see where the fill goes.
@@ -55,27 +57,36 @@ class Trace:
     frames: list[Frame] = field(default_factory=list)
 
 
-def record(engine, request) -> Trace:
-    """Run `request` on `engine`, keeping every step. The request's own on_step still runs."""
-    frames: list[Frame] = []
-    done_text: list[str] = []  # text of finished blocks
-    user_on_step = request.on_step
-    eos, pad = engine.tokenizer.eos_id, engine.tokenizer.pad_id
-    start = time.perf_counter()
+class Recorder:
+    """Collects the frames of one fill from its StepInfo reports (on whichever thread the engine runs).
 
-    def on_step(info) -> None:
+    `on_step` goes into the request; `trace` turns the frames and the fill's result into a Trace. A report of
+    step 1 of block 0 after frames were collected starts over: the fill was retried (out of memory).
+    """
+
+    def __init__(self, eos_id: int, pad_id: int) -> None:
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.frames: list[Frame] = []
+        self._done_text: list[str] = []  # text of finished blocks
+        self._start = time.perf_counter()
+
+    def on_step(self, info: StepInfo) -> None:
+        frames = self.frames
+        if frames and info.block == 0 and info.step == 1:
+            frames.clear()
+            self._done_text.clear()
         if frames and info.block != frames[-1].block:
-            done_text.append(frames[-1].text[len("".join(done_text)) :])
-        special = ["eos" if t == eos else "pad" if t == pad else "" for t in info.token_ids]
+            self._done_text.append(frames[-1].text[len("".join(self._done_text)) :])
+        special = ["eos" if t == self.eos_id else "pad" if t == self.pad_id else "" for t in info.token_ids]
         frames.append(
             Frame(
                 step=info.step,
                 max_steps=info.max_steps,
                 block=info.block,
-                ms=(time.perf_counter() - start) * 1000.0,
+                ms=(time.perf_counter() - self._start) * 1000.0,
                 accepted=info.accepted,
                 mean_entropy=info.mean_entropy,
-                text="".join(done_text) + info.argmax_text,
+                text="".join(self._done_text) + info.argmax_text,
                 tokens=list(info.tokens),
                 special=special,
                 confidence=[round(c, 4) for c in info.confidence],
@@ -83,21 +94,33 @@ def record(engine, request) -> Trace:
                 pinned=list(info.pinned),
             )
         )
+
+    def trace(self, request: FillRequest, result: FillResult, model: str, random_model: bool) -> Trace:
+        return Trace(
+            prefix=request.prefix,
+            suffix=request.suffix,
+            fill=result.text,
+            steps=result.steps,
+            stop_reason=result.stop_reason,
+            latency_ms=result.latency_ms,
+            model=model,
+            random_model=random_model,
+            frames=self.frames,
+        )
+
+
+def record(engine, request: FillRequest) -> Trace:
+    """Run `request` on `engine`, keeping every step. The request's own on_step still runs."""
+    recorder = Recorder(engine.tokenizer.eos_id, engine.tokenizer.pad_id)
+    user_on_step = request.on_step
+
+    def on_step(info: StepInfo) -> None:
+        recorder.on_step(info)
         if user_on_step is not None:
             user_on_step(info)
 
     result = engine.fill(replace(request, on_step=on_step))
-    return Trace(
-        prefix=request.prefix,
-        suffix=request.suffix,
-        fill=result.text,
-        steps=result.steps,
-        stop_reason=result.stop_reason,
-        latency_ms=result.latency_ms,
-        model=engine.model_name,
-        random_model=engine.is_random,
-        frames=frames,
-    )
+    return recorder.trace(request, result, engine.model_name, engine.is_random)
 
 
 def context_tail(prefix: str, lines: int = CONTEXT_LINES) -> str:
@@ -108,8 +131,14 @@ def context_head(suffix: str, lines: int = CONTEXT_LINES) -> str:
     return "\n".join(suffix.split("\n")[:lines])
 
 
-def build_html(trace: Trace) -> str:
-    """One HTML document that replays `trace`; nothing outside it is loaded."""
+def build_html(trace: Trace, nonce: str | None = None) -> str:
+    """One HTML document that replays `trace`; nothing outside it is loaded.
+
+    With a `nonce` (an editor's webview) the page's own Content-Security-Policy allows only the style and
+    script blocks that carry it: no inline style attributes, no inline script without the nonce.
+    """
+    if nonce is not None and not NONCE.fullmatch(nonce):
+        raise ValueError("a nonce is 16-128 characters of A-Z a-z 0-9 + / = _ -")
     data = asdict(trace)
     data["prefix"] = context_tail(trace.prefix)
     data["suffix"] = context_head(trace.suffix)
@@ -117,19 +146,33 @@ def build_html(trace: Trace) -> str:
     payload = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
     title = f"dfim trace: {len(trace.frames)} steps, {trace.latency_ms:.0f} ms"
     note = " (untrained random checkpoint: its fills are noise)" if trace.random_model else ""
-    return (
-        _PAGE.replace("@TITLE@", html.escape(title))
-        .replace("@MODEL@", html.escape(trace.model + note))
-        .replace("@FINAL@", html.escape(trace.fill))
-        .replace("@DATA@", payload)
-    )
+    if nonce is None:
+        csp, attr = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'", ""
+    else:
+        csp, attr = (
+            f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'",
+            f' nonce="{nonce}"',
+        )
+    values = {
+        "CSP": csp,
+        "NONCE": attr,
+        "TITLE": html.escape(title),
+        "MODEL": html.escape(trace.model + note),
+        "FINAL": html.escape(trace.fill),
+        "DATA": payload,
+    }
+    # One pass: a value (the user's code) that happens to contain "@DATA@" is never substituted again.
+    return _SLOT.sub(lambda m: values[m.group(1)], _PAGE)
 
+
+NONCE = re.compile(r"[A-Za-z0-9+/=_-]{16,128}")
+_SLOT = re.compile(r"@(CSP|NONCE|TITLE|MODEL|FINAL|DATA)@")
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+<meta http-equiv="Content-Security-Policy" content="@CSP@">
 <title>@TITLE@</title>
-<style>
+<style@NONCE@>
 body { font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; background: #fafafa; }
 h1 { font-size: 1.1em; margin: 0 0 .3em; }
 .meta { color: #666; margin-bottom: 1em; }
@@ -145,6 +188,8 @@ h1 { font-size: 1.1em; margin: 0 0 .3em; }
 .tok.end { color: #777; font-size: 11px; border: 1px dashed #999; padding: 0 2px; }
 .tok.pad { color: #ccc; }
 .legend span { margin-right: 1.2em; }
+.legend .hi { background: rgba(46,160,67,.55); }
+.legend .lo { background: rgba(46,160,67,.08); }
 h2 { font-size: 1em; margin: 1.2em 0 .3em; }
 </style></head>
 <body>
@@ -157,8 +202,8 @@ h2 { font-size: 1em; margin: 1.2em 0 .3em; }
   <button id="next" type="button">&#9654;</button>
   <span id="label"></span>
 </div>
-<div class="legend"><span style="background:rgba(46,160,67,.55)">confident</span>
-<span style="background:rgba(46,160,67,.08)">unsure</span>
+<div class="legend"><span class="hi">confident</span>
+<span class="lo">unsure</span>
 <span class="tok renoised">renoised</span><span class="tok pin">pinned</span>
 <span class="tok end">EOS</span></div>
 <h2>Canvas (argmax of each position at this step)</h2>
@@ -168,7 +213,7 @@ h2 { font-size: 1em; margin: 1.2em 0 .3em; }
 <h2>Committed fill</h2>
 <pre id="final" class="code">@FINAL@</pre>
 <script id="trace-data" type="application/json">@DATA@</script>
-<script>
+<script@NONCE@>
 "use strict";
 const T = JSON.parse(document.getElementById("trace-data").textContent);
 const slider = document.getElementById("slider");
@@ -274,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
     except InputError as err:
         return fail(str(err))
 
-    from engine.api import EngineError, FillRequest  # torch loads only once the input is known good
+    from engine.api import EngineError  # torch loads (engine.infill) only once the input is known good
     from engine.infill import Engine
 
     try:

@@ -167,12 +167,13 @@ class DfimServer(LanguageServer):
 
 def build_server(model: str = "", device: str = "cpu") -> DfimServer:
     """A fresh server with every feature registered (tests may build several in one process)."""
-    from server import actions, inline
+    from server import actions, inline, trace_feature
 
     ls = DfimServer(model, device)
     _register_lifecycle(ls)
     inline.register(ls)
     actions.register(ls)
+    trace_feature.register(ls)
     return ls
 
 

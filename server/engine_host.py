@@ -25,7 +25,9 @@ import re
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from engine.api import EngineError, FillCancelled, FillRequest, FillResult
 
@@ -49,6 +51,9 @@ class EngineHost:
         self.fell_back_to_cpu = False  # set when CUDA ran out of memory and the model moved to the CPU
         self.faults = os.environ.get(FAULTS_ENV) == "1"
         self._moved: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # GPU engine -> its CPU copy
+        # Sees every fill (server.trace_feature): called with the engine and the request before it is queued
+        # (it may chain the request's on_step); what it returns gets the result of a fill that completed.
+        self.watch: Callable[[Any, FillRequest], Callable[[FillResult], None]] | None = None
 
     @property
     def ready(self) -> bool:
@@ -92,14 +97,21 @@ class EngineHost:
             request.warm_start = scrub(request.warm_start)
         previous = request.cancel
         request.cancel = (lambda: cancel.is_set() or previous()) if previous else cancel.is_set
+        finish = self.watch(engine, request) if self.watch is not None else None
         work = self._executor.submit(self._run, engine, request, cancel)
         self._queue[work] = cancel  # until it leaves the worker, or is cancelled while still queued
         work.add_done_callback(lambda done: self._queue.pop(done, None))
         try:
-            return await asyncio.wrap_future(work)
+            result = await asyncio.wrap_future(work)
         except asyncio.CancelledError:
             cancel.set()
             raise
+        if finish is not None:
+            try:
+                finish(result)
+            except Exception:  # a watcher's bug must not fail the fill
+                log.exception("fill watcher failed")
+        return result
 
     def _run(self, engine, request: FillRequest, cancel: threading.Event) -> FillResult:
         if cancel.is_set():

@@ -80,6 +80,29 @@ def embedded(page: str) -> dict:
     return json.loads(m.group(1))
 
 
+def dump_dom(page: Path, profile: Path) -> str:
+    """The DOM headless Chromium has after loading `page` and running its scripts."""
+    done = subprocess.run(
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
 def lf(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")  # HTML parsing normalizes line ends
 
@@ -159,25 +182,7 @@ def test_chromium_renders_the_final_frame(trace, tmp_path):
         pytest.skip(f"{CHROMIUM} not installed (clients/ci.sh installs it)")
     page = tmp_path / "trace.html"
     page.write_text(build_html(trace), encoding="utf-8")
-    done = subprocess.run(
-        [
-            str(CHROMIUM),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--dump-dom",
-            page.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    dom = parse(done.stdout)
+    dom = parse(dump_dom(page, tmp_path / "profile"))
     # Written by the page's script (empty in the file itself): the script ran and opened on the last frame.
     assert lf(dom.text["frame-text"]) == lf(trace.fill)
     assert f"step {SETTINGS.max_steps}/{SETTINGS.max_steps}" in dom.text["label"]
@@ -185,3 +190,31 @@ def test_chromium_renders_the_final_frame(trace, tmp_path):
     canvas_spans = [c for c in dom.span_classes if c.startswith("tok")]
     assert len(canvas_spans) >= len(trace.frames[-1].tokens)
     assert sum("pin" in c.split() for c in canvas_spans) == 1  # the legend's: the last canvas has no pins
+
+
+def test_webview_page_keeps_user_text_literal_and_checks_the_nonce(trace):
+    from dataclasses import replace
+
+    tricky = "s = '@DATA@ @NONCE@ @FINAL@'"
+    page = build_html(replace(trace, fill=tricky), nonce="n" * 22)
+    assert parse(page).text["final"] == tricky  # one substitution pass: the slots in user text stay text
+    assert " style=" not in page  # a strict style-src refuses style attributes
+    with pytest.raises(ValueError):
+        build_html(trace, nonce="'; script-src *")
+
+
+def test_chromium_runs_the_nonce_page_under_its_strict_policy(trace, tmp_path):
+    """The page an editor's webview gets (`dfim/lastTrace` with a nonce) still runs: its script and style carry
+    the nonce and nothing else is inline."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} not installed (clients/ci.sh installs it)")
+    nonce = "Q2hyb21pdW1Ob25jZVRlc3Q"
+    page = build_html(trace, nonce=nonce)
+    assert f"script-src 'nonce-{nonce}'" in page and "unsafe-inline" not in page
+    path = tmp_path / "webview.html"
+    path.write_text(page, encoding="utf-8")
+    dom = parse(dump_dom(path, tmp_path / "profile"))
+    assert lf(dom.text["frame-text"]) == lf(trace.fill)  # written by the nonce'd script
+    # the same page with a wrong nonce in its policy: the script is refused, the frame stays empty
+    path.write_text(page.replace(f"'nonce-{nonce}'", "'nonce-somethingelse12345'"), encoding="utf-8")
+    assert parse(dump_dom(path, tmp_path / "profile2")).text.get("frame-text", "") == ""
