@@ -11,6 +11,7 @@ import {
   State,
   TransportKind,
 } from "vscode-languageclient/node";
+import { LastTrace, showLastCanvas } from "./canvas";
 import { serverCommand, serverKeys, serverSettings } from "./settings";
 import { ClientState, formatStats, formatStatus, ServerStatus, STATUS_METHOD } from "./status";
 import { ACCEPT_COMMAND, Change, suggestionId, SuggestionWatcher, TelemetryEvent } from "./telemetry";
@@ -25,6 +26,7 @@ let clientError = "";
 let statusItem: vscode.StatusBarItem;
 let output: vscode.LogOutputChannel;
 let statsOutput: vscode.OutputChannel;
+let canvasPanel: vscode.WebviewPanel | undefined;
 let keys: string[] = [];
 const watcher = new SuggestionWatcher();
 
@@ -261,10 +263,29 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   await startClient(context);
 }
 
-async function showCanvas(_context: vscode.ExtensionContext): Promise<void> {
-  void vscode.window.showInformationMessage(
-    "dfim: the canvas view needs a server that records fill traces (`dfim trace`); this server does not yet.",
-  );
+/** The server's trace of its last fill in a webview (one panel, reused): scripts on, no local files, and a
+ * nonce policy (canvas.ts) so only the page's own style and script blocks run. */
+async function showCanvas(context: vscode.ExtensionContext): Promise<void> {
+  const lc = requireClient();
+  if (!lc) return;
+  await showLastCanvas({
+    request: (method, params) => lc.sendRequest<LastTrace | null>(method, params),
+    show: (title, html) => {
+      if (!canvasPanel) {
+        canvasPanel = vscode.window.createWebviewPanel("dfim.canvas", title, vscode.ViewColumn.Beside, {
+          enableScripts: true,
+          enableCommandUris: false,
+          localResourceRoots: [],
+        });
+        canvasPanel.onDidDispose(() => (canvasPanel = undefined), undefined, context.subscriptions);
+      }
+      canvasPanel.title = title;
+      canvasPanel.webview.html = html;
+      canvasPanel.reveal(undefined, true);
+    },
+    info: (message) => void vscode.window.showInformationMessage(message),
+    error: (message) => void vscode.window.showErrorMessage(message),
+  });
 }
 
 export async function deactivate(): Promise<void> {
