@@ -1,6 +1,6 @@
 """`dfim serve`: run the language server on stdio (default) or TCP.
 
-    dfim serve [--model PATH] [--device cpu|cuda] [--tcp HOST:PORT] [--log-file PATH] [-v]
+    dfim serve [--model PATH] [--device cpu|cuda] [--tcp HOST:PORT | --stdio] [--log-file PATH] [-v]
 
 stdout carries the protocol, so logs go to stderr (or --log-file). The only socket ever opened is the
 listening one that --tcp asks for.
@@ -17,6 +17,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="", help="checkpoint folder (default: the shipped dfim-small)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model runs")
     parser.add_argument("--tcp", default="", metavar="HOST:PORT", help="listen on TCP instead of stdio")
+    # vscode-languageclient appends --stdio to a command started with TransportKind.stdio; other clients too
+    parser.add_argument(
+        "--stdio", action="store_true", help="use stdio (the default; accepted for LSP clients)"
+    )
     parser.add_argument("--log-file", default="", help="write logs here instead of stderr")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
@@ -36,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
     )
     from server.app import build_server
 
+    if args.tcp and args.stdio:
+        print("dfim serve: --tcp and --stdio exclude each other", file=sys.stderr)
+        return 2
     ls = build_server(model=args.model, device=args.device)
     if args.tcp:
         try:

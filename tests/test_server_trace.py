@@ -28,7 +28,8 @@ PY = "def add(a, b):\n    return \n\n\ndef main():\n    print(add(1, 2))\n"
 async def session(tmp_path_factory):
     s = Session()
     checkpoint = random_checkpoint(tmp_path_factory.mktemp("ckpt"))
-    await s.start(checkpoint, tmp_path_factory.mktemp("data"), init_options=SETTINGS)
+    # --stdio as vscode-languageclient appends it for TransportKind.stdio: the default, accepted
+    await s.start(checkpoint, tmp_path_factory.mktemp("data"), init_options=SETTINGS, args=("--stdio",))
     status = await s.wait_state()
     assert status.state == "ready", status
     yield s
@@ -119,3 +120,10 @@ async def test_nonce_page_for_a_webview(session):
             await last_trace(session, {"nonce": bad})
         assert "nonce" in info.value.message
     assert (await last_trace(session)).fill == answer.fill  # the server keeps serving
+
+
+def test_stdio_and_tcp_exclude_each_other(capsys):
+    from dfim.cli import main
+
+    assert main(["serve", "--stdio", "--tcp", "127.0.0.1:9"]) == 2
+    assert "exclude each other" in capsys.readouterr().err

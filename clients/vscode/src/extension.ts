@@ -9,7 +9,6 @@ import {
   LanguageClientOptions,
   ServerOptions,
   State,
-  TransportKind,
 } from "vscode-languageclient/node";
 import { LastTrace, showLastCanvas } from "./canvas";
 import { serverCommand, serverKeys, serverSettings } from "./settings";
@@ -67,7 +66,8 @@ function send(events: TelemetryEvent[]): void {
 function buildClient(): LanguageClient {
   const cfg = config();
   const { command, args } = serverCommand(cfg.get("serverPath"), cfg.get("serverArgs"));
-  const serverOptions: ServerOptions = { command, args, transport: TransportKind.stdio };
+  // No `transport`: the client then talks over the process's stdio without appending `--stdio` to args.
+  const serverOptions: ServerOptions = { command, args };
   const clientOptions: LanguageClientOptions = {
     documentSelector: [{ scheme: "file" }, { scheme: "untitled" }],
     outputChannel: output,

@@ -25,6 +25,7 @@ const state = {
   messages: [] as [string, string][],
   requests: [] as [string, unknown][],
   answer: null as unknown,
+  serverOptions: [] as unknown[],
 };
 
 const vscode = {
@@ -81,6 +82,9 @@ const State = { Stopped: 1, Running: 2, Starting: 3 };
 
 class LanguageClient {
   private stateListener: Fn = () => undefined;
+  constructor(_id: string, _name: string, serverOptions: unknown) {
+    state.serverOptions.push(serverOptions);
+  }
   registerProposedFeatures(): void {}
   onDidChangeState(fn: Fn) {
     this.stateListener = fn;
@@ -129,6 +133,11 @@ test("every command the manifest declares is registered, and only those", () => 
   assert.deepEqual([...state.commands.keys()].sort(), declared);
   const canvas = manifest.contributes.commands.find((c: { command: string }) => c.command === "dfim.client.showCanvas");
   assert.equal(`${canvas.category}: ${canvas.title}`, "dfim: Show Denoising Canvas of the Last Fill");
+});
+
+test("the server runs as `dfim serve` on plain stdio: no transport, so no --stdio is appended", () => {
+  // vscode-languageclient appends --stdio for TransportKind.stdio; older dfim servers refuse that argument
+  assert.deepEqual(state.serverOptions, [{ command: "dfim", args: ["serve"] }]);
 });
 
 test("showCanvas puts the server's last trace in one locked-down webview panel", async () => {
