@@ -6,6 +6,10 @@
 #   clients/ci.sh vscode     only the extension
 #   clients/ci.sh nvim       only the Neovim test
 #   clients/ci.sh trace      only the canvas view (dfim trace) rendered by headless Chromium
+#   clients/ci.sh install    the extension, then its .vsix installed into code-server (VS Code 1.139 from
+#                            npm) and the canvas webview driven there; not part of `all`: the first run
+#                            sets code-server up (~5 min, cached in ~/.cache/dfim/code-server), later
+#                            runs take about a minute (clients/vscode/scripts/install-check.sh)
 #
 # Needs Node >= 20 with npm, and (for the Neovim test) the repo's .venv from ./install.sh --test.
 set -euo pipefail
@@ -26,7 +30,7 @@ apt_install() {
   fi
 }
 
-if [[ $what == all || $what == vscode ]]; then
+if [[ $what == all || $what == vscode || $what == install ]]; then
   command -v npm >/dev/null || { echo "clients/ci.sh: npm is missing (Node >= 20 needed)" >&2; exit 1; }
   cd "$ROOT/clients/vscode"
   step "vscode: npm ci"
@@ -43,8 +47,8 @@ if [[ $what == all || $what == vscode ]]; then
   listing=$("${PYTHON:-$ROOT/.venv/bin/python}" -m zipfile -l dfim.vsix 2>/dev/null || python3 -m zipfile -l dfim.vsix)
   grep -q 'extension/out/extension.js' <<<"$listing"
   grep -q 'extension/node_modules/vscode-languageclient/package.json' <<<"$listing"
-  if grep -q 'extension/out/test/' <<<"$listing"; then
-    echo "clients/ci.sh: the .vsix carries the tests" >&2
+  if grep -qE 'extension/(out/test|scripts)/' <<<"$listing"; then
+    echo "clients/ci.sh: the .vsix carries the tests or the check scripts" >&2
     exit 1
   fi
   cd "$ROOT"
@@ -73,5 +77,10 @@ if [[ $what == all || $what == trace ]]; then
     echo "clients/ci.sh: the Chromium test was skipped" >&2
     exit 1
   fi
+fi
+if [[ $what == install ]]; then
+  [[ -x /usr/bin/chromium ]] || apt_install chromium /usr/bin/chromium
+  step "vscode: the .vsix in code-server, and the canvas webview"
+  clients/vscode/scripts/install-check.sh --webview
 fi
 echo "clients/ci.sh: ok"

@@ -176,8 +176,8 @@ _PAGE = """<!DOCTYPE html>
 body { font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; background: #fafafa; }
 h1 { font-size: 1.1em; margin: 0 0 .3em; }
 .meta { color: #666; margin-bottom: 1em; }
-#controls { display: flex; gap: .6em; align-items: center; margin-bottom: .8em; }
-#slider { flex: 1; max-width: 40em; }
+#controls { display: flex; flex-wrap: wrap; gap: .6em; align-items: center; margin-bottom: .8em; }
+#slider { flex: 1; min-width: 8em; max-width: 40em; }
 #label { font-variant-numeric: tabular-nums; }
 .code { font: 13px ui-monospace, Menlo, Consolas, monospace; white-space: pre-wrap; background: #fff;
   border: 1px solid #ddd; padding: .8em; line-height: 1.7; }
