@@ -8,8 +8,8 @@
 #   clients/ci.sh trace      only the canvas view (dfim trace) rendered by headless Chromium
 #   clients/ci.sh install    the extension, then its .vsix installed into code-server (VS Code 1.139 from
 #                            npm) and the canvas webview driven there; not part of `all`: the first run
-#                            sets code-server up (~5 min, cached in ~/.cache/dfim/code-server), later
-#                            runs take about a minute (clients/vscode/scripts/install-check.sh)
+#                            sets code-server up (~5 min, cached in ~/.cache/dfim/code-server); later
+#                            runs take ~2 min, the build included (clients/vscode/scripts/install-check.sh)
 #
 # Needs Node >= 20 with npm, and (for the Neovim test) the repo's .venv from ./install.sh --test.
 set -euo pipefail

@@ -61,11 +61,14 @@ class Recorder:
     """Collects the frames of one fill from its StepInfo reports (on whichever thread the engine runs).
 
     `on_step` goes into the request; `trace` turns the frames and the fill's result into a Trace. A report of
-    step 1 of block 0 after frames were collected starts over: the fill was retried (out of memory).
+    step 1 of block 0 after frames were collected starts over: the fill was retried (out of memory). With
+    `max_frames`, only the last that many steps are kept (`dropped` counts the others): a bound on memory.
     """
 
-    def __init__(self, eos_id: int, pad_id: int) -> None:
+    def __init__(self, eos_id: int, pad_id: int, max_frames: int | None = None) -> None:
         self.eos_id, self.pad_id = eos_id, pad_id
+        self.max_frames = max_frames
+        self.dropped = 0
         self.frames: list[Frame] = []
         self._done_text: list[str] = []  # text of finished blocks
         self._start = time.perf_counter()
@@ -75,6 +78,7 @@ class Recorder:
         if frames and info.block == 0 and info.step == 1:
             frames.clear()
             self._done_text.clear()
+            self.dropped = 0
         if frames and info.block != frames[-1].block:
             self._done_text.append(frames[-1].text[len("".join(self._done_text)) :])
         special = ["eos" if t == self.eos_id else "pad" if t == self.pad_id else "" for t in info.token_ids]
@@ -94,6 +98,9 @@ class Recorder:
                 pinned=list(info.pinned),
             )
         )
+        if self.max_frames is not None and len(frames) > self.max_frames:
+            del frames[: len(frames) - self.max_frames]
+            self.dropped += 1
 
     def trace(self, request: FillRequest, result: FillResult, model: str, random_model: bool) -> Trace:
         return Trace(

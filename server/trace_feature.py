@@ -3,8 +3,8 @@
 Every fill (inline or code action) is watched through `EngineHost.watch`: an `engine.trace.Recorder` on the
 request's `on_step` keeps each step's per-position report (argmax token, confidence, kept or renoised,
 pinned). When the fill completes, its frames become the last trace and the previous one is dropped, so the
-server holds one trace at most (a few thousand numbers for an inline fill). A cancelled or failed fill leaves
-the last trace as it was.
+server holds one trace at most (a few thousand numbers for an inline fill; of a fill longer than MAX_FRAMES
+steps, its last MAX_FRAMES). A cancelled or failed fill leaves the last trace as it was.
 
 Request params: `{"nonce"?: string}`. Result: null before any fill completed, else
 `{"html", "fill", "steps", "frames", "latencyMs", "stopReason", "model", "randomModel"}`, where
@@ -24,6 +24,9 @@ from engine.trace import NONCE, Recorder, Trace, build_html, context_head, conte
 
 log = logging.getLogger("dfim.server")
 LAST_TRACE_METHOD = "dfim/lastTrace"
+# Steps kept of one fill: an inline fill has at most 16 a canvas; a long rewrite keeps its last 256 steps
+# (at most 256 positions each), a few MB at worst.
+MAX_FRAMES = 256
 
 
 class LastTrace:
@@ -36,7 +39,7 @@ class LastTrace:
 
     def watch(self, engine: Any, request: FillRequest) -> Callable[[FillResult], None]:
         tokenizer = getattr(engine, "tokenizer", None)
-        recorder = Recorder(getattr(tokenizer, "eos_id", -1), getattr(tokenizer, "pad_id", -1))
+        recorder = Recorder(getattr(tokenizer, "eos_id", -1), getattr(tokenizer, "pad_id", -1), MAX_FRAMES)
         own = request.on_step
         if own is None:
             request.on_step = recorder.on_step

@@ -122,7 +122,7 @@ async def test_nonce_page_for_a_webview(session):
     assert (await last_trace(session)).fill == answer.fill  # the server keeps serving
 
 
-def test_stdio_and_tcp_exclude_each_other(capsys):
+async def test_stdio_and_tcp_exclude_each_other(capsys):
     from dfim.cli import main
 
     assert main(["serve", "--stdio", "--tcp", "127.0.0.1:9"]) == 2

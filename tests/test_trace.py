@@ -218,3 +218,18 @@ def test_chromium_runs_the_nonce_page_under_its_strict_policy(trace, tmp_path):
     # the same page with a wrong nonce in its policy: the script is refused, the frame stays empty
     path.write_text(page.replace(f"'nonce-{nonce}'", "'nonce-somethingelse12345'"), encoding="utf-8")
     assert parse(dump_dom(path, tmp_path / "profile2")).text.get("frame-text", "") == ""
+
+
+def test_recorder_keeps_only_the_last_frames_when_bounded():
+    from engine.api import StepInfo
+    from engine.trace import Recorder
+
+    def info(step: int, block: int = 0) -> StepInfo:
+        return StepInfo(step, 9, 1, 1, 0.5, f"s{step}", block, [5], ["x"], [0.5], [True], [False])
+
+    recorder = Recorder(eos_id=0, pad_id=1, max_frames=3)
+    for step in range(1, 6):
+        recorder.on_step(info(step))
+    assert [f.step for f in recorder.frames] == [3, 4, 5] and recorder.dropped == 2
+    recorder.on_step(info(1))  # step 1 of block 0 again: a retried fill starts over
+    assert [f.step for f in recorder.frames] == [1] and recorder.dropped == 0
