@@ -78,6 +78,9 @@ class FillRequest:
     warm_start_noise: float = 0.5  # fraction of the warm-start tokens renoised before the first step
     settings: SamplerSettings = field(default_factory=SamplerSettings)
     seed: int | None = None
+    # The text ends before the first of these strings (a single-line fill stops at "\n"): a causal
+    # checkpoint stops decoding there, a diffusion canvas is cut there.
+    stop: tuple[str, ...] = ()
     candidates: int = 1  # >1: that many canvases denoised in one batch; results best-first
     cancel: Callable[[], bool] | None = None  # polled between steps; True raises FillCancelled
     on_step: Callable[[StepInfo], None] | None = None

@@ -84,6 +84,9 @@ def decode(
                 ended = True
                 break
             tokens.append((token, conf, pinned))
+            if request.stop and not pinned and _reached_stop(tokens, tokenizer, plan, request.stop):
+                ended = True  # the rest would be cut anyway: stop paying for it
+                break
             if request.on_step is not None:
                 ids = [t for t, _, _ in tokens]
                 request.on_step(StepInfo(p + 1, budget, 1, budget, 0.0, tokenizer.decode(ids), token_ids=ids))
@@ -93,3 +96,11 @@ def decode(
     finally:
         cache.prepare(context)  # drop the generated tokens: the next request shares the context only
     return Decoded(tokens, steps + 1, ended)
+
+
+def _reached_stop(tokens: list[tuple[int, float, bool]], tokenizer, plan: CanvasPlan, stop) -> bool:
+    """Whether the text so far (healed bytes removed) contains a stop string."""
+    text = tokenizer.decode([t for t, _, _ in tokens])
+    if plan.heal_bytes:
+        text = text[len(plan.heal_bytes.decode("utf-8", errors="ignore")) :]
+    return any(s and s in text for s in stop)

@@ -270,6 +270,7 @@ async def complete(ls, params):
         max_tokens=ctx.max_tokens,
         settings=settings,
         seed=options.sampling.seed,
+        stop=("\n",) if ctx.mode == "line" else (),
         candidates=options.inline.candidates,
     )
     ls.counters["fills"] += 1
