@@ -35,16 +35,33 @@ from engine.canvas import (
 from engine.checkpoint import DEFAULT_MODEL_DIR, load_model, read_info
 from engine.tokenizer import Tokenizer
 
+# torch's own thread count, read before any caller could set one: `limit_threads` leaves a count that a
+# caller chose with torch.set_num_threads alone (when it differs from torch's default).
+_TORCH_DEFAULT_THREADS = torch.get_num_threads()
 
-def limit_threads() -> None:
-    """Keep torch's default thread count unless it exceeds the cores this process may use
-    (oversubscription makes small matmuls much slower, e.g. in containers limited to 2 cores)."""
+
+def limit_threads(threads: int | None = None) -> None:
+    """Set torch's intra-op thread count for CPU inference: `threads` if given, else $DFIM_THREADS, else
+    what the caller chose (torch.set_num_threads, $OMP_NUM_THREADS), else one core fewer than this
+    process may use (at least 1, at most torch's default).
+
+    A decoder step is ~1,000 small ops on 16-64-row tensors; only the matrix products split across
+    threads, and every split waits at a barrier for all threads. While other processes (the editor, a
+    build, other sessions) keep the cores busy, a descheduled thread stalls each barrier: on the shared
+    2-core dev machine, fills with 2 threads had a p95 of 10.7 s against 1.1 s with 1 thread, for no
+    better p50 (docs/benchmarks.md, CPU section; docs/decisions.md)."""
+    if threads is None and os.environ.get("DFIM_THREADS", "").strip():
+        threads = int(os.environ["DFIM_THREADS"])
+    if threads is not None:
+        torch.set_num_threads(max(1, threads))
+        return
+    if "OMP_NUM_THREADS" in os.environ or torch.get_num_threads() != _TORCH_DEFAULT_THREADS:
+        return
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
-    if torch.get_num_threads() > cores:
-        torch.set_num_threads(cores)
+    torch.set_num_threads(max(1, min(torch.get_num_threads(), cores - 1)))
 
 
 def check_device(device: str) -> torch.device:
@@ -55,6 +72,12 @@ def check_device(device: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise EngineError(f"device {device!r} requested but CUDA is not available on this machine")
     return dev
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    """`text` up to (not including) the earliest of the stop strings."""
+    cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))
+    return text[:cut]
 
 
 @dataclass
@@ -106,10 +129,13 @@ class Engine:
         self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, path: str | os.PathLike | None = None, device: str = "cpu") -> Engine:
+    def load(
+        cls, path: str | os.PathLike | None = None, device: str = "cpu", threads: int | None = None
+    ) -> Engine:
+        """`threads`: torch's CPU thread count (default: see `limit_threads`)."""
         folder = Path(path) if path is not None else DEFAULT_MODEL_DIR
         dev = check_device(device)
-        limit_threads()
+        limit_threads(threads)
         if not folder.is_dir():
             raise CheckpointError(f"{folder}: checkpoint folder not found")
         tokenizer_path = folder / "tokenizer.json"
@@ -120,6 +146,8 @@ class Engine:
         except Exception as err:  # tokenizers raises plain Exceptions for unreadable files
             raise CheckpointError(f"{tokenizer_path}: not a usable tokenizer ({err})") from None
         model, settings = load_model(folder, device=str(dev))
+        if dev.type == "cpu":
+            model.prepare_cpu_inference()  # fused and transposed weights: same values, faster products
         if tokenizer.vocab_size > model.config.vocab_size:
             raise CheckpointError(
                 f"{folder}: tokenizer.json has {tokenizer.vocab_size} tokens, the model only {model.config.vocab_size}"
@@ -179,9 +207,11 @@ class Engine:
             ranked = sorted(candidates, key=lambda c: c.score)
             best = ranked[0]
             text, scores = assemble_text(best.tokens, self.tokenizer, plan.heal_bytes)
+            text = cut_at_stop(text, request.stop)
             alternatives: list[str] = []
             for cand in ranked[1:]:
                 alt, _ = assemble_text(cand.tokens, self.tokenizer, plan.heal_bytes)
+                alt = cut_at_stop(alt, request.stop)
                 if alt != text and alt not in alternatives:
                     alternatives.append(alt)
             return FillResult(
@@ -202,6 +232,7 @@ class Engine:
         encoded = len(plan.context_ids) - common_prefix_length(self.cache.ids, plan.context_ids)
         out = autoregressive.decode(self.cache, plan, request, self.banned, self.tokenizer)
         text, scores = assemble_text(out.tokens, self.tokenizer, plan.heal_bytes)
+        text = cut_at_stop(text, request.stop)
         return FillResult(
             text=text,
             steps=out.steps,

@@ -34,6 +34,14 @@ class RMSNorm(nn.Module):
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+    if (
+        x.dtype == torch.float32
+        and not torch.is_grad_enabled()
+        and (weight is None or weight.dtype == x.dtype)
+    ):
+        # fp32 inference: the same arithmetic in one fused kernel instead of ~8 small ops; a decoder step
+        # runs ~90 norms on [L, 256] rows, where per-op dispatch costs more than the arithmetic.
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     y = x.float()
     y = y * torch.pow(y.pow(2).mean(-1, keepdim=True) + eps, -0.5)
     if weight is not None:
@@ -43,6 +51,33 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
 
 def gelu(x: Tensor) -> Tensor:
     return F.gelu(x, approximate="tanh")
+
+
+def fuse_linears(*linears: nn.Linear) -> Tensor:
+    """Re-lay the weights of linears that read the same input as views of one [in, sum(out)] matrix and
+    return it: `x @ fused` computes all of them in one GEMM, and each `linear(x, weight)` still works,
+    now as an NN product (MKL is ~15% faster at these small shapes than on the transposed row-major
+    weight). The values are unchanged; only their memory layout is (inference on CPU)."""
+    fused = torch.cat([lin.weight.detach() for lin in linears]).t().contiguous()
+    start = 0
+    for lin in linears:
+        out = lin.weight.shape[0]
+        lin.weight.data = fused[:, start : start + out].t()
+        start += out
+    return fused
+
+
+def fused_views(fused: Tensor | None, *linears: nn.Linear | None) -> bool:
+    """Whether `fused` (from `fuse_linears`) still holds these linears' weights: not after `.to()`, a
+    replaced Parameter or a fresh load, which fall back to one product per linear."""
+    if fused is None or torch.is_grad_enabled():
+        return False
+    start = fused.data_ptr()
+    for lin in linears:
+        if lin is None or lin.weight.data_ptr() != start:
+            return False
+        start += lin.weight.shape[0] * fused.element_size()
+    return True
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -86,6 +121,19 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos[:, :, None] + rotate_half(x) * sin[:, :, None]
 
 
+def roll_tables(cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """[B, T, D] tables -> [B, T, 1, D] for `apply_rolled_rope`: sin's first half negated, because
+    rotate_half(x) = cat(-x2, x1) = roll(x, D/2) * (-1 for the first half)."""
+    half = sin.shape[-1] // 2
+    signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+    return cos[:, :, None].contiguous(), signed[:, :, None].contiguous()
+
+
+def apply_rolled_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """`apply_rope` in 3 ops instead of ~10 (the products are the same, signs moved to the table)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
+
+
 class Attention(nn.Module):
     """Gemma-4 attention: q/k RMSNorm, scale-free v norm, scaling 1.0. Full layers have wider heads,
     their own KV head count and no v_proj: V is k_proj's output before the k norm."""
@@ -105,15 +153,29 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d, config.rms_norm_eps)
         self.k_norm = RMSNorm(d, config.rms_norm_eps)
         self.v_norm = RMSNorm(d, config.rms_norm_eps, with_scale=False)
+        self.qkv: Tensor | None = None  # [H, (Hq + 2 Hkv) D] after `fuse_linears` (CPU inference)
 
-    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """x: [B, T, H] -> q [B, Hq, T, D], k and v [B, Hkv, T, D], rotated and normed."""
+    def project(
+        self, x: Tensor, cos: Tensor, sin: Tensor, rolled: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """x: [B, T, H] -> q [B, Hq, T, D], k and v [B, Hkv, T, D], rotated and normed. `rolled`: cos/sin
+        come from `roll_tables` (the decoder's cached canvas tables)."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
-        k_raw = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim) if self.v_proj is not None else k_raw
-        q = apply_rope(self.q_norm(q), cos, sin)
-        k = apply_rope(self.k_norm(k_raw), cos, sin)
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if fused_views(
+            self.qkv, self.q_proj, self.k_proj, *([self.v_proj] if self.v_proj is not None else [])
+        ):
+            qkv = torch.matmul(x, self.qkv)  # one GEMM instead of two or three
+            q = qkv[..., : hq * d].view(b, t, hq, d)
+            k_raw = qkv[..., hq * d : (hq + hkv) * d].view(b, t, hkv, d)
+            v = qkv[..., (hq + hkv) * d :].view(b, t, hkv, d) if self.v_proj is not None else k_raw
+        else:
+            q = self.q_proj(x).view(b, t, hq, d)
+            k_raw = self.k_proj(x).view(b, t, hkv, d)
+            v = self.v_proj(x).view(b, t, hkv, d) if self.v_proj is not None else k_raw
+        rope = apply_rolled_rope if rolled else apply_rope
+        q = rope(self.q_norm(q), cos, sin)
+        k = rope(self.k_norm(k_raw), cos, sin)
         v = self.v_norm(v)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
@@ -127,6 +189,30 @@ class Attention(nn.Module):
         b, _, t, _ = q.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
+    def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, past_k: Tensor, past_v: Tensor) -> Tensor:
+        """Bidirectional attention of the canvas over [cached context ; canvas], unmasked, reading the
+        context's keys/values where the cache holds them. q: [B, Hq, L, D], k/v: [B, Hkv, L, D],
+        past_k/past_v: [1, Hkv, P, D] (one cache shared by all B canvas rows) -> [B, L, H].
+
+        Concatenating [past ; canvas] and repeating KV heads for sdpa copied the whole context's keys and
+        values (~2 MB per full layer) every step; here every query row of one KV head (all batch rows
+        and grouped query heads folded together) multiplies the cache in place, and the two score blocks
+        share one softmax. Same arithmetic, scale 1.0 as in `attend`."""
+        b, hq, length, d = q.shape
+        hkv = self.num_kv_heads
+        rows = b * (hq // hkv) * length
+        p = past_k.shape[2]
+        grouped = q.reshape(b, hkv, rows // b, d)  # query head i reads KV head i // groups
+        folded = grouped.transpose(0, 1).reshape(hkv, rows, d)
+        scores_past = torch.matmul(folded, past_k[0].transpose(1, 2))  # [Hkv, rows, P]
+        scores_new = torch.matmul(grouped, k.transpose(2, 3))  # [B, Hkv, rows/B, L]: own canvas only
+        scores_new = scores_new.transpose(0, 1).reshape(hkv, rows, length)
+        probs = torch.cat([scores_past, scores_new], dim=-1).softmax(dim=-1)
+        out_new = torch.matmul(probs[..., p:].reshape(hkv, b, rows // b, length).transpose(0, 1), v)
+        out_past = torch.matmul(probs[..., :p], past_v[0]).reshape(hkv, b, rows // b, d).transpose(0, 1)
+        out = (out_past + out_new).reshape(b, hq, length, d)
+        return self.o_proj(out.transpose(1, 2).reshape(b, length, hq * d))
+
 
 class MLP(nn.Module):
     """Gated GELU MLP (dense branch of every layer)."""
@@ -136,8 +222,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up: Tensor | None = None  # [H, 2I] after `fuse_linears` (CPU inference)
 
     def forward(self, x: Tensor) -> Tensor:
+        if fused_views(self.gate_up, self.gate_proj, self.up_proj):
+            gate, up = torch.matmul(x, self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(gelu(gate) * up)
         return self.down_proj(gelu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -249,10 +339,15 @@ class SelfConditioning(nn.Module):
         self.gate_proj = nn.Linear(hidden, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, hidden, bias=False)
+        self.gate_up: Tensor | None = None  # [H, 2I] after `fuse_linears` (CPU inference)
 
     def forward(self, canvas_embeds: Tensor, soft_embeds: Tensor) -> Tensor:
         normed = self.pre_norm(soft_embeds)
-        signal = self.down_proj(gelu(self.gate_proj(normed)) * self.up_proj(normed))
+        if fused_views(self.gate_up, self.gate_proj, self.up_proj):
+            gate, up = torch.matmul(normed, self.gate_up).chunk(2, dim=-1)
+            signal = self.down_proj(gelu(gate) * up)
+        else:
+            signal = self.down_proj(gelu(self.gate_proj(normed)) * self.up_proj(normed))
         return self.post_norm(canvas_embeds + signal)
 
 
@@ -347,6 +442,9 @@ class DiffusionGemma(nn.Module):
         self.config = config
         self.model = Backbone(config)
         self.rotary = Rotary(config)
+        # (start, length, device, dtype) -> RoPE tables of a canvas: every step of a fill uses the same
+        # positions, so `denoise` builds them once instead of ~10 ops (cos, sin, casts) per step.
+        self._canvas_tables: dict[tuple, dict[str, tuple[Tensor, Tensor]]] = {}
 
     @property
     def decoder(self) -> Decoder:
@@ -355,10 +453,40 @@ class DiffusionGemma(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(self.config.num_hidden_layers)
 
+    @torch.no_grad()
+    def prepare_cpu_inference(self) -> None:
+        """Re-lay the weights for fast CPU inference; values, names, shapes and `state_dict` stay the same.
+
+        Linears that read one input (q/k/v, gate/up) become views of one fused matrix (one GEMM, see
+        `fuse_linears`); every other matrix, the experts and the tied embedding are stored transposed
+        (column-major), so each product runs as an NN GEMM, measurably faster in MKL for the ~16-row
+        activations of a canvas (the LM head: 3.8 -> 3.2 ms on the 2-core dev machine)."""
+
+        def transpose_storage(weight: Tensor) -> None:
+            weight.data = weight.data.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+        for layer in self.decoder.layers:
+            attn = layer.self_attn
+            attn.qkv = fuse_linears(
+                *[lin for lin in (attn.q_proj, attn.k_proj, attn.v_proj) if lin is not None]
+            )
+            layer.mlp.gate_up = fuse_linears(layer.mlp.gate_proj, layer.mlp.up_proj)
+            for weight in (attn.o_proj.weight, layer.mlp.down_proj.weight, layer.router.proj.weight):
+                transpose_storage(weight)
+            transpose_storage(layer.experts.gate_up_proj)
+            transpose_storage(layer.experts.down_proj)
+        conditioning = self.decoder.self_conditioning
+        conditioning.gate_up = fuse_linears(conditioning.gate_proj, conditioning.up_proj)
+        transpose_storage(conditioning.down_proj.weight)
+        transpose_storage(self.decoder.embed_tokens.weight)
+
     def logits(self, hidden: Tensor) -> Tensor:
         logits = F.linear(self.decoder.norm(hidden), self.decoder.embed_tokens.weight).float()
         cap = self.config.final_logit_softcapping
-        return torch.tanh(logits / cap) * cap
+        if torch.is_grad_enabled():
+            return torch.tanh(logits / cap) * cap
+        # inference: in place on the fresh [B, L, V] product (no two more vocabulary-sized buffers)
+        return logits.div_(cap).tanh_().mul_(cap)
 
     def canvas_embeddings(self, canvas_ids: Tensor, self_cond_logits: Tensor | None) -> Tensor:
         decoder = self.decoder
@@ -399,26 +527,44 @@ class DiffusionGemma(nn.Module):
     def denoise(self, canvas_ids: Tensor, cache: KVCache, self_cond_logits: Tensor | None = None) -> Tensor:
         """One decoder pass: canvas_ids [B, L] over [cache ; canvas] -> logits [B, L, V] (fp32, capped)."""
         b, length = canvas_ids.shape
-        positions = torch.arange(cache.length, cache.length + length, device=canvas_ids.device)
-        tables = self.rotary(positions[None].expand(b, length), self.decoder.embed_tokens.weight.dtype)
+        tables = self.canvas_rope(cache.length, length, canvas_ids.device)
         x = self.canvas_embeddings(canvas_ids, self_cond_logits)
         # A sliding layer sees the last `window - 1` context tokens plus the whole canvas (as the
         # reference's sliding cache keeps them), a full layer sees everything: no mask needed.
         window = self.config.sliding_window - 1
         for i, layer in enumerate(self.decoder.layers):
             attn = layer.self_attn
-            q, k, v = attn.project(layer.input_layernorm(x), *tables[self.config.layer_types[i]])
+            q, k, v = attn.project(layer.input_layernorm(x), *tables[self.config.layer_types[i]], rolled=True)
             past_k, past_v = cache.get(i)
-            if past_k is not None and past_v is not None:
-                if attn.is_sliding:
-                    first = max(0, cache.length - window)
-                    past_k, past_v = past_k[:, :, first:], past_v[:, :, first:]
-                if past_k.shape[0] != b:
-                    past_k, past_v = past_k.expand(b, -1, -1, -1), past_v.expand(b, -1, -1, -1)
-                k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-            x = x + layer.post_attention_layernorm(attn.attend(q, k, v, None))
+            if past_k is not None and past_v is not None and attn.is_sliding:
+                first = max(0, cache.length - window)
+                past_k, past_v = past_k[:, :, first:], past_v[:, :, first:]
+            if past_k is not None and past_v is not None and past_k.shape[0] == 1:
+                attended = attn.attend_cached(q, k, v, past_k, past_v)  # the usual case: one context
+            else:
+                if past_k is not None and past_v is not None:
+                    if past_k.shape[0] != b:
+                        past_k, past_v = past_k.expand(b, -1, -1, -1), past_v.expand(b, -1, -1, -1)
+                    k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+                attended = attn.attend(q, k, v, None)
+            x = x + layer.post_attention_layernorm(attended)
             x = (x + layer.feed_forward(x)) * layer.layer_scalar
         return self.logits(x)
+
+    def canvas_rope(self, start: int, length: int, device: torch.device) -> dict[str, tuple[Tensor, Tensor]]:
+        """RoPE tables per layer type for canvas positions start.., in `roll_tables` form, remembered
+        while gradients are off (a table built under inference_mode must never be saved for backward)."""
+        dtype = self.decoder.embed_tokens.weight.dtype
+        key = (start, length, device, dtype)
+        tables = self._canvas_tables.get(key)
+        if tables is None:
+            tables = self.rotary(torch.arange(start, start + length, device=device)[None], dtype)
+            tables = {kind: roll_tables(cos, sin) for kind, (cos, sin) in tables.items()}
+            if not torch.is_grad_enabled():
+                if len(self._canvas_tables) >= 16:  # a fill uses one or a few; keep only recent ones
+                    self._canvas_tables.clear()
+                self._canvas_tables[key] = tables
+        return tables
 
     # --- training ---------------------------------------------------------------------------------
 

@@ -55,6 +55,11 @@ class DenoiseState:
     finished: Tensor | None = None  # [B] bool
     stop_reason: list[str | None] = field(default_factory=list)  # per row, once finished
     steps: Tensor | None = None  # [B] long: decoder passes each row used
+    # softmax(logits) and argmax(logits) of this step, shared by `sample` and `token_entropy`, and the
+    # logits tensor they came from. A step that edits `logits` in place must reset `processed` to None
+    # (inference tensors have no version counter to notice it by).
+    processed: tuple[Tensor, Tensor] | None = field(default=None, repr=False)
+    processed_of: Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         b = self.canvas.shape[0]
@@ -145,6 +150,7 @@ def mask_logits(state: DenoiseState, settings: SamplerSettings) -> None:
     """Tokens that must never appear on the canvas get -inf: banned ids everywhere, EOS/pad inside inner
     holes, and everything outside a position's allowed set (token healing)."""
     x = state.logits
+    state.processed = None  # edited in place below
     if state.banned is not None:
         x.masked_fill_(state.banned, NEG_INF)
     if state.no_end is not None and bool(state.no_end.any()):
@@ -164,22 +170,43 @@ def temperature_at(step: int, max_steps: int, t_min: float, t_max: float) -> flo
 def temperature(state: DenoiseState, settings: SamplerSettings) -> None:
     state.temperature = max(temperature_at(state.step, state.max_steps, settings.t_min, settings.t_max), 1e-6)
     state.logits.div_(state.temperature)
+    state.processed = None
+
+
+def processed(state: DenoiseState) -> tuple[Tensor, Tensor]:
+    """(softmax, argmax) of state.logits over the vocabulary: each is a full pass over [B, L, V], so it
+    is computed once per step however many steps read it."""
+    logits = state.logits
+    if state.processed is None or state.processed_of is not logits:
+        state.processed = (torch.softmax(logits, dim=-1), logits.argmax(dim=-1))
+        state.processed_of = logits
+    return state.processed
 
 
 def sample(state: DenoiseState, settings: SamplerSettings) -> None:
     """One token drawn per position from the processed distribution, and the argmax.
 
-    Drawn by the exponential race (argmax of p / Exp(1), the same distribution as a categorical draw):
-    on CPU it is an order of magnitude faster than torch.multinomial over a whole vocabulary."""
-    probs = torch.softmax(state.logits, dim=-1)
-    race = torch.empty_like(probs).exponential_(generator=state.generator)
-    state.sampled = (probs / race).argmax(dim=-1)
-    state.argmax = state.logits.argmax(dim=-1)
+    Drawn by inverting the CDF with one uniform number per position: the same distribution as a
+    categorical draw, and on CPU far cheaper than torch.multinomial or an exponential race (which needs a
+    random number per vocabulary entry: ~4 ms per step for a 16 x 8192 canvas, most of the sampler)."""
+    probs, mode = processed(state)
+    cdf = probs.cumsum(dim=-1)  # nondecreasing; flat at zero-probability (banned) tokens, never drawn
+    u = torch.rand(probs.shape[:-1], generator=state.generator, device=probs.device, dtype=cdf.dtype)
+    target = (u * cdf[..., -1]).unsqueeze(-1)
+    drawn = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # first index with cdf > target
+    # u * total can round up to the total itself: no index then; the mode stands in (probability ~0).
+    state.sampled = torch.where(drawn < probs.shape[-1], drawn, mode)
+    state.argmax = mode
 
 
 def token_entropy(state: DenoiseState, settings: SamplerSettings) -> None:
-    probs = torch.softmax(state.logits, dim=-1)
-    state.entropy = torch.special.entr(probs).sum(dim=-1)  # entr(0) = 0, so banned tokens cost nothing
+    """H = -sum p log p, computed as -sum p (x - x_m) - log p_m with m the mode (log p = x - x_m + log p_m):
+    no logarithm per vocabulary entry, and no cancellation since x - x_m <= 0. Tokens at -inf have
+    p = 0, and nansum leaves their 0 * -inf out."""
+    probs, mode = processed(state)
+    top = mode.unsqueeze(-1)
+    shifted = state.logits - state.logits.gather(-1, top)
+    state.entropy = -torch.nansum(probs * shifted, dim=-1) - torch.log(probs.gather(-1, top).squeeze(-1))
 
 
 def pins(state: DenoiseState, settings: SamplerSettings) -> None:

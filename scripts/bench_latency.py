@@ -5,7 +5,7 @@ of the real line, so the context comes from the KV cache except the newly typed 
 latency, mean denoising steps and encoded tokens per request for the released sampler defaults and for
 the server's inline settings (at most 16 steps).
 
-    python scripts/bench_latency.py [--model DIR] [--threads 2] [--requests 30]
+    python scripts/bench_latency.py [--model DIR] [--threads N] [--requests 30]
 """
 
 from __future__ import annotations
@@ -44,12 +44,11 @@ def typing_points(text: str, requests: int, prefix_chars: int) -> list[tuple[str
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default=None)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None, help="default: the engine's choice")
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--prefix-chars", type=int, default=3600, help="about 1k tokens of context")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    engine = Engine.load(args.model)
+    engine = Engine.load(args.model, threads=args.threads)
     text = SOURCE.read_text()
     points = typing_points(text, args.requests + 1, args.prefix_chars)
     print(f"model {engine.model_name}, torch {torch.__version__}, threads {torch.get_num_threads()}")

@@ -140,3 +140,41 @@ def test_our_checkpoint_loads_in_transformers(tmp_path):
     assert generation.max_denoising_steps == 48
     assert read_settings(tmp_path / "ours").entropy_bound == 0.1
     assert ModelConfig.from_hf(json.loads((tmp_path / "ours" / "config.json").read_text())) == ours.config
+
+
+def test_cpu_inference_layout_keeps_logits_and_state_dict(tmp_path):
+    """`prepare_cpu_inference` (fused q/k/v and gate/up products, transposed storage) only moves memory:
+    same state_dict values, same logits as the reference, and its state_dict loads into a plain model."""
+    ref = make_reference(tmp_path)
+    ours, _ = load_model(tmp_path / "ref")
+    before = {k: v.clone() for k, v in ours.state_dict().items()}
+    ours.prepare_cpu_inference()
+    after = ours.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    g = torch.Generator().manual_seed(5)
+    context = torch.randint(0, 96, (1, 11), generator=g)
+    canvases = torch.randint(0, 96, (2, 8), generator=g)
+    self_cond = torch.randn(2, 8, 96, generator=g) * 3
+    for sc in (None, self_cond):
+        want = torch.cat(
+            [
+                reference_logits(ref, context, canvases[i : i + 1], None if sc is None else sc[i : i + 1])
+                for i in range(2)
+            ]
+        )
+        with torch.inference_mode():
+            cache = ours.new_cache()
+            ours.encode(context, cache)
+            got = ours.denoise(canvases, cache, sc)
+            again = ours.denoise(canvases, cache, sc)  # the cached RoPE tables
+        assert (got - want).abs().max().item() <= TOLERANCE
+        assert torch.equal(got, again)
+    copy, _ = load_model(tmp_path / "ref")
+    copy.load_state_dict(ours.state_dict())  # views are read like any tensor
+    with torch.no_grad():
+        cache = copy.new_cache()
+        copy.encode(context, cache)
+        assert (
+            copy.denoise(canvases, cache, None) - ours.denoise(canvases, cache, None)
+        ).abs().max() <= TOLERANCE
