@@ -14,7 +14,7 @@ PY=${PY:-.venv/bin/python}
 mkdir -p "$OUT"
 # Code neither model trained on, typed line by line through the server.
 REPLAY_FILES=(fixtures/example.py fixtures/realcode/project/textkit/*.py)
-for name in diffusion ar; do
+for name in ar diffusion; do
   ckpt=$DIFF; [ "$name" = ar ] && ckpt=$AR
   "$PY" -m dfim.cli eval "$DATA" --model "$ckpt" --limit "$LIMIT" --workers 2 --quiet --out "$OUT/eval-$name"
   "$PY" -m dfim.cli replay "${REPLAY_FILES[@]}" --model "$ckpt" --trigger line --quiet \
