@@ -151,7 +151,7 @@ def build_html(trace: Trace, nonce: str | None = None) -> str:
     data["suffix"] = context_head(trace.suffix)
     # JSON inside <script>: escape "<" so no "</script>" or "<!--" in the text can end the block.
     payload = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
-    title = f"dfim trace: {len(trace.frames)} steps, {trace.latency_ms:.0f} ms"
+    title = f"dfim trace: {trace.steps} steps, {trace.latency_ms:.0f} ms"
     note = " (untrained random checkpoint: its fills are noise)" if trace.random_model else ""
     if nonce is None:
         csp, attr = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'", ""

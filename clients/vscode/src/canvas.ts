@@ -48,7 +48,7 @@ export function webviewHtml(page: string, nonce: string): string {
 }
 
 export function canvasTitle(trace: LastTrace): string {
-  return `dfim canvas: ${trace.frames} steps, ${Math.round(trace.latencyMs)} ms`;
+  return `dfim canvas: ${trace.steps} steps, ${Math.round(trace.latencyMs)} ms`;
 }
 
 /** Ask the server for its last fill's page and show it; what happened, for callers and tests. */

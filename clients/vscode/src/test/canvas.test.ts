@@ -11,7 +11,7 @@ const TRACE: LastTrace = {
   html: PAGE,
   fill: "x",
   steps: 6,
-  frames: 6,
+  frames: 6, // the server keeps at most the last 256 steps; the title counts all
   latencyMs: 83.6,
   stopReason: "stable",
   model: "dfim-small",
