@@ -42,6 +42,11 @@ def test_cached_decoding_matches_the_training_forward() -> None:
     incremental = torch.cat([first, *steps], dim=1)
     assert cache.length == 20
     torch.testing.assert_close(incremental, full, atol=1e-4, rtol=1e-4)
+    # The CPU inference layout (fused and transposed weights, as Engine.load uses) computes the same.
+    model.prepare_cpu_inference()
+    with torch.no_grad():
+        prepared = model.causal_lm(ids, model.new_cache())
+    torch.testing.assert_close(prepared, full, atol=1e-4, rtol=1e-4)
 
 
 def test_causal_sequence_targets_real_tokens_only() -> None:
