@@ -254,6 +254,7 @@ def engine_filler(engine: Any) -> Filler:
             max_tokens=config.max_tokens,
             settings=config.settings,
             seed=seed,
+            stop=("\n",),  # only the first line is scored (first_line): a causal model stops there
         )
         start = time.perf_counter()
         result = engine.fill(request)
