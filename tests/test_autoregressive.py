@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -13,7 +12,8 @@ from engine import Engine, FillRequest, Hole
 from engine.config import ModelConfig
 from engine.data import Root, build
 from engine.model import DiffusionGemma
-from engine.train import PRESETS, add_arguments, causal_sequence, collate, train
+from engine.train import PRESETS, causal_sequence, collate, train
+from tests.test_train_smoke import parse
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER_JSON = REPO / "engine" / "weights" / "dfim-small" / "tokenizer.json"
@@ -63,14 +63,6 @@ def test_causal_sequence_targets_real_tokens_only() -> None:
     assert weight[1].tolist() == [0, 0, 1, 1, 1, 1, 1, 0, 0]
     assert weight[0].tolist() == [1, 1, 1, 1, 1, 1, 1, 1, 0]
     assert pad[1].tolist() == [True, True] + [False] * 8
-
-
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(list(argv))
-    args.compile = False
-    return args
 
 
 @pytest.fixture(scope="module")
