@@ -48,8 +48,8 @@ def limit_threads(threads: int | None = None) -> None:
     A decoder step is ~1,000 small ops on 16-64-row tensors; only the matrix products split across
     threads, and every split waits at a barrier for all threads. While other processes (the editor, a
     build, other sessions) keep the cores busy, a descheduled thread stalls each barrier: on the shared
-    2-core dev machine, fills with 2 threads had a p95 of 10.7 s against 1.1 s with 1 thread, for no
-    better p50 (docs/benchmarks.md, CPU section; docs/decisions.md)."""
+    2-core dev machine, fills with 2 threads had a p95 of 10.7 s against 1.2 s with 1 thread, for a p50
+    only ~20% better (docs/benchmarks.md, CPU section; docs/decisions.md)."""
     if threads is None and os.environ.get("DFIM_THREADS", "").strip():
         threads = int(os.environ["DFIM_THREADS"])
     if threads is not None:
