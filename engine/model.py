@@ -503,6 +503,16 @@ class DiffusionGemma(nn.Module):
 
     def encode(self, input_ids: Tensor, cache: KVCache) -> None:
         """Run the context causally and append its keys/values to `cache`. input_ids: [B, T]."""
+        scalars = [layer.layer_scalar for layer in self.model.encoder.language_model.layers]
+        # The last layer's feed-forward only shapes hidden states nobody reads: skipped.
+        self._causal_pass(input_ids, cache, scalars, last_feed_forward=False)
+
+    def _causal_pass(
+        self, input_ids: Tensor, cache: KVCache, scalars: list[Tensor], last_feed_forward: bool
+    ) -> Tensor:
+        """The stack run causally over input_ids [B, T] after what `cache` holds; appends their keys and
+        values and returns the hidden states [B, T, H]. `scalars`: the per-layer output scales (the
+        encoder's for the diffusion context, the decoder's for the causal LM)."""
         b, t = input_ids.shape
         start = cache.length
         positions = torch.arange(start, start + t, device=input_ids.device)
@@ -519,10 +529,11 @@ class DiffusionGemma(nn.Module):
             q, k, v = attn.project(layer.input_layernorm(x), *tables[self.config.layer_types[i]])
             k, v = cache.append(i, k, v)
             x = x + layer.post_attention_layernorm(attn.attend(q, k, v, masks[attn.is_sliding][None, None]))
-            if i == len(layers) - 1:
-                break  # the last layer's feed-forward only shapes hidden states nobody reads
-            x = (x + layer.feed_forward(x)) * self.model.encoder.language_model.layers[i].layer_scalar
+            if i == len(layers) - 1 and not last_feed_forward:
+                break
+            x = (x + layer.feed_forward(x)) * scalars[i]
         cache.length = start + t
+        return x
 
     def denoise(self, canvas_ids: Tensor, cache: KVCache, self_cond_logits: Tensor | None = None) -> Tensor:
         """One decoder pass: canvas_ids [B, L] over [cache ; canvas] -> logits [B, L, V] (fp32, capped)."""
@@ -649,23 +660,8 @@ class DiffusionGemma(nn.Module):
     def causal_lm(self, input_ids: Tensor, cache: KVCache, last_only: bool = False) -> Tensor:
         """Run input_ids [B, T] causally after what `cache` holds and append their keys/values.
         Returns logits for the next token after each position: [B, T, V] ([B, 1, V] if last_only)."""
-        b, t = input_ids.shape
-        start = cache.length
-        positions = torch.arange(start, start + t, device=input_ids.device)
-        tables = self.rotary(positions[None].expand(b, t), self.decoder.embed_tokens.weight.dtype)
-        x = self.decoder.embed(input_ids)
-        key_positions = torch.arange(start + t, device=input_ids.device)
-        masks = {
-            False: causal_mask(positions, key_positions, None),
-            True: causal_mask(positions, key_positions, self.config.sliding_window),
-        }
-        for i, layer in enumerate(self.decoder.layers):
-            attn = layer.self_attn
-            q, k, v = attn.project(layer.input_layernorm(x), *tables[self.config.layer_types[i]])
-            k, v = cache.append(i, k, v)
-            x = x + layer.post_attention_layernorm(attn.attend(q, k, v, masks[attn.is_sliding][None, None]))
-            x = (x + layer.feed_forward(x)) * layer.layer_scalar
-        cache.length = start + t
+        scalars = [layer.layer_scalar for layer in self.decoder.layers]
+        x = self._causal_pass(input_ids, cache, scalars, last_feed_forward=True)
         return self.logits(x[:, -1:] if last_only else x)
 
     def causal_forward_train(self, ids: Tensor, pad: Tensor) -> Tensor:
