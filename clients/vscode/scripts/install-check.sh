@@ -104,14 +104,21 @@ if [[ ! -f $node_dir/node_modules/playwright-core/package.json ]]; then
   say "npm install playwright-core (drives the system Chromium; no browser download)"
   (cd "$node_dir" && npm install --no-audit --no-fund --ignore-scripts playwright-core >/dev/null)
 fi
-ckpt=$("$PY" -c "import sys; sys.path.insert(0, '$ROOT'); from tests.server_helpers import random_checkpoint; from pathlib import Path; print(random_checkpoint(Path('$tmp/ckpt')))")
+# CHECK_MODEL=engine/weights/dfim-small (and CHECK_STEPS=16) drives the shipped model, e.g. for screenshots;
+# the default random tiny checkpoint keeps the check fast.
+steps=${CHECK_STEPS:-4}
+if [[ -n ${CHECK_MODEL:-} ]]; then
+  ckpt=$(realpath "$CHECK_MODEL")
+else
+  ckpt=$("$PY" -c "import sys; sys.path.insert(0, '$ROOT'); from tests.server_helpers import random_checkpoint; from pathlib import Path; print(random_checkpoint(Path('$tmp/ckpt')))")
+fi
 mkdir -p "$tmp/project" "$tmp/data/Machine" "$tmp/data/User"
 printf 'def add(a, b):\n    pass\n\n\ndef main():\n    print(add(1, 2))\n' >"$tmp/project/add.py"
 # User settings, and Machine ones (code-server runs extensions remotely, where machine-scoped settings such
 # as dfim.serverPath come from there). Trust off: in Restricted Mode VS Code does not start the extension.
 cat >"$tmp/data/User/settings.json" <<JSON
-{"dfim.serverPath": "$DFIM", "dfim.model.path": "$ckpt", "dfim.sampling.maxSteps": 4,
- "dfim.sampling.actionMaxSteps": 4, "dfim.telemetry.dataDir": "$tmp/telemetry",
+{"dfim.serverPath": "$DFIM", "dfim.model.path": "$ckpt", "dfim.sampling.maxSteps": $steps,
+ "dfim.sampling.actionMaxSteps": $steps, "dfim.telemetry.dataDir": "$tmp/telemetry",
  "workbench.startupEditor": "none", "security.workspace.trust.enabled": false}
 JSON
 cp "$tmp/data/User/settings.json" "$tmp/data/Machine/settings.json"
