@@ -124,6 +124,9 @@ class Engine:
         self.table = TokenTable(tokenizer, self.vocab_size)
         # "causal": an AR checkpoint (the evaluation's baseline), filled by engine.autoregressive.
         self.objective = objective
+        # Context tokens the checkpoint was trained with (dfim.json `context_tokens`); None: unknown.
+        # Front ends keep their windows within it (server.context.fit_context_budget).
+        self.trained_context: int | None = None
         self.cache = ContextCache(model, causal=objective == "causal")
         self.banned = self._banned_tokens()
         self._lock = threading.Lock()
@@ -156,9 +159,12 @@ class Engine:
         is_random = bool(info.get("random") or info.get("dfim_random"))
         name = str(info.get("name") or folder.name)
         objective = str(info.get("objective") or "diffusion")
+        trained = info.get("context_tokens")
         if objective not in ("diffusion", "causal"):
             raise CheckpointError(f"{folder}: dfim.json names an unknown objective {objective!r}")
-        return cls(model, tokenizer, settings, name, is_random, folder, objective)
+        engine = cls(model, tokenizer, settings, name, is_random, folder, objective)
+        engine.trained_context = int(trained) if isinstance(trained, int) and trained > 0 else None
+        return engine
 
     def _banned_tokens(self) -> torch.Tensor:
         """Control tokens never belong on a canvas (pad and EOS do: they end the text), nor do ids the

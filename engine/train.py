@@ -753,6 +753,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "name": args.name,
         "random": False,
         "objective": args.objective,
+        "context_tokens": args.context_tokens,
         "step": step,
         "tokens": tokens_seen,
         "train_seconds": round(train_seconds, 1),

@@ -428,6 +428,9 @@ async def run_action(ls, data: dict):
     if not ls.host.ready:
         raise JsonRpcInternalError(f"dfim: the model is not ready ({ls.host.error or 'still loading'})")
     lang = language_for(doc.language_id, uri)
+    prefix_tokens, suffix_tokens = ls.host.context_budget(
+        options.context.prefix_tokens, options.context.suffix_tokens
+    )
     try:
         plan = plan_action(
             data["action"],
@@ -436,8 +439,8 @@ async def run_action(ls, data: dict):
             start,
             end,
             max_canvas=options.sampling.max_canvas,
-            prefix_tokens=options.context.prefix_tokens,
-            suffix_tokens=options.context.suffix_tokens,
+            prefix_tokens=prefix_tokens,
+            suffix_tokens=suffix_tokens,
             count_tokens=ls.host.count_tokens,
             instruction=data.get("instruction"),
         )

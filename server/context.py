@@ -251,6 +251,23 @@ def suffix_window(source: Source, cursor: int, budget_chars: int) -> int:
     return start if start > cursor else hi
 
 
+FIM_SPECIALS = 4  # <bos> <fim_suffix> <fim_prefix> <fim_middle> around the two windows
+
+
+def fit_context_budget(prefix_tokens: int, suffix_tokens: int, trained: int | None) -> tuple[int, int]:
+    """The (prefix, suffix) token budgets cut down to the context a checkpoint was trained with.
+
+    Past its training length a small model's full-attention layers see positions they never learnt,
+    and every extra token costs encoding time: dfim-small was trained on 512 context tokens with the
+    suffix at most a third of them, so the windows keep that shape. Unchanged when the checkpoint
+    declares no length (the released DiffusionGemma) or the budgets already fit."""
+    if not trained or prefix_tokens + suffix_tokens + FIM_SPECIALS <= trained:
+        return prefix_tokens, suffix_tokens
+    room = max(2, trained - FIM_SPECIALS)
+    suffix = min(suffix_tokens, room // 3)
+    return min(prefix_tokens, room - suffix), suffix
+
+
 def fit_window(
     source: Source,
     cursor: int,

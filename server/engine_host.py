@@ -30,6 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from engine.api import EngineError, FillCancelled, FillRequest, FillResult
+from server.context import fit_context_budget
 
 log = logging.getLogger("dfim.server")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # lone UTF-16 halves: JSON can carry them, tokenizers refuse them
@@ -168,6 +169,11 @@ class EngineHost:
             raise RuntimeError("injected engine fault")
         if "<<dfim-fault:oom-always>>" in context or ("<<dfim-fault:oom>>" in context and attempt == 0):
             raise torch.OutOfMemoryError("injected out of memory")
+
+    def context_budget(self, prefix_tokens: int, suffix_tokens: int) -> tuple[int, int]:
+        """The configured window budgets, cut to the loaded checkpoint's trained context (if it says)."""
+        trained = getattr(self.engine, "trained_context", None) if self.engine is not None else None
+        return fit_context_budget(prefix_tokens, suffix_tokens, trained)
 
     def count_tokens(self, text: str) -> int:
         """Tokens of `text` under the loaded model's tokenizer (an estimate before it loads)."""

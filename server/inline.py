@@ -221,12 +221,15 @@ async def complete(ls, params):
 
     # 2. the context, and the cache keyed by exactly what the model would see
     count_tokens = ls.host.count_tokens if ls.host.ready else None
+    prefix_tokens, suffix_tokens = ls.host.context_budget(
+        options.context.prefix_tokens, options.context.suffix_tokens
+    )
     ctx = build_context(
         text,
         cursor,
         lang,
-        prefix_tokens=options.context.prefix_tokens,
-        suffix_tokens=options.context.suffix_tokens,
+        prefix_tokens=prefix_tokens,
+        suffix_tokens=suffix_tokens,
         max_canvas=options.sampling.max_canvas,
         count_tokens=count_tokens,
     )

@@ -395,3 +395,31 @@ def test_tracker_and_stats(tmp_path, capsys):
 def test_percentile():
     assert telemetry.percentile([5, 1, 3, 2, 4], 50) == 3
     assert telemetry.percentile([1.0], 95) == 1.0
+
+
+def test_context_budget_fits_the_trained_context() -> None:
+    from server.context import FIM_SPECIALS, fit_context_budget
+
+    # The shipped model was trained on 512 context tokens, suffix at most a third of them.
+    prefix, suffix = fit_context_budget(1024, 256, 512)
+    assert prefix + suffix + FIM_SPECIALS <= 512 and suffix <= 508 // 3 and prefix > 2 * suffix - 4
+    assert fit_context_budget(1024, 256, None) == (1024, 256)  # a checkpoint that says nothing
+    assert fit_context_budget(200, 100, 512) == (200, 100)  # already fits
+    assert fit_context_budget(1024, 0, 512) == (508, 0)  # no suffix wanted: all room to the prefix
+    assert fit_context_budget(1024, 256, 3) == (2, 0)  # absurd lengths still give a valid budget
+
+
+def test_shipped_model_declares_its_trained_context() -> None:
+    import json
+
+    from engine import Engine
+    from engine.checkpoint import DEFAULT_MODEL_DIR
+    from server.engine_host import EngineHost
+
+    info = json.loads((DEFAULT_MODEL_DIR / "dfim.json").read_text())
+    assert info["context_tokens"] == 512 and info["objective"] == "diffusion"
+    host = EngineHost()
+    assert host.context_budget(1024, 256) == (1024, 256)  # nothing loaded yet: the options as set
+    host.engine = Engine.load()
+    assert host.engine.trained_context == 512
+    assert host.context_budget(1024, 256) == (339, 169)
