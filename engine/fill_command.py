@@ -67,6 +67,11 @@ def add_fill_arguments(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_fill_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print text, steps, tokens, latency ... as JSON")
+    parser.add_argument(
+        "--multiline",
+        action="store_true",
+        help="let a fill after code on a line run over several lines (default: finish that line only)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
 
 
@@ -122,6 +127,13 @@ def window(prefix: str, suffix: str) -> tuple[str, str]:
     return prefix, suffix
 
 
+def finishes_a_line(prefix: str) -> bool:
+    """Whether the cursor follows code on its line: then the fill completes that line, as an editor's
+    inline completion does (server.context's "line" mode); on a blank or indentation-only line it may
+    run over several lines."""
+    return prefix[prefix.rfind("\n") + 1 :].strip() != ""
+
+
 def fail(message: str) -> int:
     print(f"dfim fill: {message}", file=sys.stderr)
     return 2
@@ -153,7 +165,12 @@ def run(args: argparse.Namespace) -> int:
         settings = engine.settings if args.steps is None else replace(engine.settings, max_steps=args.steps)
         result = engine.fill(
             FillRequest(
-                prefix=prefix, suffix=suffix, max_tokens=args.max_tokens, seed=args.seed, settings=settings
+                prefix=prefix,
+                suffix=suffix,
+                max_tokens=args.max_tokens,
+                seed=args.seed,
+                settings=settings,
+                stop=("\n",) if finishes_a_line(prefix) and not args.multiline else (),
             )
         )
     except EngineError as err:
