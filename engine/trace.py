@@ -198,6 +198,17 @@ h1 { font-size: 1.1em; margin: 0 0 .3em; }
 .legend .hi { background: rgba(46,160,67,.55); }
 .legend .lo { background: rgba(46,160,67,.08); }
 h2 { font-size: 1em; margin: 1.2em 0 .3em; }
+/* Dark: the browser's dark scheme, or a dark VS Code theme (its webviews put vscode-dark on body). */
+@media (prefers-color-scheme: dark) {
+  body:not(.vscode-light) { color: #ddd; background: #1e1e1e; }
+  body:not(.vscode-light) .code { background: #252526; border-color: #444; }
+  body:not(.vscode-light) .tok.renoised { color: #f47067; }
+  body:not(.vscode-light) .tok.pad { color: #555; }
+}
+body.vscode-dark, body.vscode-high-contrast { color: #ddd; background: #1e1e1e; }
+body.vscode-dark .code, body.vscode-high-contrast .code { background: #252526; border-color: #444; }
+body.vscode-dark .tok.renoised, body.vscode-high-contrast .tok.renoised { color: #f47067; }
+body.vscode-dark .tok.pad, body.vscode-high-contrast .tok.pad { color: #555; }
 </style></head>
 <body>
 <h1>@TITLE@</h1>

@@ -233,3 +233,40 @@ def test_recorder_keeps_only_the_last_frames_when_bounded():
     assert [f.step for f in recorder.frames] == [3, 4, 5] and recorder.dropped == 2
     recorder.on_step(info(1))  # step 1 of block 0 again: a retried fill starts over
     assert [f.step for f in recorder.frames] == [1] and recorder.dropped == 0
+
+
+def top_left_pixel(png: bytes) -> tuple[int, int, int]:
+    """RGB of pixel (0, 0): whatever the row filter, the first pixel of the first row is stored as is."""
+    import struct
+    import zlib
+
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, data = 8, b""
+    while pos < len(png):
+        length, kind = struct.unpack(">I4s", png[pos : pos + 8])
+        if kind == b"IDAT":
+            data += png[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+    raw = zlib.decompress(data)
+    return raw[1], raw[2], raw[3]  # raw[0] is the first row's filter type
+
+
+@pytest.mark.parametrize("dark", [False, True])
+def test_chromium_follows_the_dark_color_scheme(trace, tmp_path, dark):
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} not installed (clients/ci.sh installs it)")
+    page = tmp_path / "trace.html"
+    page.write_text(build_html(trace), encoding="utf-8")
+    shot = tmp_path / "shot.png"
+    flags = ["--force-dark-mode", "--blink-settings=preferredColorScheme=0"] if dark else []
+    done = subprocess.run(
+        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'p'}",
+         *flags, f"--screenshot={shot}", "--window-size=400,300", page.as_uri()],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+    r, g, b = top_left_pixel(shot.read_bytes())
+    if dark:
+        assert max(r, g, b) < 80, (r, g, b)  # the page's dark background
+    else:
+        assert min(r, g, b) > 200, (r, g, b)
