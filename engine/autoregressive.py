@@ -22,6 +22,7 @@ import torch
 from engine.api import FillCancelled, FillRequest, StepInfo
 from engine.cache import ContextCache
 from engine.canvas import CanvasPlan
+from engine.tokenizer import Tokenizer
 
 NEG_INF = float("-inf")
 
@@ -30,7 +31,7 @@ NEG_INF = float("-inf")
 class Decoded:
     tokens: list[tuple[int, float, bool]]  # (id, confidence, pinned) of the text, EOS excluded
     steps: int  # network passes after the context
-    ended: bool  # an EOS ended the text (False: the token budget ran out)
+    reason: str  # "eos": the model ended the text; "stop": a stop string did; "max_tokens": the budget
 
 
 def allowed_logits(
@@ -50,7 +51,7 @@ def decode(
     plan: CanvasPlan,
     request: FillRequest,
     banned: torch.Tensor,
-    tokenizer,
+    tokenizer: Tokenizer,
 ) -> Decoded:
     """Greedy decoding of the middle after `plan.context_ids`; the cache holds the context again after."""
     eos_id, pad_id = tokenizer.eos_id, tokenizer.pad_id
@@ -63,7 +64,7 @@ def decode(
         allowed0 = torch.zeros_like(banned)
         allowed0[plan.heal_allowed] = True
     tokens: list[tuple[int, float, bool]] = []
-    ended, steps = False, 0
+    reason, steps = "max_tokens", 0
     try:
         for p in range(budget):
             if request.cancel is not None and request.cancel():
@@ -81,11 +82,11 @@ def decode(
                 conf_t, token_t = probs.max(dim=-1)
                 token, conf, pinned = int(token_t), float(conf_t), False
             if token == eos_id:
-                ended = True
+                reason = "eos"
                 break
             tokens.append((token, conf, pinned))
             if request.stop and not pinned and _reached_stop(tokens, tokenizer, plan, request.stop):
-                ended = True  # the rest would be cut anyway: stop paying for it
+                reason = "stop"  # the rest would be cut anyway: stop paying for it
                 break
             if request.on_step is not None:
                 ids = [t for t, _, _ in tokens]
@@ -95,10 +96,12 @@ def decode(
                 steps += 1
     finally:
         cache.prepare(context)  # drop the generated tokens: the next request shares the context only
-    return Decoded(tokens, steps + 1, ended)
+    return Decoded(tokens, steps + 1, reason)
 
 
-def _reached_stop(tokens: list[tuple[int, float, bool]], tokenizer, plan: CanvasPlan, stop) -> bool:
+def _reached_stop(
+    tokens: list[tuple[int, float, bool]], tokenizer: Tokenizer, plan: CanvasPlan, stop
+) -> bool:
     """Whether the text so far (healed bytes removed) contains a stop string."""
     text = tokenizer.decode([t for t, _, _ in tokens])
     if plan.heal_bytes:

@@ -243,11 +243,11 @@ class Engine:
             text=text,
             steps=out.steps,
             canvas_length=plan.length,
-            tokens=len(out.tokens) + int(out.ended),
+            tokens=len(out.tokens) + int(out.reason == "eos"),
             encoded_tokens=encoded,
             context_tokens=len(plan.context_ids),
             latency_ms=(time.perf_counter() - start) * 1000.0,
-            stop_reason="eos" if out.ended else "max_tokens",
+            stop_reason=out.reason,
             token_scores=scores,
         )
 

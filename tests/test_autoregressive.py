@@ -122,7 +122,7 @@ def test_export_is_marked_causal_and_fills_through_the_engine(causal_checkpoint:
     request = FillRequest(prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=16)
     first = engine.fill(request)
     assert first.encoded_tokens == first.context_tokens
-    assert first.stop_reason in ("eos", "max_tokens") and 1 <= first.steps <= 16
+    assert first.stop_reason in ("eos", "stop", "max_tokens") and 1 <= first.steps <= 16
     # The cache holds the context again (not the generated tokens), so a repeat encodes nothing and,
     # greedy, gives the same text.
     assert len(engine.cache) == first.context_tokens
@@ -143,3 +143,14 @@ def test_pinned_skeleton_is_kept_verbatim(causal_checkpoint: Path) -> None:
         assert ", key=" in result.text
         head, _, _ = result.text.partition(", key=")
         assert len(engine.tokenizer.encode(head)) >= 1  # the inner hole was filled, not skipped
+
+
+def test_a_stop_string_ends_decoding(causal_checkpoint: Path) -> None:
+    engine = Engine.load(causal_checkpoint)
+    request = FillRequest(prefix="def f(x):\n    y = ", suffix="", max_tokens=48)
+    free = engine.fill(request)
+    assert len(free.text) >= 2, free.text
+    stop = free.text[-1]  # a character the free text reaches late: decoding must end where it first appears
+    stopped = engine.fill(FillRequest(prefix=request.prefix, suffix="", max_tokens=48, stop=(stop,)))
+    assert stopped.stop_reason == "stop" and stopped.text == free.text[: free.text.find(stop)]
+    assert stopped.steps <= free.steps
