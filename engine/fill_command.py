@@ -139,16 +139,22 @@ def fail(message: str) -> int:
     return 2
 
 
-def run(args: argparse.Namespace) -> int:
+def read_fill_input(args: argparse.Namespace) -> tuple[str, str, str]:
+    """(prefix, suffix, language) for the arguments of `add_fill_arguments`; InputError when bad."""
+    if args.max_tokens < 1:
+        raise InputError(f"--max-tokens must be at least 1 (got {args.max_tokens})")
+    if args.steps is not None and args.steps < 1:
+        raise InputError(f"--steps must be at least 1 (got {args.steps})")
     path = Path(args.file)
+    text = read_source(path)
+    language = detect_language(path, args.language)
+    prefix, suffix = window(*split_at(text, args.line, args.col))
+    return prefix, suffix, language
+
+
+def run(args: argparse.Namespace) -> int:
     try:
-        if args.max_tokens < 1:
-            raise InputError(f"--max-tokens must be at least 1 (got {args.max_tokens})")
-        if args.steps is not None and args.steps < 1:
-            raise InputError(f"--steps must be at least 1 (got {args.steps})")
-        text = read_source(path)
-        language = detect_language(path, args.language)
-        prefix, suffix = window(*split_at(text, args.line, args.col))
+        prefix, suffix, language = read_fill_input(args)
     except InputError as err:
         return fail(str(err))
 

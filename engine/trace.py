@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from engine.api import FillRequest, FillResult, StepInfo
-from engine.fill_command import InputError, add_fill_arguments, detect_language, read_source, split_at, window
+from engine.fill_command import InputError, add_fill_arguments, read_fill_input
 
 # How much context the page shows around the canvas: enough to see where the fill goes.
 CONTEXT_LINES = 6
@@ -320,20 +320,13 @@ def fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = Path(args.file)
     out = Path(args.out)
     try:
-        if args.max_tokens < 1:
-            raise InputError(f"--max-tokens must be at least 1 (got {args.max_tokens})")
-        if args.steps is not None and args.steps < 1:
-            raise InputError(f"--steps must be at least 1 (got {args.steps})")
         if out.is_dir():
             raise InputError(f"{out}: is a directory")
         if not out.parent.is_dir():
             raise InputError(f"{out.parent}: no such directory for --out")
-        text = read_source(path)
-        detect_language(path, args.language)
-        prefix, suffix = window(*split_at(text, args.line, args.col))
+        prefix, suffix, _ = read_fill_input(args)
     except InputError as err:
         return fail(str(err))
 
