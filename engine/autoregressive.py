@@ -21,7 +21,7 @@ import torch
 
 from engine.api import FillCancelled, FillRequest, StepInfo
 from engine.cache import ContextCache
-from engine.canvas import CanvasPlan
+from engine.canvas import CanvasPlan, assemble_text
 from engine.tokenizer import Tokenizer
 
 NEG_INF = float("-inf")
@@ -102,8 +102,6 @@ def decode(
 def _reached_stop(
     tokens: list[tuple[int, float, bool]], tokenizer: Tokenizer, plan: CanvasPlan, stop
 ) -> bool:
-    """Whether the text so far (healed bytes removed) contains a stop string."""
-    text = tokenizer.decode([t for t, _, _ in tokens])
-    if plan.heal_bytes:
-        text = text[len(plan.heal_bytes.decode("utf-8", errors="ignore")) :]
+    """Whether the text so far (as the result will read: healing undone) contains a stop string."""
+    text, _ = assemble_text(tokens, tokenizer, plan.heal_bytes)
     return any(s and s in text for s in stop)

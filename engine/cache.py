@@ -59,32 +59,28 @@ class ContextCache:
         """Causal models: append `ids` and return the next-token logits after them ([V], fp32)."""
         if not self.causal:
             raise TypeError("step() needs a causal model")
-        ids = [int(i) for i in ids]
-        try:
-            logits = self.model.causal_lm(
-                torch.tensor([ids], dtype=torch.long, device=self.device), self.kv, last_only=True
-            )
-        except BaseException:
-            self.reset()
-            raise
-        self.ids.extend(ids)
+        logits = self._encode([int(i) for i in ids])
+        assert logits is not None
         return logits[0, -1]
 
     def reset(self) -> None:
         self.kv = self.model.new_cache()
         self.ids = []
 
-    def _encode(self, ids: list[int]) -> None:
+    def _encode(self, ids: list[int]) -> torch.Tensor | None:
+        """Run `ids` after the cache's tokens; a causal model also returns their last logits [1, 1, V]."""
+        batch = torch.tensor([ids], dtype=torch.long, device=self.device)
         try:
-            batch = torch.tensor([ids], dtype=torch.long, device=self.device)
             if self.causal:
-                self.model.causal_lm(batch, self.kv, last_only=True)
+                logits = self.model.causal_lm(batch, self.kv, last_only=True)
             else:
                 self.model.encode(batch, self.kv)
+                logits = None
         except BaseException:
             self.reset()  # a half-written cache must never be reused
             raise
         self.ids.extend(ids)
+        return logits
 
     def __len__(self) -> int:
         return len(self.ids)

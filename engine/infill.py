@@ -111,6 +111,7 @@ class Engine:
         is_random: bool,
         path: Path,
         objective: str = "diffusion",
+        trained_context: int | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -126,7 +127,7 @@ class Engine:
         self.objective = objective
         # Context tokens the checkpoint was trained with (dfim.json `context_tokens`); None: unknown.
         # Front ends keep their windows within it (server.context.fit_context_budget).
-        self.trained_context: int | None = None
+        self.trained_context = trained_context
         self.cache = ContextCache(model, causal=objective == "causal")
         self.banned = self._banned_tokens()
         self._lock = threading.Lock()
@@ -160,11 +161,10 @@ class Engine:
         name = str(info.get("name") or folder.name)
         objective = str(info.get("objective") or "diffusion")
         trained = info.get("context_tokens")
+        trained_context = trained if isinstance(trained, int) and trained > 0 else None
         if objective not in ("diffusion", "causal"):
             raise CheckpointError(f"{folder}: dfim.json names an unknown objective {objective!r}")
-        engine = cls(model, tokenizer, settings, name, is_random, folder, objective)
-        engine.trained_context = int(trained) if isinstance(trained, int) and trained > 0 else None
-        return engine
+        return cls(model, tokenizer, settings, name, is_random, folder, objective, trained_context)
 
     def _banned_tokens(self) -> torch.Tensor:
         """Control tokens never belong on a canvas (pad and EOS do: they end the text), nor do ids the

@@ -172,8 +172,7 @@ class EngineHost:
 
     def context_budget(self, prefix_tokens: int, suffix_tokens: int) -> tuple[int, int]:
         """The configured window budgets, cut to the loaded checkpoint's trained context (if it says)."""
-        trained = getattr(self.engine, "trained_context", None) if self.engine is not None else None
-        return fit_context_budget(prefix_tokens, suffix_tokens, trained)
+        return fit_context_budget(prefix_tokens, suffix_tokens, getattr(self.engine, "trained_context", None))
 
     def count_tokens(self, text: str) -> int:
         """Tokens of `text` under the loaded model's tokenizer (an estimate before it loads)."""
