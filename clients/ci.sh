@@ -19,6 +19,18 @@ what=${1:-all}
 
 step() { printf '\n== %s\n' "$*"; }
 
+# pytest_no_skips FILE WHAT: run a test file that needs WHAT; -rs shows skip reasons, and a skip here
+# means WHAT vanished after being installed, so it fails.
+pytest_no_skips() {
+  local out
+  out=$("${PYTHON:-$ROOT/.venv/bin/python}" -m pytest -q -rs "$1" 2>&1) || { echo "$out"; exit 1; }
+  echo "$out"
+  if grep -q ' skipped' <<<"$out"; then
+    echo "clients/ci.sh: a $2 test was skipped" >&2
+    exit 1
+  fi
+}
+
 # apt_install PACKAGE WHAT: install a Debian package when running as root with apt-get, else fail.
 apt_install() {
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
@@ -58,25 +70,12 @@ if [[ $what == all || $what == nvim ]]; then
   command -v nvim >/dev/null || apt_install neovim "nvim (Neovim >= 0.7)"
   nvim --version | head -1
   step "nvim: end-to-end test against the real server"
-  PY=${PYTHON:-$ROOT/.venv/bin/python}
-  # -rs shows skip reasons; a skip here would mean nvim vanished, so fail on it.
-  out=$("$PY" -m pytest -q -rs tests/test_nvim_client.py 2>&1) || { echo "$out"; exit 1; }
-  echo "$out"
-  if grep -q ' skipped' <<<"$out"; then
-    echo "clients/ci.sh: the Neovim test was skipped" >&2
-    exit 1
-  fi
+  pytest_no_skips tests/test_nvim_client.py Neovim
 fi
 if [[ $what == all || $what == trace ]]; then
   [[ -x /usr/bin/chromium ]] || apt_install chromium /usr/bin/chromium
   step "trace: the canvas view in headless Chromium"
-  PY=${PYTHON:-$ROOT/.venv/bin/python}
-  out=$("$PY" -m pytest -q -rs tests/test_trace.py 2>&1) || { echo "$out"; exit 1; }
-  echo "$out"
-  if grep -q ' skipped' <<<"$out"; then
-    echo "clients/ci.sh: the Chromium test was skipped" >&2
-    exit 1
-  fi
+  pytest_no_skips tests/test_trace.py Chromium
 fi
 if [[ $what == install ]]; then
   [[ -x /usr/bin/chromium ]] || apt_install chromium /usr/bin/chromium
