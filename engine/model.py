@@ -591,6 +591,23 @@ class DiffusionGemma(nn.Module):
         context_pad: bool [B, n], True on LEFT padding; pads are never attended and positions count
         real tokens only, so a padded example computes what `encode` + `denoise` compute unpadded.
         """
+        canvas_logits, _ = self.forward_train_lm(context_ids, canvas_ids, self_cond_logits, context_pad, False)
+        return canvas_logits
+
+    def forward_train_lm(
+        self,
+        context_ids: Tensor,
+        canvas_ids: Tensor,
+        self_cond_logits: Tensor | None = None,
+        context_pad: Tensor | None = None,
+        context_lm: bool = True,
+    ) -> tuple[Tensor, Tensor | None]:
+        """`forward_train`, and with context_lm the encoder's final hidden states [B, n, H] as well.
+
+        Those feed the context language-model loss of training (`engine.train --context-lm-weight`):
+        next-token prediction on every context token, through the encoder's own layer scalars and
+        the last layer's feed-forward, which inference (`encode`) skips. It is a dense training signal
+        for the shared stack; it changes nothing `encode` + `denoise` compute."""
         b, n = context_ids.shape
         length = canvas_ids.shape[1]
         device = context_ids.device
@@ -625,14 +642,14 @@ class DiffusionGemma(nn.Module):
             attn = layer.self_attn
             layer_type = self.config.layer_types[i]
             q, k, v = attn.project(layer.input_layernorm(x), *ctx_tables[layer_type])
-            if i < len(layers) - 1:  # the last encoder layer only has to provide keys/values
+            if context_lm or i < len(layers) - 1:  # the last layer need only provide keys/values
                 x = x + layer.post_attention_layernorm(attn.attend(q, k, v, enc_masks[attn.is_sliding]))
                 x = (x + layer.feed_forward(x)) * self.model.encoder.language_model.layers[i].layer_scalar
             cq, ck, cv = attn.project(layer.input_layernorm(y), *canvas_tables[layer_type])
             keys, values = torch.cat([k, ck], dim=2), torch.cat([v, cv], dim=2)
             y = y + layer.post_attention_layernorm(attn.attend(cq, keys, values, dec_masks[attn.is_sliding]))
             y = (y + layer.feed_forward(y)) * layer.layer_scalar
-        return self.logits(y)
+        return self.logits(y), (x if context_lm else None)
 
     # --- bookkeeping ------------------------------------------------------------------------------
 

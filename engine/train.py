@@ -493,6 +493,15 @@ def causal_sequence(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return ids, pad, weight
 
 
+def context_lm_loss(model, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Next-token loss on the encoder's pass over the context (hidden [B, n, H]): each real context
+    token predicts the next one, and `<fim_middle>` (the last) predicts the first token of the clean
+    canvas. Left pads neither predict nor are predicted (a real token is never followed by a pad)."""
+    targets = torch.cat([batch.context[:, 1:], batch.canvas[:, :1]], dim=1)
+    logits = model.logits(hidden)
+    return weighted_loss(logits, targets, (~batch.context_pad).float())
+
+
 def causal_loss(model, batch: Batch) -> torch.Tensor:
     ids, pad, weight = causal_sequence(batch)
     logits = model.causal_forward_train(ids, pad)
@@ -603,17 +612,20 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     plan_seconds = (args.plan_minutes or args.minutes or 0) * 60
 
     raw_model = model
-    eager = model.forward_train
-    compiled = torch.compile(model.forward_train, mode=args.compile_mode) if args.compile else None
+    eager = model.forward_train_lm
+    compiled = torch.compile(model.forward_train_lm, mode=args.compile_mode) if args.compile else None
 
-    def fwd(context, canvas, self_cond, context_pad):
+    def fwd_lm(context, canvas, self_cond, context_pad, context_lm: bool):
         if compiled is None:
-            return eager(context, canvas, self_cond, context_pad)
+            return eager(context, canvas, self_cond, context_pad, context_lm)
         # One graph for every canvas bucket instead of one per L (compile time is training time).
         torch._dynamo.mark_dynamic(canvas, 1)
         if self_cond is not None:
             torch._dynamo.mark_dynamic(self_cond, 1)
-        return compiled(context, canvas, self_cond, context_pad)
+        return compiled(context, canvas, self_cond, context_pad, context_lm)
+
+    def fwd(context, canvas, self_cond, context_pad):
+        return fwd_lm(context, canvas, self_cond, context_pad, False)[0]
 
     def autocast():
         if cuda:
@@ -653,6 +665,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     losses: list[float] = []
     gen = torch.Generator(device=device).manual_seed(args.seed * 7 + step)
     sc_rng = random.Random(args.seed + step)
+    aux = {"lm_loss": 0.0}  # summed over the log window
 
     def forward_backward(batch: Batch) -> torch.Tensor:
         if causal:
@@ -666,12 +679,19 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if sc_rng.random() < args.self_cond_p:
             with torch.no_grad(), autocast():
                 self_cond = fwd(batch.context, noisy, None, batch.context_pad).detach()
+        context_lm = args.context_lm_weight > 0
         with autocast():
-            logits = fwd(batch.context, noisy, self_cond, batch.context_pad)
+            logits, hidden = fwd_lm(batch.context, noisy, self_cond, batch.context_pad, context_lm)
         loss = weighted_loss(logits, batch.canvas, batch.weight)
+        total = loss
+        if hidden is not None:
+            with autocast():
+                lm = context_lm_loss(raw_model, hidden, batch)
+            total = loss + args.context_lm_weight * lm
+            aux["lm_loss"] += float(lm.detach())
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        return loss
+        total.backward()
+        return loss  # the diffusion loss alone: comparable with runs that have no context LM loss
 
     stop_reason = "steps"
     it = iter(loader)
@@ -725,6 +745,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 "elapsed_s": round(time.time() - t_start, 1),
                 "canvas": int(batch.canvas.shape[1]),
             }
+            if args.context_lm_weight > 0 and not causal:
+                row["lm_loss"] = aux["lm_loss"] / window_n
+            aux["lm_loss"] = 0.0
             if val_batches and (step % args.eval_every == 0):
                 # No eval()/train() toggling: the network has no dropout, and a changed mode would
                 # make torch.compile recompile.
@@ -732,7 +755,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                     validate(raw_model, fwd, val_batches, causal, config, tok.pad_id, device, autocast)
                 )
             log.write(row)
-            extra = f" val {row['val_loss']:.4f} acc {row['val_acc']:.3f}" if "val_loss" in row else ""
+            extra = f" lm {row['lm_loss']:.4f}" if "lm_loss" in row else ""
+            if "val_loss" in row:
+                extra += f" val {row['val_loss']:.4f} acc {row['val_acc']:.3f}"
             print(
                 f"step {step} loss {row['loss']:.4f}{extra} lr {lr:.2e} tok/s {row['tok_per_s']:,.0f} "
                 f"tokens {tokens_seen:,} t {row['elapsed_s']}s",
@@ -811,6 +836,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pad-weight", type=float, default=0.5, help="loss weight of pads after EOS")
     parser.add_argument(
         "--stop-at-plan", action="store_true", help="stop once --plan-minutes of training are spent"
+    )
+    parser.add_argument(
+        "--context-lm-weight",
+        type=float,
+        default=0.0,
+        help="diffusion: weight of a next-token loss on the encoder's context pass (0 = off)",
     )
     parser.add_argument("--t-min", type=float, default=0.02, help="smallest noise level sampled")
     parser.add_argument("--self-cond-p", type=float, default=0.5)

@@ -136,3 +136,41 @@ def test_tiny_training_loss_falls_and_resume_continues(data_dir: Path, tmp_path:
     )
     scalars = load_state(out, fresh, optimizer)
     assert scalars["step"] == 33 and len(optimizer.state) == len(list(fresh.parameters()))
+
+
+def test_context_lm_branch_is_the_encoder_read_to_the_end() -> None:
+    """The hidden states behind the context LM loss are the causal encoder's, last feed-forward
+    included, left padding ignored; asking for them leaves the canvas logits unchanged."""
+    from engine.model import DiffusionGemma
+    from engine.train import model_config
+
+    model = DiffusionGemma(model_config("tiny", 512, 32))
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(1)
+    context = torch.randint(3, 512, (1, 11), generator=g)
+    canvas = torch.randint(0, 512, (1, 16), generator=g)
+    padded = torch.cat([torch.zeros(1, 5, dtype=torch.long), context], dim=1)
+    pad = torch.zeros(1, 16, dtype=torch.bool)
+    pad[:, :5] = True
+    with torch.no_grad():
+        logits, hidden = model.forward_train_lm(padded, canvas, None, pad)
+        plain = model.forward_train(padded, canvas, None, pad)
+        scalars = [layer.layer_scalar for layer in model.model.encoder.language_model.layers]
+        want = model._causal_pass(context, model.new_cache(), scalars, last_feed_forward=True)
+    assert hidden is not None and hidden.shape == (1, 16, model.config.hidden_size)
+    assert (hidden[:, 5:] - want).abs().max().item() < 1e-5
+    assert torch.equal(logits, plain)
+
+
+def test_context_lm_loss_is_logged_and_falls(data_dir: Path, tmp_path: Path) -> None:
+    args = parse(
+        "--data", str(data_dir), "--out", str(tmp_path / "run"), "--model-config", "tiny",
+        "--batch-size", "8", "--context-tokens", "64", "--buckets", "16", "--workers", "0",
+        "--lr", "5e-3", "--warmup", "5", "--steps", "30", "--log-every", "5", "--val-batches", "0",
+        "--device", "cpu", "--context-lm-weight", "1.0",
+    )  # fmt: skip
+    train(args)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    lm = [r["lm_loss"] for r in rows if "lm_loss" in r]
+    assert len(lm) == 7  # step 1, then every 5 steps
+    assert lm[-1] < lm[0] - 1.0, lm

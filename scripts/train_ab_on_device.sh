@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Two diffusion trainings side by side, one chunk of <= 10 minutes a call: run A and run B, each
+# started from its own checkpoint (INIT_A, INIT_B) on the first call and resumed on later calls of the
+# same warm machine. GPUS="0 1" puts them on two GPUs (nvidia-h200-x2); GPUS="0 0" shares one GPU (the
+# model is small: one run leaves most of an H200 idle). Same data, batch, context and schedule for both;
+# only INIT_* and ARGS_* differ, so the two exports compare one choice.
+#   INIT_A=engine/weights/dfim-small ARGS_A="--context-lm-weight 0.5" \
+#   INIT_B=.carry/new/ar/export      ARGS_B="--context-lm-weight 0.5" \
+#   GPUS="0 0" MINUTES_TOTAL=8.3 PLAN=25 EXPORT=0 bash scripts/train_ab_on_device.sh
+# Back in $OUT every call: both train logs and the data summary; with EXPORT=1 also both exports (tar
+# split in 15 MiB parts).
+set -euo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TOKENIZERS_PARALLELISM=false
+START=$(date +%s)
+DATA=${DATA:-/root/dfim-data}
+MINUTES_TOTAL=${MINUTES_TOTAL:-9}
+PLAN=${PLAN:-24}                    # minutes of training planned per run over all calls (LR decay)
+read -r GPU_A GPU_B <<< "${GPUS:-0 1}"
+WORKERS=${WORKERS:-7}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+
+python3 -m engine.data --out "$DATA" --tokenizer engine/weights/dfim-small/tokenizer.json \
+  --workers "$(nproc)" --skip-if-built
+
+ELAPSED=$(( $(date +%s) - START ))
+TRAIN_MINUTES=$(python3 -c "print(max(1.0, $MINUTES_TOTAL - $ELAPSED / 60 - 0.8))")
+echo "data ready after ${ELAPSED}s; training for ${TRAIN_MINUTES} min"
+# A continuation's schedule, passed on every call (a resumed run reads its LR from the arguments):
+# short warm-up, flat, then decay over the last 35% of the plan.
+common=(--data "$DATA" --resume --minutes "$TRAIN_MINUTES" --plan-minutes "$PLAN" --batch-size 128
+        --no-compile --workers "$WORKERS" --log-every 100 --eval-every 500 --warmup 100 --lr 1e-3
+        --decay-share 0.35 --pad-weight "${PAD_WEIGHT:-0.25}" --name dfim-small)
+
+start_run() {  # name gpu init extra-args
+  local name=$1 gpu=$2 init=$3 extra=$4 first=()
+  if [ ! -f "/root/run-$name/state/trainer.json" ]; then
+    first=(--init-from "$init")  # first call: the given weights, a fresh optimizer
+  fi
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=$gpu python3 -m engine.train "${common[@]}" --out "/root/run-$name" \
+    "${first[@]}" $extra > "/root/$name.log" 2>&1 &
+}
+start_run a "$GPU_A" "$INIT_A" "${ARGS_A:-}"
+PID_A=$!
+start_run b "$GPU_B" "$INIT_B" "${ARGS_B:-}"
+PID_B=$!
+status=0
+wait $PID_A || status=$?
+wait $PID_B || status=$?
+tail -n 14 /root/a.log /root/b.log
+
+if [ -n "${OUT:-}" ]; then
+  for run in a b; do
+    cp "/root/run-$run/train_log.jsonl" "$OUT/${run}_log.jsonl" || true
+    if [ "${EXPORT:-0}" = 1 ]; then
+      tar -C "/root/run-$run" -czf "/tmp/$run.tgz" export
+      split -b 15m -d "/tmp/$run.tgz" "$OUT/$run.tgz.part"
+    fi
+  done
+  cp "$DATA/summary.json" "$OUT/data_summary.json" 2>/dev/null || true
+  ls -la "$OUT"
+fi
+exit $status
