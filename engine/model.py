@@ -591,7 +591,9 @@ class DiffusionGemma(nn.Module):
         context_pad: bool [B, n], True on LEFT padding; pads are never attended and positions count
         real tokens only, so a padded example computes what `encode` + `denoise` compute unpadded.
         """
-        canvas_logits, _ = self.forward_train_lm(context_ids, canvas_ids, self_cond_logits, context_pad, False)
+        canvas_logits, _ = self.forward_train_lm(
+            context_ids, canvas_ids, self_cond_logits, context_pad, False
+        )
         return canvas_logits
 
     def forward_train_lm(
