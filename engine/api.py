@@ -33,6 +33,9 @@ class SamplerSettings:
     confidence_threshold: float = 0.005  # mean entropy under which a stable canvas may stop
     early_stop: bool = True  # False: always run max_steps (for sweeps)
     self_conditioning: bool = True
+    # Left-to-right window (0 = off, the released sampler): a step may accept only free positions before
+    # the first one the previous step left undecided plus this many. See `order_window` in the sampler.
+    window: int = 0
 
 
 @dataclass(frozen=True)

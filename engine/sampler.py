@@ -3,7 +3,7 @@
 One `DenoiseState` holds everything a step reads or writes; every step has the same signature
 `step(state, settings) -> None` and the loop just runs them in order after each decoder pass:
 
-    mask_logits -> temperature -> sample -> token_entropy -> pins -> entropy_bound -> renoise
+    mask_logits -> temperature -> sample -> token_entropy -> pins -> order_window -> entropy_bound -> renoise
     -> self_conditioning -> stable_and_confident -> eos_confident -> max_steps
 
 Uniform-state diffusion: the canvas starts as uniformly random tokens, each step keeps the positions
@@ -50,6 +50,7 @@ class DenoiseState:
     argmax: Tensor | None = None  # [B, L] the most likely token per position (pins forced)
     entropy: Tensor | None = None  # [B, L] nats of the processed distribution (0 at pins)
     accepted: Tensor | None = None  # [B, L] bool: kept this step (pins included)
+    eligible: Tensor | None = None  # [B, L] bool: positions this step may accept (None: all)
     self_cond: Tensor | None = None  # [B, L, V] fed to the next decoder pass; None before the first
     history: list[Tensor] = field(default_factory=list)  # previous argmax canvases, oldest first
     finished: Tensor | None = None  # [B] bool
@@ -217,11 +218,34 @@ def pins(state: DenoiseState, settings: SamplerSettings) -> None:
     state.entropy = state.entropy.masked_fill(pinned, 0.0)
 
 
-def accept_by_entropy(entropy: Tensor, pinned: Tensor, bound: float) -> Tensor:
+def order_window(state: DenoiseState, settings: SamplerSettings) -> None:
+    """Left-to-right window (settings.window > 0): only free positions before the first one the previous
+    step did not accept, plus `window` more, may be accepted now; the rest is renoised.
+
+    Accepting many far-apart positions in one step is where a small model's fills go incoherent (each
+    token is chosen without knowing the others: "value_value_value"); a narrow window lets every new
+    token see the ones just left of it, the order code is written in, while the model still reads the
+    whole canvas and the suffix. 0 leaves every position eligible (the released sampler)."""
+    if settings.window <= 0:
+        state.eligible = None
+        return
+    length = state.canvas.shape[-1]
+    free = state.free[None].expand(state.canvas.shape[0], length)
+    previous = state.accepted if state.accepted is not None else torch.zeros_like(free)
+    open_ = free & ~previous
+    index = torch.arange(length, device=free.device).expand_as(free)
+    first_open = torch.where(open_, index, length).min(dim=-1, keepdim=True).values  # [B, 1]
+    state.eligible = index < first_open + settings.window
+
+
+def accept_by_entropy(entropy: Tensor, pinned: Tensor, bound: float, eligible: Tensor | None = None) -> Tensor:
     """Entropy-bound acceptance over the free positions: sort ascending, accept i while
     cumsum(H)_i - H_i <= bound (the sum of all but the largest accepted entropy bounds their joint
-    dependence), at least one. Pinned positions are always accepted and spend nothing of the bound."""
+    dependence), at least one. Pinned positions are always accepted and spend nothing of the bound.
+    `eligible` [B, L]: only those free positions may be accepted (at least one of them)."""
     h = entropy.masked_fill(pinned[None], math.inf)  # pins sort last and never enter the sum
+    if eligible is not None:
+        h = h.masked_fill(~eligible, math.inf)
     sorted_h, order = torch.sort(h, dim=-1)
     finite = sorted_h.masked_fill(torch.isinf(sorted_h), 0.0)
     select = torch.cumsum(finite, dim=-1) - finite <= bound
@@ -231,7 +255,7 @@ def accept_by_entropy(entropy: Tensor, pinned: Tensor, bound: float) -> Tensor:
 
 
 def entropy_bound(state: DenoiseState, settings: SamplerSettings) -> None:
-    state.accepted = accept_by_entropy(state.entropy, state.pinned, settings.entropy_bound)
+    state.accepted = accept_by_entropy(state.entropy, state.pinned, settings.entropy_bound, state.eligible)
 
 
 def renoise(state: DenoiseState, settings: SamplerSettings) -> None:
@@ -306,6 +330,7 @@ DEFAULT_CHAIN: tuple[Step, ...] = (
     sample,
     token_entropy,
     pins,
+    order_window,
     entropy_bound,
     renoise,
     self_conditioning,

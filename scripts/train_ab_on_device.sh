@@ -7,6 +7,7 @@
 #   INIT_A=engine/weights/dfim-small ARGS_A="--context-lm-weight 0.5" \
 #   INIT_B=.carry/new/ar/export      ARGS_B="--context-lm-weight 0.5" \
 #   GPUS="0 0" MINUTES_TOTAL=8.3 PLAN=25 EXPORT=0 bash scripts/train_ab_on_device.sh
+# INIT_B unset: run A alone (the whole GPU and all data workers).
 # Back in $OUT every call: both train logs and the data summary; with EXPORT=1 also both exports (tar
 # split in 15 MiB parts).
 set -euo pipefail
@@ -16,7 +17,7 @@ DATA=${DATA:-/root/dfim-data}
 MINUTES_TOTAL=${MINUTES_TOTAL:-9}
 PLAN=${PLAN:-24}                    # minutes of training planned per run over all calls (LR decay)
 read -r GPU_A GPU_B <<< "${GPUS:-0 1}"
-WORKERS=${WORKERS:-7}
+WORKERS=${WORKERS:-7}               # data workers per run (16 cores on a one-GPU machine)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 
 python3 -m engine.data --out "$DATA" --tokenizer engine/weights/dfim-small/tokenizer.json \
@@ -28,8 +29,8 @@ echo "data ready after ${ELAPSED}s; training for ${TRAIN_MINUTES} min"
 # A continuation's schedule, passed on every call (a resumed run reads its LR from the arguments):
 # short warm-up, flat, then decay over the last 35% of the plan.
 common=(--data "$DATA" --resume --minutes "$TRAIN_MINUTES" --plan-minutes "$PLAN" --batch-size 128
-        --no-compile --workers "$WORKERS" --log-every 100 --eval-every 500 --warmup 100 --lr 1e-3
-        --decay-share 0.35 --pad-weight "${PAD_WEIGHT:-0.25}" --name dfim-small)
+        --no-compile --workers "$WORKERS" --log-every 100 --eval-every 500 --warmup 100 --lr "${LR:-1e-3}"
+        --decay-share "${DECAY_SHARE:-0.35}" --pad-weight "${PAD_WEIGHT:-0.25}" --name dfim-small)
 
 start_run() {  # name gpu init extra-args
   local name=$1 gpu=$2 init=$3 extra=$4 first=()
@@ -42,15 +43,18 @@ start_run() {  # name gpu init extra-args
 }
 start_run a "$GPU_A" "$INIT_A" "${ARGS_A:-}"
 PID_A=$!
-start_run b "$GPU_B" "$INIT_B" "${ARGS_B:-}"
-PID_B=$!
+RUNS=(a)
 status=0
+if [ -n "${INIT_B:-}" ]; then
+  start_run b "$GPU_B" "$INIT_B" "${ARGS_B:-}"
+  RUNS+=(b)
+  wait $! || status=$?
+fi
 wait $PID_A || status=$?
-wait $PID_B || status=$?
-tail -n 14 /root/a.log /root/b.log
+for run in "${RUNS[@]}"; do tail -n 14 "/root/$run.log"; done
 
 if [ -n "${OUT:-}" ]; then
-  for run in a b; do
+  for run in "${RUNS[@]}"; do
     cp "/root/run-$run/train_log.jsonl" "$OUT/${run}_log.jsonl" || true
     if [ "${EXPORT:-0}" = 1 ]; then
       tar -C "/root/run-$run" -czf "/tmp/$run.tgz" export
