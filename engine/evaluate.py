@@ -117,6 +117,7 @@ SWEEP_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "confidence_threshold": ("confidence_threshold", float),
     "stability_threshold": ("stability_threshold", int),
     "self_conditioning": ("self_conditioning", _parse_bool),
+    "window": ("window", int),
     "max_tokens": ("max_tokens", int),  # the canvas bucket (rounded up by the engine)
     "bucket": ("max_tokens", int),
 }
