@@ -247,8 +247,9 @@ def accept_by_entropy(entropy: Tensor, pinned: Tensor, bound: float, eligible: T
     if eligible is not None:
         h = h.masked_fill(~eligible, math.inf)
     sorted_h, order = torch.sort(h, dim=-1)
-    finite = sorted_h.masked_fill(torch.isinf(sorted_h), 0.0)
-    select = torch.cumsum(finite, dim=-1) - finite <= bound
+    out = torch.isinf(sorted_h)  # pins and ineligible positions
+    finite = sorted_h.masked_fill(out, 0.0)
+    select = (torch.cumsum(finite, dim=-1) - finite <= bound) & ~out
     select[:, 0] = True
     accepted = torch.zeros_like(select).scatter(-1, order, select)
     return accepted | pinned[None]

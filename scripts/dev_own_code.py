@@ -5,6 +5,7 @@ and is not the shared evaluation set, so settings may be tried on it. Lines of 1
 comments or strings, at least 20 lines into a file; the cursor sits after the line's indentation.
 
     python scripts/dev_own_code.py [--model DIR] [--limit 100] [--prefix-chars 1200 --suffix-chars 500]
+                                   [--window 4]
 """
 
 from __future__ import annotations
@@ -53,10 +54,11 @@ def main() -> None:
     parser.add_argument("--prefix-chars", type=int, default=4000)
     parser.add_argument("--suffix-chars", type=int, default=1500)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--window", type=int, default=0, help="sampler left-to-right window (0 = off)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     engine = Engine.load(args.model)
-    settings = SamplerSettings(max_steps=args.steps)
+    settings = SamplerSettings(max_steps=args.steps, window=args.window)
     em, es, steps, ms = [], [], [], []
     for i, p in enumerate(problems()[: args.limit]):
         request = FillRequest(
@@ -74,7 +76,7 @@ def main() -> None:
         es.append(edit_similarity(result.text, p["want"]))
         steps.append(result.steps)
     print(
-        f"{engine.model_name}: {len(em)} problems, EM {100 * statistics.mean(em):.1f}% "
+        f"{engine.model_name} window {args.window}: {len(em)} problems, EM {100 * statistics.mean(em):.1f}% "
         f"ES {statistics.mean(es):.1f} steps {statistics.mean(steps):.1f} median ms {statistics.median(ms):.0f}"
     )
 

@@ -96,6 +96,33 @@ def test_pins_are_accepted_and_do_not_spend_the_bound():
     assert accepted.tolist() == [[True, True, True, False]]
 
 
+def test_order_window_limits_acceptance_to_the_left_edge_plus_window():
+    settings = SamplerSettings(window=2)
+    state = make_state(length=8, pins={3: 7}, settings=settings)
+    # Step 1: nothing accepted yet, so positions 0 and 1 are eligible (pins are accepted anyway).
+    sampler.order_window(state, settings)
+    assert state.eligible.tolist() == [[True, True, False, False, False, False, False, False]]
+    state.entropy = torch.full((1, 8), 0.001)  # everything certain: only the window may be kept
+    sampler.entropy_bound(state, settings)
+    assert state.accepted.tolist() == [[True, True, False, True, False, False, False, False]]
+    # Step 2: 0-1 kept and 3 pinned, so the first open position is 2: positions up to 3 are eligible.
+    sampler.order_window(state, settings)
+    assert state.eligible[0, :4].all() and not state.eligible[0, 4:].any()
+    # The released sampler (window 0) leaves every position eligible.
+    sampler.order_window(state, SamplerSettings())
+    assert state.eligible is None
+
+
+def test_order_window_still_accepts_one_position_and_finishes():
+    """Over a whole run the window crawls left to right and the canvas still settles and stops."""
+    settings = SamplerSettings(window=1, max_steps=40)
+    state = make_state(length=6, settings=settings)
+    tokens = [5, 6, 7, EOS, PAD, PAD]
+    canvas = sampler.run(state, settings, constant(peaked(tokens)))
+    assert canvas[0].tolist() == tokens
+    assert state.stop_reason[0] in ("stable", "eos_confident") and int(state.steps[0]) < 40
+
+
 def test_entropy_step_measures_the_processed_distribution():
     settings = SamplerSettings(max_steps=1, t_min=0.5, t_max=1.0)
     state = make_state(length=2, settings=settings)
