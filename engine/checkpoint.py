@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,19 @@ def read_config(folder: Path) -> ModelConfig:
 
 
 def read_settings(folder: Path) -> SamplerSettings:
-    """Sampler defaults from `generation_config.json`; absent file or fields keep the released defaults."""
+    """Sampler defaults from `generation_config.json`, then dfim's own knobs from `dfim.json`'s "sampler"
+    (those the released format has no field for, e.g. {"window": 8}); absent ones keep the defaults."""
+    settings = _read_generation_settings(folder)
+    extra = read_info(folder).get("sampler") or {}
+    known = {"window": int}
+    try:
+        changes = {k: known[k](v) for k, v in extra.items() if k in known}
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{folder / INFO_FILE}: bad sampler setting ({err})") from None
+    return replace(settings, **changes)
+
+
+def _read_generation_settings(folder: Path) -> SamplerSettings:
     path = folder / "generation_config.json"
     if not path.exists():
         return SamplerSettings()
@@ -298,6 +311,8 @@ def save_model(
     (folder / "generation_config.json").write_text(
         json.dumps(generation_config(model.config, settings), indent=2) + "\n"
     )
+    if settings.window:  # no field for it in the released format: kept in our own notes
+        info = {**(info or {}), "sampler": {"window": settings.window}}
     if info is not None:
         (folder / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return folder

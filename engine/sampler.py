@@ -238,7 +238,9 @@ def order_window(state: DenoiseState, settings: SamplerSettings) -> None:
     state.eligible = index < first_open + settings.window
 
 
-def accept_by_entropy(entropy: Tensor, pinned: Tensor, bound: float, eligible: Tensor | None = None) -> Tensor:
+def accept_by_entropy(
+    entropy: Tensor, pinned: Tensor, bound: float, eligible: Tensor | None = None
+) -> Tensor:
     """Entropy-bound acceptance over the free positions: sort ascending, accept i while
     cumsum(H)_i - H_i <= bound (the sum of all but the largest accepted entropy bounds their joint
     dependence), at least one. Pinned positions are always accepted and spend nothing of the bound.

@@ -39,6 +39,27 @@ def test_load_reads_the_random_marker_and_settings(engine, checkpoint):
     assert engine.path == Path(checkpoint)
 
 
+def test_checkpoint_sampler_notes_round_trip(tmp_path):
+    """dfim's own sampler knobs (no field in generation_config.json) live in dfim.json and load back;
+    a bad value is a one-line checkpoint error, not a crash."""
+    from engine.checkpoint import load_model, read_settings, save_model
+
+    model, _ = load_model(write_random_checkpoint(tmp_path / "a", TOKENIZER_JSON, seed=1))
+    save_model(model, tmp_path / "b", SamplerSettings(window=8), info={"name": "b"})
+    assert read_settings(tmp_path / "b") == SamplerSettings(window=8)
+    info = json.loads((tmp_path / "b" / "dfim.json").read_text())
+    assert info == {"name": "b", "sampler": {"window": 8}}
+    (tmp_path / "b" / "dfim.json").write_text(json.dumps({"sampler": {"window": "wide"}}))
+    with pytest.raises(CheckpointError, match="bad sampler setting"):
+        read_settings(tmp_path / "b")
+
+
+def test_shipped_model_uses_the_order_window():
+    from engine.checkpoint import DEFAULT_MODEL_DIR, read_settings
+
+    assert read_settings(DEFAULT_MODEL_DIR).window == 8  # decision 20
+
+
 def test_fill_returns_text_and_accounting(engine):
     result = fill(engine, prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=16)
     assert isinstance(result.text, str)
