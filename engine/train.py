@@ -665,15 +665,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     losses: list[float] = []
     gen = torch.Generator(device=device).manual_seed(args.seed * 7 + step)
     sc_rng = random.Random(args.seed + step)
-    aux = {"lm_loss": 0.0}  # summed over the log window
+    window_lm = 0.0  # context LM loss summed over the log window
 
-    def forward_backward(batch: Batch) -> torch.Tensor:
+    def forward_backward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One step's gradients -> (the objective's own loss, the context LM loss or None)."""
         if causal:
             with autocast():
                 loss = causal_loss(raw_model, batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            return loss
+            return loss, None
         noisy, _ = add_noise(batch.canvas, batch.pinned, config.vocab_size, args.t_min, gen)
         self_cond = None
         if sc_rng.random() < args.self_cond_p:
@@ -683,15 +684,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         with autocast():
             logits, hidden = fwd_lm(batch.context, noisy, self_cond, batch.context_pad, context_lm)
         loss = weighted_loss(logits, batch.canvas, batch.weight)
-        total = loss
+        total, lm = loss, None
         if hidden is not None:
             with autocast():
                 lm = context_lm_loss(raw_model, hidden, batch)
             total = loss + args.context_lm_weight * lm
-            aux["lm_loss"] += float(lm.detach())
         optimizer.zero_grad(set_to_none=True)
         total.backward()
-        return loss  # the diffusion loss alone: comparable with runs that have no context LM loss
+        # the diffusion loss alone is reported: comparable with runs that have no context LM loss
+        return loss, (None if lm is None else lm.detach())
 
     stop_reason = "steps"
     it = iter(loader)
@@ -716,13 +717,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         for group in optimizer.param_groups:
             group["lr"] = lr
         try:
-            loss = forward_backward(batch)
+            loss, lm = forward_backward(batch)
         except Exception as err:  # a compiler failure must not cost the run: fall back to eager
             if compiled is None or step > 0:
                 raise
             print(f"torch.compile failed ({type(err).__name__}: {err}); continuing without it", flush=True)
             compiled = None
-            loss = forward_backward(batch)
+            loss, lm = forward_backward(batch)
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         optimizer.step()
         step += 1
@@ -731,6 +732,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         loss_value = float(loss.detach())  # syncs: keeps the step time honest
         losses.append(loss_value)
         window_loss += loss_value
+        if lm is not None:
+            window_lm += float(lm)
         window_n += 1
         train_seconds += time.time() - t0
 
@@ -746,8 +749,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 "canvas": int(batch.canvas.shape[1]),
             }
             if args.context_lm_weight > 0 and not causal:
-                row["lm_loss"] = aux["lm_loss"] / window_n
-            aux["lm_loss"] = 0.0
+                row["lm_loss"] = window_lm / window_n
+            window_lm = 0.0
             if val_batches and (step % args.eval_every == 0):
                 # No eval()/train() toggling: the network has no dropout, and a changed mode would
                 # make torch.compile recompile.

@@ -5,7 +5,7 @@ and is not the shared evaluation set, so settings may be tried on it. Lines of 1
 comments or strings, at least 20 lines into a file; the cursor sits after the line's indentation.
 
     python scripts/dev_own_code.py [--model DIR] [--limit 100] [--prefix-chars 1200 --suffix-chars 500]
-                                   [--window 4]
+                                   [--set window=8 --set entropy_bound=0.3]
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ import argparse
 import random
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from engine import Engine
-from engine.api import FillRequest, SamplerSettings
+from engine.api import FillRequest
+from engine.evaluate import SWEEP_KEYS
 from engine.metrics import edit_similarity, exact_match
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,11 +56,22 @@ def main() -> None:
     parser.add_argument("--prefix-chars", type=int, default=4000)
     parser.add_argument("--suffix-chars", type=int, default=1500)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--window", type=int, default=0, help="sampler left-to-right window (0 = off)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="sampler setting over the model's defaults (keys as in `dfim eval --sweep`), repeatable",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     engine = Engine.load(args.model)
-    settings = SamplerSettings(max_steps=args.steps, window=args.window)
+    changes: dict[str, object] = {"max_steps": args.steps}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        field, parse = SWEEP_KEYS[key.strip()]
+        changes[field] = parse(value)
+    settings = replace(engine.settings, **changes)
     em, es, steps, ms = [], [], [], []
     for i, p in enumerate(problems()[: args.limit]):
         request = FillRequest(
@@ -76,7 +89,7 @@ def main() -> None:
         es.append(edit_similarity(result.text, p["want"]))
         steps.append(result.steps)
     print(
-        f"{engine.model_name} window {args.window}: {len(em)} problems, EM {100 * statistics.mean(em):.1f}% "
+        f"{engine.model_name} {' '.join(args.set) or 'defaults'}: {len(em)} problems, EM {100 * statistics.mean(em):.1f}% "
         f"ES {statistics.mean(es):.1f} steps {statistics.mean(steps):.1f} median ms {statistics.median(ms):.0f}"
     )
 
