@@ -82,7 +82,9 @@ def read_settings(folder: Path) -> SamplerSettings:
     (those the released format has no field for, e.g. {"window": 8}); absent ones keep the defaults."""
     settings = _read_generation_settings(folder)
     extra = read_info(folder).get("sampler") or {}
-    known = {"window": int}
+    if not isinstance(extra, dict):
+        raise CheckpointError(f'{folder / INFO_FILE}: bad sampler setting ("sampler" is not an object)')
+    known = {"window": int}  # keys a later dfim may add are ignored here, not refused
     try:
         changes = {k: known[k](v) for k, v in extra.items() if k in known}
     except (TypeError, ValueError) as err:
@@ -311,6 +313,8 @@ def save_model(
     (folder / "generation_config.json").write_text(
         json.dumps(generation_config(model.config, settings), indent=2) + "\n"
     )
+    if info is not None:  # the notes' sampler entry always says what `settings` says
+        info = {k: v for k, v in info.items() if k != "sampler"}
     if settings.window:  # no field for it in the released format: kept in our own notes
         info = {**(info or {}), "sampler": {"window": settings.window}}
     if info is not None:

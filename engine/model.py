@@ -592,7 +592,7 @@ class DiffusionGemma(nn.Module):
         real tokens only, so a padded example computes what `encode` + `denoise` compute unpadded.
         """
         canvas_logits, _ = self.forward_train_lm(
-            context_ids, canvas_ids, self_cond_logits, context_pad, False
+            context_ids, canvas_ids, self_cond_logits, context_pad, context_lm=False
         )
         return canvas_logits
 
@@ -602,6 +602,7 @@ class DiffusionGemma(nn.Module):
         canvas_ids: Tensor,
         self_cond_logits: Tensor | None = None,
         context_pad: Tensor | None = None,
+        *,
         context_lm: bool = True,
     ) -> tuple[Tensor, Tensor | None]:
         """`forward_train`, and with context_lm the encoder's final hidden states [B, n, H] as well.

@@ -51,6 +51,7 @@ class DenoiseState:
     entropy: Tensor | None = None  # [B, L] nats of the processed distribution (0 at pins)
     accepted: Tensor | None = None  # [B, L] bool: kept this step (pins included)
     eligible: Tensor | None = None  # [B, L] bool: positions this step may accept (None: all)
+    seeded: Tensor | None = None  # [B, L] bool: still holding a warm-start token (never renoised since)
     self_cond: Tensor | None = None  # [B, L, V] fed to the next decoder pass; None before the first
     history: list[Tensor] = field(default_factory=list)  # previous argmax canvases, oldest first
     finished: Tensor | None = None  # [B] bool
@@ -124,6 +125,8 @@ def new_state(
             coin = torch.rand((batch, length), generator=generator, device=device)
             keep &= coin >= init_noise
         canvas = torch.where(keep, init_ids[None].expand(batch, length), canvas)
+    else:
+        keep = None
     canvas = torch.where(pinned[None], pin_ids[None], canvas)
     return DenoiseState(
         canvas=canvas,
@@ -137,6 +140,7 @@ def new_state(
         banned=banned,
         no_end=no_end,
         allowed_at=dict(allowed_at or {}),
+        seeded=keep,
     )
 
 
@@ -225,7 +229,9 @@ def order_window(state: DenoiseState, settings: SamplerSettings) -> None:
     Accepting many far-apart positions in one step is where a small model's fills go incoherent (each
     token is chosen without knowing the others: "value_value_value"); a narrow window lets every new
     token see the ones just left of it, the order code is written in, while the model still reads the
-    whole canvas and the suffix. 0 leaves every position eligible (the released sampler)."""
+    whole canvas and the suffix. 0 leaves every position eligible (the released sampler). Tokens of a
+    warm start (a rewrite's old text) stay eligible wherever they are until they are renoised: they
+    were written in order already, and the window must not throw them away."""
     if settings.window <= 0:
         state.eligible = None
         return
@@ -236,6 +242,8 @@ def order_window(state: DenoiseState, settings: SamplerSettings) -> None:
     index = torch.arange(length, device=free.device).expand_as(free)
     first_open = torch.where(open_, index, length).min(dim=-1, keepdim=True).values  # [B, 1]
     state.eligible = index < first_open + settings.window
+    if state.seeded is not None:
+        state.eligible |= state.seeded
 
 
 def accept_by_entropy(
@@ -252,7 +260,7 @@ def accept_by_entropy(
     out = torch.isinf(sorted_h)  # pins and ineligible positions
     finite = sorted_h.masked_fill(out, 0.0)
     select = (torch.cumsum(finite, dim=-1) - finite <= bound) & ~out
-    select[:, 0] = True
+    select[:, 0] |= ~out[:, 0]  # at least one free, eligible position (NaN entropies sort after inf)
     accepted = torch.zeros_like(select).scatter(-1, order, select)
     return accepted | pinned[None]
 
@@ -266,6 +274,8 @@ def renoise(state: DenoiseState, settings: SamplerSettings) -> None:
     noise = uniform_tokens(tuple(state.canvas.shape), state.vocab_size, state.generator, state.canvas.device)
     keep = state.accepted | state.pinned[None]
     state.canvas = torch.where(keep, state.sampled, noise)
+    if state.seeded is not None:
+        state.seeded = state.seeded & keep
 
 
 def self_conditioning(state: DenoiseState, settings: SamplerSettings) -> None:
@@ -343,7 +353,7 @@ DEFAULT_CHAIN: tuple[Step, ...] = (
 )
 
 # Row tensors a finished row must keep unchanged while the rest of the batch denoises on.
-_ROW_FIELDS = ("canvas", "sampled", "argmax", "entropy", "accepted", "self_cond", "logits")
+_ROW_FIELDS = ("canvas", "sampled", "argmax", "entropy", "accepted", "seeded", "self_cond", "logits")
 
 
 # --- the loop -----------------------------------------------------------------------------------

@@ -531,12 +531,17 @@ def validate(model, fwd, batches, causal: bool, config: ModelConfig, pad_id: int
     return {"val_loss": total / max(weight, 1.0), "val_acc": correct / max(count, 1.0)}
 
 
-def export(model, out_dir: Path, tok_path: Path, info: dict[str, Any]) -> Path:
+def export(model, out_dir: Path, tok_path: Path, info: dict[str, Any], origin: str | None = None) -> Path:
+    """Write the trained weights as a checkpoint. Sampler defaults come from `origin` (the checkpoint the
+    run started from) when it is still there, so a continuation keeps e.g. its `window`."""
     from engine.api import SamplerSettings
-    from engine.checkpoint import save_model
+    from engine.checkpoint import read_settings, save_model
 
+    settings = SamplerSettings()
+    if origin and Path(origin).is_dir():
+        settings = read_settings(Path(origin))
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_model(model, out_dir, SamplerSettings(), dtype=torch.bfloat16, info=info)
+    save_model(model, out_dir, settings, dtype=torch.bfloat16, info=info)
     shutil.copyfile(tok_path, out_dir / "tokenizer.json")
     return out_dir
 
@@ -565,6 +570,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     buckets = tuple(sorted(int(b) for b in args.buckets.split(",")))
     causal = args.objective == "causal"
+    if causal and args.context_lm_weight > 0:
+        raise SystemExit("--context-lm-weight is for the diffusion objective (a causal run's loss is all LM)")
     settings = ExampleSettings(
         context_tokens=args.context_tokens, buckets=buckets, pad_weight=args.pad_weight
     )
@@ -574,9 +581,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     from engine.model import DiffusionGemma
 
+    origin = args.init_from  # the checkpoint this run started from, remembered across resumes
     if resuming:
         saved = json.loads((out / "state" / "trainer.json").read_text())
         config = ModelConfig.from_dict(saved["model_config"])
+        origin = saved.get("init_from") or origin
     elif args.init_from:
         from engine.checkpoint import read_config
 
@@ -617,12 +626,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     def fwd_lm(context, canvas, self_cond, context_pad, context_lm: bool):
         if compiled is None:
-            return eager(context, canvas, self_cond, context_pad, context_lm)
+            return eager(context, canvas, self_cond, context_pad, context_lm=context_lm)
         # One graph for every canvas bucket instead of one per L (compile time is training time).
         torch._dynamo.mark_dynamic(canvas, 1)
         if self_cond is not None:
             torch._dynamo.mark_dynamic(self_cond, 1)
-        return compiled(context, canvas, self_cond, context_pad, context_lm)
+        return compiled(context, canvas, self_cond, context_pad, context_lm=context_lm)
 
     def fwd(context, canvas, self_cond, context_pad):
         return fwd_lm(context, canvas, self_cond, context_pad, False)[0]
@@ -657,6 +666,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             "tokens": tokens_seen,
             "train_seconds": train_seconds,
             "model_config": config.to_dict(),
+            "init_from": origin,
             "args": {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)},
         }
 
@@ -781,6 +791,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "name": args.name,
         "random": False,
         "objective": args.objective,
+        **({"context_lm_weight": args.context_lm_weight} if args.context_lm_weight > 0 else {}),
         "context_tokens": args.context_tokens,
         "step": step,
         "tokens": tokens_seen,
@@ -789,7 +800,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         **{k: v for k, v in final.items() if k.startswith("val")},
     }
     export_dir = Path(args.export) if args.export else out / "export"
-    export(raw_model, export_dir, tok_path, info)
+    export(raw_model, export_dir, tok_path, info, origin)
     print(
         f"stopped ({stop_reason}) at step {step}; state in {out / 'state'}, export in {export_dir}",
         flush=True,

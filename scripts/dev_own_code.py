@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from engine import Engine
-from engine.api import FillRequest
+from engine.api import FillRequest, SamplerSettings
 from engine.evaluate import SWEEP_KEYS
 from engine.metrics import edit_similarity, exact_match
 
@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--prefix-chars", type=int, default=4000)
     parser.add_argument("--suffix-chars", type=int, default=1500)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--max-tokens", type=int, default=32, help="canvas (the server's single-line one)")
     parser.add_argument(
         "--set",
         action="append",
@@ -68,16 +69,22 @@ def main() -> None:
     engine = Engine.load(args.model)
     changes: dict[str, object] = {"max_steps": args.steps}
     for item in args.set:
-        key, _, value = item.partition("=")
-        field, parse = SWEEP_KEYS[key.strip()]
-        changes[field] = parse(value)
+        key, sep, value = item.partition("=")
+        known = {k: v for k, v in SWEEP_KEYS.items() if v[0] in SamplerSettings.__dataclass_fields__}
+        if not sep or key.strip() not in known:
+            parser.error(f"--set {item!r}: expected KEY=VALUE with KEY one of {sorted(known)}")
+        field, parse = known[key.strip()]
+        try:
+            changes[field] = parse(value)
+        except ValueError as err:
+            parser.error(f"--set {item!r}: {err}")
     settings = replace(engine.settings, **changes)
     em, es, steps, ms = [], [], [], []
     for i, p in enumerate(problems()[: args.limit]):
         request = FillRequest(
             p["prefix"][-args.prefix_chars :],
             p["suffix"][: args.suffix_chars],
-            max_tokens=32,
+            max_tokens=args.max_tokens,
             seed=i,
             settings=settings,
             stop=("\n",),
@@ -89,7 +96,7 @@ def main() -> None:
         es.append(edit_similarity(result.text, p["want"]))
         steps.append(result.steps)
     print(
-        f"{engine.model_name} {' '.join(args.set) or 'defaults'}: {len(em)} problems, EM {100 * statistics.mean(em):.1f}% "
+        f"{engine.model_name} {' '.join(args.set) or 'model defaults'}, max {args.steps} steps: {len(em)} problems, EM {100 * statistics.mean(em):.1f}% "
         f"ES {statistics.mean(es):.1f} steps {statistics.mean(steps):.1f} median ms {statistics.median(ms):.0f}"
     )
 

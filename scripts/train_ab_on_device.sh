@@ -7,7 +7,7 @@
 #   INIT_A=engine/weights/dfim-small ARGS_A="--context-lm-weight 0.5" \
 #   INIT_B=.carry/new/ar/export      ARGS_B="--context-lm-weight 0.5" \
 #   GPUS="0 0" MINUTES_TOTAL=8.3 PLAN=25 EXPORT=0 bash scripts/train_ab_on_device.sh
-# INIT_B unset: run A alone (the whole GPU and all data workers).
+# INIT_B unset: run A alone (the whole GPU; pass WORKERS=12 to give it the data workers too).
 # Back in $OUT every call: both train logs and the data summary; with EXPORT=1 also both exports (tar
 # split in 15 MiB parts).
 set -euo pipefail
@@ -17,7 +17,9 @@ DATA=${DATA:-/root/dfim-data}
 MINUTES_TOTAL=${MINUTES_TOTAL:-9}
 PLAN=${PLAN:-24}                    # minutes of training planned per run over all calls (LR decay)
 read -r GPU_A GPU_B <<< "${GPUS:-0 1}"
-WORKERS=${WORKERS:-7}               # data workers per run (16 cores on a one-GPU machine)
+GPU_B=${GPU_B:-$GPU_A}              # GPUS="0": both runs on GPU 0
+INIT_A=${INIT_A:?INIT_A: the checkpoint folder run A starts from}
+WORKERS=${WORKERS:-7}               # data workers per run (7 + 7 on a 16-core one-GPU machine; 12 alone)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 
 python3 -m engine.data --out "$DATA" --tokenizer engine/weights/dfim-small/tokenizer.json \
@@ -56,7 +58,7 @@ for run in "${RUNS[@]}"; do tail -n 14 "/root/$run.log"; done
 if [ -n "${OUT:-}" ]; then
   for run in "${RUNS[@]}"; do
     cp "/root/run-$run/train_log.jsonl" "$OUT/${run}_log.jsonl" || true
-    if [ "${EXPORT:-0}" = 1 ]; then
+    if [ "${EXPORT:-0}" = 1 ] && [ -d "/root/run-$run/export" ]; then
       tar -C "/root/run-$run" -czf "/tmp/$run.tgz" export
       split -b 15m -d "/tmp/$run.tgz" "$OUT/$run.tgz.part"
     fi

@@ -49,9 +49,14 @@ def test_checkpoint_sampler_notes_round_trip(tmp_path):
     assert read_settings(tmp_path / "b") == SamplerSettings(window=8)
     info = json.loads((tmp_path / "b" / "dfim.json").read_text())
     assert info == {"name": "b", "sampler": {"window": 8}}
-    (tmp_path / "b" / "dfim.json").write_text(json.dumps({"sampler": {"window": "wide"}}))
-    with pytest.raises(CheckpointError, match="bad sampler setting"):
-        read_settings(tmp_path / "b")
+    # Saving with the released sampler drops a stale entry the notes were copied with.
+    save_model(model, tmp_path / "c", SamplerSettings(), info=info)
+    assert "sampler" not in json.loads((tmp_path / "c" / "dfim.json").read_text())
+    assert read_settings(tmp_path / "c") == SamplerSettings()
+    for bad in ({"window": "wide"}, [8]):
+        (tmp_path / "b" / "dfim.json").write_text(json.dumps({"sampler": bad}))
+        with pytest.raises(CheckpointError, match="bad sampler setting"):
+            read_settings(tmp_path / "b")
 
 
 def test_shipped_model_uses_the_order_window():

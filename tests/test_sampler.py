@@ -121,6 +121,31 @@ def test_order_window_still_accepts_one_position_and_finishes():
     canvas = sampler.run(state, settings, constant(peaked(tokens)))
     assert canvas[0].tolist() == tokens
     assert state.stop_reason[0] in ("stable", "eos_confident") and int(state.steps[0]) < 40
+    # Window 0 accepts all of these certain positions at once and stops on step 1 (eos_confident);
+    # window 1 accepts one new position a step, so only the argmax canvas' stability stops it.
+    assert int(state.steps[0]) == 2 and state.stop_reason[0] == "stable"
+
+
+def test_order_window_keeps_warm_start_tokens_eligible():
+    """A rewrite's old text must survive the window: seeded positions stay eligible until renoised."""
+    settings = SamplerSettings(window=1)
+    old = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12])
+    state = make_state(
+        length=8, settings=settings, init_ids=old, init_mask=torch.ones(8, dtype=torch.bool), init_noise=0.0
+    )
+    chain = (sampler.sample, sampler.token_entropy, sampler.pins, sampler.order_window,
+             sampler.entropy_bound, sampler.renoise)  # fmt: skip
+    sampler.denoise_step(state, settings, peaked(old.tolist()), chain)
+    assert state.accepted.all() and torch.equal(state.canvas[0], old)
+    # A seeded position the entropy bound rejects is renoised and from then on waits for the window.
+    state.accepted[0, 6] = False
+    sampler.renoise(state, settings)
+    assert not bool(state.seeded[0, 6]) and bool(state.seeded[0, 7])
+    sampler.order_window(state, settings)
+    assert state.eligible[0].tolist() == [True] * 8  # 0-5 accepted, 6 the first open one, 7 seeded
+    state.seeded[0, 7] = False
+    sampler.order_window(state, settings)
+    assert state.eligible[0].tolist() == [True] * 7 + [False]
 
 
 def test_entropy_step_measures_the_processed_distribution():

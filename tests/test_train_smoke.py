@@ -162,15 +162,43 @@ def test_context_lm_branch_is_the_encoder_read_to_the_end() -> None:
     assert torch.equal(logits, plain)
 
 
-def test_context_lm_loss_is_logged_and_falls(data_dir: Path, tmp_path: Path) -> None:
+def test_context_lm_loss_teaches_the_encoder_next_tokens(data_dir: Path, tmp_path: Path) -> None:
+    """Two tiny runs from the same seed, with and without the context LM loss: only the first logs it,
+    records it in dfim.json, and ends with an encoder that predicts the next context token better."""
+    from engine.checkpoint import load_model, read_info
+    from engine.train import BatchStream, context_lm_loss
+
+    def run(weight: str) -> Path:
+        out = tmp_path / f"lm{weight}"
+        train(parse(
+            "--data", str(data_dir), "--out", str(out), "--model-config", "tiny", "--batch-size", "8",
+            "--context-tokens", "64", "--buckets", "16", "--workers", "0", "--lr", "5e-3", "--warmup", "5",
+            "--steps", "30", "--log-every", "5", "--val-batches", "0", "--device", "cpu",
+            "--context-lm-weight", weight,
+        ))  # fmt: skip
+        return out
+
+    with_lm, without = run("1.0"), run("0")
+    rows = [json.loads(line) for line in (with_lm / "train_log.jsonl").read_text().splitlines()]
+    assert len([r for r in rows if "lm_loss" in r]) == 7  # step 1, then every 5 steps
+    assert "lm_loss" not in (without / "train_log.jsonl").read_text()
+    assert read_info(with_lm / "export")["context_lm_weight"] == 1.0
+
+    settings = ExampleSettings(context_tokens=64, buckets=(16,))
+    batch = next(iter(BatchStream(str(data_dir), "train", str(TOKENIZER_JSON), settings, 8, seed=99)))
+    losses = []
+    for folder in (with_lm, without):
+        model, _ = load_model(folder / "export")
+        with torch.no_grad():
+            _, hidden = model.forward_train_lm(batch.context, batch.canvas, None, batch.context_pad)
+            losses.append(float(context_lm_loss(model, hidden, batch)))
+    assert losses[0] < losses[1] - 0.4, losses  # (without the LM term the two runs are identical)
+
+
+def test_context_lm_weight_is_refused_for_a_causal_run(data_dir: Path, tmp_path: Path) -> None:
     args = parse(
-        "--data", str(data_dir), "--out", str(tmp_path / "run"), "--model-config", "tiny",
-        "--batch-size", "8", "--context-tokens", "64", "--buckets", "16", "--workers", "0",
-        "--lr", "5e-3", "--warmup", "5", "--steps", "30", "--log-every", "5", "--val-batches", "0",
-        "--device", "cpu", "--context-lm-weight", "1.0",
+        "--data", str(data_dir), "--out", str(tmp_path / "run"), "--objective", "causal",
+        "--context-lm-weight", "0.5", "--device", "cpu", "--steps", "1",
     )  # fmt: skip
-    train(args)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
-    lm = [r["lm_loss"] for r in rows if "lm_loss" in r]
-    assert len(lm) == 7  # step 1, then every 5 steps
-    assert lm[-1] < lm[0] - 1.0, lm
+    with pytest.raises(SystemExit, match="diffusion objective"):
+        train(args)
