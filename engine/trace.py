@@ -55,6 +55,17 @@ class Trace:
     model: str
     random_model: bool
     frames: list[Frame] = field(default_factory=list)
+    # What the last canvas read after the committed fill when a stop string (a single-line fill's
+    # newline) ended it there: shown under the fill, so the page explains why the canvas says more.
+    cut: str = ""
+
+
+def text_after_stop(fill: str, canvas_text: str, stop: tuple[str, ...]) -> str:
+    """The part of `canvas_text` that `stop` cut off `fill` ("" when nothing was cut)."""
+    if not stop or not canvas_text.startswith(fill) or len(canvas_text) == len(fill):
+        return ""
+    rest = canvas_text[len(fill) :]
+    return rest if any(rest.startswith(s) for s in stop) else ""
 
 
 class Recorder:
@@ -113,6 +124,7 @@ class Recorder:
             model=model,
             random_model=random_model,
             frames=self.frames,
+            cut=text_after_stop(result.text, self.frames[-1].text, request.stop) if self.frames else "",
         )
 
 
@@ -160,12 +172,17 @@ def build_html(trace: Trace, nonce: str | None = None) -> str:
             f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'",
             f' nonce="{nonce}"',
         )
+    cut = ""
+    if trace.cut:  # newlines shown as \n: the cut usually starts with the one that ended the line
+        shown = html.escape(trace.cut.replace("\n", "\\n"))
+        cut = f'<p id="cut" class="legend">Cut at the stop string; the canvas went on with: <code>{shown}</code></p>'
     values = {
         "CSP": csp,
         "NONCE": attr,
         "TITLE": html.escape(title),
         "MODEL": html.escape(trace.model + note),
         "FINAL": html.escape(trace.fill),
+        "CUT": cut,
         "DATA": payload,
     }
     # One pass: a value (the user's code) that happens to contain "@DATA@" is never substituted again.
@@ -173,7 +190,7 @@ def build_html(trace: Trace, nonce: str | None = None) -> str:
 
 
 NONCE = re.compile(r"[A-Za-z0-9+/=_-]{16,128}")
-_SLOT = re.compile(r"@(CSP|NONCE|TITLE|MODEL|FINAL|DATA)@")
+_SLOT = re.compile(r"@(CSP|NONCE|TITLE|MODEL|FINAL|CUT|DATA)@")
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -230,6 +247,7 @@ body.vscode-dark .tok.pad, body.vscode-high-contrast .tok.pad { color: #555; }
 <pre id="frame-text" class="code"></pre>
 <h2>Committed fill</h2>
 <pre id="final" class="code">@FINAL@</pre>
+@CUT@
 <script id="trace-data" type="application/json">@DATA@</script>
 <script@NONCE@>
 "use strict";

@@ -270,3 +270,17 @@ def test_chromium_follows_the_dark_color_scheme(trace, tmp_path, dark):
         assert max(r, g, b) < 80, (r, g, b)  # the page's dark background
     else:
         assert min(r, g, b) > 200, (r, g, b)
+
+
+def test_page_shows_where_a_stop_string_cut_the_fill(trace):
+    from dataclasses import replace
+
+    from engine.trace import build_html, text_after_stop
+
+    assert text_after_stop("len(x)", "len(x)\n    return <y>", ("\n",)) == "\n    return <y>"
+    assert text_after_stop("len(x)", "len(x)", ("\n",)) == ""  # nothing was cut
+    assert text_after_stop("len(x)", "len(x) + 1", ("\n",)) == ""  # longer, but not at a stop string
+    assert text_after_stop("len(x)", "len(x)\nz", ()) == ""
+    assert 'id="cut"' not in build_html(trace)
+    page = build_html(replace(trace, cut="\n    return <y>"))
+    assert '<p id="cut"' in page and "<code>\\n    return &lt;y&gt;</code>" in page
