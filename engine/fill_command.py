@@ -62,16 +62,16 @@ def add_fill_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, help="most denoising steps (default: the model's)")
     parser.add_argument("--seed", type=int, default=None, help="seed for a reproducible fill")
     parser.add_argument("--language", default=None, help="language name, for files with an unknown extension")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_fill_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print text, steps, tokens, latency ... as JSON")
     parser.add_argument(
         "--multiline",
         action="store_true",
         help="let a fill after code on a line run over several lines (default: finish that line only)",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_fill_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print text, steps, tokens, latency ... as JSON")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
 
 
@@ -134,6 +134,11 @@ def finishes_a_line(prefix: str) -> bool:
     return prefix[prefix.rfind("\n") + 1 :].strip() != ""
 
 
+def stop_strings(prefix: str, args: argparse.Namespace) -> tuple[str, ...]:
+    """The request's stop strings for `dfim fill` and `dfim trace`: the newline after code on a line."""
+    return ("\n",) if finishes_a_line(prefix) and not args.multiline else ()
+
+
 def fail(message: str) -> int:
     print(f"dfim fill: {message}", file=sys.stderr)
     return 2
@@ -176,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
                 max_tokens=args.max_tokens,
                 seed=args.seed,
                 settings=settings,
-                stop=("\n",) if finishes_a_line(prefix) and not args.multiline else (),
+                stop=stop_strings(prefix, args),
             )
         )
     except EngineError as err:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import subprocess
@@ -175,6 +176,29 @@ def test_cli_bad_input_is_one_line_and_status_2(tmp_path):
         assert done.stdout == ""
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("dfim trace: ") and message in lines[0]
+
+
+def test_cli_traces_the_same_single_line_fill_as_dfim_fill(tmp_path):
+    """After code on a line both commands stop at the newline, so the page shows what `dfim fill` prints."""
+    spot = [
+        str(ROOT / "fixtures" / "demo.py"),
+        "--line",
+        "7",
+        "--col",
+        "26",
+        "--max-tokens",
+        "16",
+        "--seed",
+        "3",
+    ]
+    run = lambda *argv: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "dfim.cli", *argv], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    printed = run("fill", *spot).stdout
+    run("trace", *spot, "--out", str(tmp_path / "t.html"))
+    page = (tmp_path / "t.html").read_text(encoding="utf-8")
+    final = page.split('<pre id="final" class="code">', 1)[1].split("</pre>", 1)[0]
+    assert html.unescape(final) == printed.rstrip("\n") and "\n" not in html.unescape(final)
 
 
 def test_chromium_renders_the_final_frame(trace, tmp_path):
