@@ -76,7 +76,22 @@ class TokenTable:
 
 def heal_prefix(prefix_ids: Sequence[int], tokenizer, table: TokenTable) -> tuple[list[int], bytes]:
     """Back off the longest tail of at most MAX_HEAL_TOKENS prefix tokens whose bytes some single
-    token extends. Returns (kept prefix ids, backed-off bytes); b"" when nothing needs healing."""
+    token extends. Returns (kept prefix ids, backed-off bytes); b"" when nothing needs healing.
+
+    A prefix ending in a run of spaces (the cursor after a line's indentation, where editors ask most)
+    backs off one space only: code tokenizers write an 8-space indent before a word as 7 spaces and
+    " word", so demanding a first token that starts with all 8 spaces would force a wrong split (an
+    8-space token, then " word": one space too many in the fill)."""
+    if prefix_ids:
+        last = tokenizer.token_bytes(prefix_ids[-1])
+        try:  # a token can start inside a multi-byte character: then it is not a plain space run
+            text = last[:-1].decode("utf-8") if len(last) >= 2 and last.endswith(b"  ") else None
+        except UnicodeDecodeError:
+            text = None
+        if text is not None:
+            kept = tokenizer.encode(text)
+            if b"".join(tokenizer.token_bytes(i) for i in kept) == last[:-1]:
+                return list(prefix_ids[:-1]) + kept, b" "
     for k in range(min(MAX_HEAL_TOKENS, len(prefix_ids)), 0, -1):
         tail = b"".join(tokenizer.token_bytes(i) for i in prefix_ids[-k:])
         if tail and table.extends(tail):

@@ -89,6 +89,20 @@ def test_token_healing_backs_off_a_partial_word(tok, table):
     assert all(tok.token_bytes(i).startswith(b" ret") for i in allowed)
 
 
+def test_token_healing_after_indentation_backs_off_one_space(tok, table):
+    """The cursor after a line's indentation: the natural split of `        settings` is 7 spaces and
+    " settings", so only the last space is backed off (demanding a first token that starts with all 8
+    spaces gave fills one space too deep)."""
+    prefix = "def f(\n        tokenizer_path: str,\n        "
+    ids = tok.encode(prefix)
+    assert tok.token_bytes(ids[-1]) == b" " * 8  # the indent is one token here
+    kept, healed = heal_prefix(ids, tok, table)
+    assert healed == b" "
+    assert b"".join(tok.token_bytes(i) for i in kept) == prefix[:-1].encode()
+    natural = tok.encode(prefix + "settings")
+    assert natural[: len(kept)] == kept and natural[len(kept)] in table.starting_with(healed)
+
+
 def test_token_healing_spans_two_tokens_when_one_token_extends_them(tok, table):
     ids = tok.encode("x = self.ba")  # '.b' 'a' -> both backed off
     kept, healed = heal_prefix(ids, tok, table)
