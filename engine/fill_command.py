@@ -13,6 +13,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from engine.api import FillRequest, SamplerSettings  # plain dataclasses: no torch
+
 # Extensions we know how to name. The shipped model is trained on Python; other languages still get
 # a fill (the model sees their text), but an unknown extension is refused unless --language says.
 LANGUAGES = {
@@ -134,9 +136,20 @@ def finishes_a_line(prefix: str) -> bool:
     return prefix[prefix.rfind("\n") + 1 :].strip() != ""
 
 
-def stop_strings(prefix: str, args: argparse.Namespace) -> tuple[str, ...]:
-    """The request's stop strings for `dfim fill` and `dfim trace`: the newline after code on a line."""
-    return ("\n",) if finishes_a_line(prefix) and not args.multiline else ()
+def fill_request(
+    prefix: str, suffix: str, args: argparse.Namespace, defaults: SamplerSettings
+) -> FillRequest:
+    """The request `dfim fill` and `dfim trace` send: the model's sampler with --steps over it, and after
+    code on a line a stop at the newline (unless --multiline)."""
+    settings = defaults if args.steps is None else replace(defaults, max_steps=args.steps)
+    return FillRequest(
+        prefix=prefix,
+        suffix=suffix,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        settings=settings,
+        stop=("\n",) if finishes_a_line(prefix) and not args.multiline else (),
+    )
 
 
 def fail(message: str) -> int:
@@ -163,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     except InputError as err:
         return fail(str(err))
 
-    from engine.api import EngineError, FillRequest  # torch loads only once the input is known good
+    from engine.api import EngineError  # torch loads (engine.infill) only once the input is known good
     from engine.infill import Engine
 
     try:
@@ -173,17 +186,7 @@ def run(args: argparse.Namespace) -> int:
                 f"dfim fill: note: {engine.path} is an untrained (random) checkpoint; its fills are noise",
                 file=sys.stderr,
             )
-        settings = engine.settings if args.steps is None else replace(engine.settings, max_steps=args.steps)
-        result = engine.fill(
-            FillRequest(
-                prefix=prefix,
-                suffix=suffix,
-                max_tokens=args.max_tokens,
-                seed=args.seed,
-                settings=settings,
-                stop=stop_strings(prefix, args),
-            )
-        )
+        result = engine.fill(fill_request(prefix, suffix, args, engine.settings))
     except EngineError as err:
         return fail(str(err))
 

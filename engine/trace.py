@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from engine.api import FillRequest, FillResult, StepInfo
-from engine.fill_command import InputError, add_fill_arguments, read_fill_input, stop_strings
+from engine.fill_command import InputError, add_fill_arguments, fill_request, read_fill_input
 
 # How much context the page shows around the canvas: enough to see where the fill goes.
 CONTEXT_LINES = 6
@@ -355,16 +355,7 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine.load(args.model)
         if engine.is_random:
             print(f"dfim trace: note: {engine.path} is an untrained (random) checkpoint", file=sys.stderr)
-        settings = engine.settings if args.steps is None else replace(engine.settings, max_steps=args.steps)
-        request = FillRequest(
-            prefix=prefix,
-            suffix=suffix,
-            max_tokens=args.max_tokens,
-            seed=args.seed,
-            settings=settings,
-            stop=stop_strings(prefix, args),
-        )
-        trace = record(engine, request)
+        trace = record(engine, fill_request(prefix, suffix, args, engine.settings))
     except EngineError as err:
         return fail(str(err))
     try:

@@ -68,9 +68,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     engine = Engine.load(args.model)
     changes: dict[str, object] = {"max_steps": args.steps}
+    known = {k: v for k, v in SWEEP_KEYS.items() if v[0] in SamplerSettings.__dataclass_fields__}
     for item in args.set:
         key, sep, value = item.partition("=")
-        known = {k: v for k, v in SWEEP_KEYS.items() if v[0] in SamplerSettings.__dataclass_fields__}
         if not sep or key.strip() not in known:
             parser.error(f"--set {item!r}: expected KEY=VALUE with KEY one of {sorted(known)}")
         field, parse = known[key.strip()]

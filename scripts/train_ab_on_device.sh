@@ -11,23 +11,12 @@
 # Back in $OUT every call: both train logs and the data summary; with EXPORT=1 also both exports (tar
 # split in 15 MiB parts).
 set -euo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TOKENIZERS_PARALLELISM=false
-START=$(date +%s)
-DATA=${DATA:-/root/dfim-data}
-MINUTES_TOTAL=${MINUTES_TOTAL:-9}
 PLAN=${PLAN:-24}                    # minutes of training planned per run over all calls (LR decay)
 read -r GPU_A GPU_B <<< "${GPUS:-0 1}"
 GPU_B=${GPU_B:-$GPU_A}              # GPUS="0": both runs on GPU 0
 INIT_A=${INIT_A:?INIT_A: the checkpoint folder run A starts from}
 WORKERS=${WORKERS:-7}               # data workers per run (7 + 7 on a 16-core one-GPU machine; 12 alone)
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-
-python3 -m engine.data --out "$DATA" --tokenizer engine/weights/dfim-small/tokenizer.json \
-  --workers "$(nproc)" --skip-if-built
-
-ELAPSED=$(( $(date +%s) - START ))
-TRAIN_MINUTES=$(python3 -c "print(max(1.0, $MINUTES_TOTAL - $ELAPSED / 60 - 0.8))")
-echo "data ready after ${ELAPSED}s; training for ${TRAIN_MINUTES} min"
+source scripts/device_prelude.sh    # env, token shards, TRAIN_MINUTES
 # A continuation's schedule, passed on every call (a resumed run reads its LR from the arguments):
 # short warm-up, flat, then decay over the last 35% of the plan.
 common=(--data "$DATA" --resume --minutes "$TRAIN_MINUTES" --plan-minutes "$PLAN" --batch-size 128

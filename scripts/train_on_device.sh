@@ -6,22 +6,12 @@
 # What comes back ($OUT): the exported checkpoint as a tar split in <= 15 MiB parts, the train log
 # and the data summary (sources, licenses, token counts).
 set -euo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TOKENIZERS_PARALLELISM=false
-START=$(date +%s)
-DATA=${DATA:-/root/dfim-data}
 RUN=${RUN:-/root/dfim-run}
 MINUTES_TOTAL=${MINUTES_TOTAL:-9.3}   # budget of this whole call, data build included
 PLAN_MINUTES=${PLAN_MINUTES:-15}     # training time planned over all chunks (drives the LR schedule)
 PRESET=${PRESET:-small}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-
-python3 -m engine.data --out "$DATA" --tokenizer engine/weights/dfim-small/tokenizer.json \
-  --workers "$(nproc)" --skip-if-built
-
-ELAPSED=$(( $(date +%s) - START ))
-TRAIN_MINUTES=$(python3 -c "print(max(1.0, $MINUTES_TOTAL - $ELAPSED / 60 - 0.6))")
-echo "data ready after ${ELAPSED}s; training for ${TRAIN_MINUTES} min"
+RESERVE_MINUTES=0.6 source scripts/device_prelude.sh   # env, token shards, TRAIN_MINUTES
 INIT=()
 if [ ! -f "$RUN/state/trainer.json" ] && [ -n "${INIT_FROM:-}" ]; then
   # A cold machine lost the run state: continue from the carried export, with a fresh optimizer

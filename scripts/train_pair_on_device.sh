@@ -9,20 +9,9 @@
 #     bash scripts/train_pair_on_device.sh
 # Back in $OUT: both exports (tar split in 15 MiB parts), both train logs, the data summary.
 set -euo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TOKENIZERS_PARALLELISM=false
-START=$(date +%s)
-DATA=${DATA:-/root/dfim-data}
-MINUTES_TOTAL=${MINUTES_TOTAL:-9}
 DIFF_PLAN=${DIFF_PLAN:-24}          # minutes of diffusion training planned over all calls (LR decay)
 AR_MINUTES=${AR_MINUTES:-23.8}      # the AR run's whole budget
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-
-python3 -m engine.data --out "$DATA" --tokenizer engine/weights/dfim-small/tokenizer.json \
-  --workers "$(nproc)" --skip-if-built
-
-ELAPSED=$(( $(date +%s) - START ))
-TRAIN_MINUTES=$(python3 -c "print(max(1.0, $MINUTES_TOTAL - $ELAPSED / 60 - 0.8))")
-echo "data ready after ${ELAPSED}s; training for ${TRAIN_MINUTES} min"
+source scripts/device_prelude.sh    # env, token shards, TRAIN_MINUTES
 common=(--data "$DATA" --resume --minutes "$TRAIN_MINUTES" --batch-size 128 --no-compile --workers 12
         --log-every 100 --eval-every 500)
 

@@ -1,0 +1,16 @@
+# Sourced by the scripts/train_*_on_device.sh scripts at the start of every call on the GPU machine:
+# environment, token shards (built from that machine's Python stdlib + site-packages on the first call,
+# skipped later), and TRAIN_MINUTES, what is left of this call's MINUTES_TOTAL for training after the
+# data step and RESERVE_MINUTES (saving, export, copying back).
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TOKENIZERS_PARALLELISM=false
+START=$(date +%s)
+DATA=${DATA:-/root/dfim-data}
+MINUTES_TOTAL=${MINUTES_TOTAL:-9}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+
+python3 -m engine.data --out "$DATA" --tokenizer engine/weights/dfim-small/tokenizer.json \
+  --workers "$(nproc)" --skip-if-built
+
+ELAPSED=$(( $(date +%s) - START ))
+TRAIN_MINUTES=$(python3 -c "print(max(1.0, $MINUTES_TOTAL - $ELAPSED / 60 - ${RESERVE_MINUTES:-0.8}))")
+echo "data ready after ${ELAPSED}s; training for ${TRAIN_MINUTES} min"
