@@ -103,6 +103,16 @@ class Session:
             await asyncio.sleep(0.05)
         raise TimeoutError(f"server never reached {states}; statuses: {self.statuses}")
 
+    async def wait_message(self, words: str, timeout: float = 10.0) -> bool:
+        """Whether a window/showMessage containing `words` arrives within `timeout` (it may come just
+        after the status notification that announced the same event)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < deadline:
+            if any(words in m.message for m in self.messages):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
     def open(self, uri: str, text: str, language_id: str = "python") -> None:
         self.version[uri] = 1
         self.client.text_document_did_open(

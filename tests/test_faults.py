@@ -80,7 +80,7 @@ async def test_missing_checkpoint_is_a_clear_error_and_the_server_answers(sessio
     status = await session.wait_state()
     assert status.state == "error"
     assert "no-such-model" in status.message and "not found" in status.message
-    assert any("no-such-model" in m.message for m in session.messages)  # window/showMessage
+    assert await session.wait_message("no-such-model")  # window/showMessage
     await still_serves_without_a_model(session, "file:///faults/missing.py")
     assert "no-such-model" in session.log.read_text(encoding="utf-8")
 
