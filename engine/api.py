@@ -105,7 +105,8 @@ class FillResult:
     encoded_tokens: int  # context tokens the encoder ran for this request (the rest came from the cache)
     context_tokens: int
     latency_ms: float
-    stop_reason: str  # "stable" | "eos_confident" | "max_steps" (of the last canvas)
+    # "stable" | "eos_confident" | "stop_confident" (settled up to a stop token) | "max_steps" (last canvas)
+    stop_reason: str
     blocks: int = 1  # canvases denoised one after the other (long fills continue past one canvas)
     token_scores: list[TokenScore] = field(default_factory=list)
     alternatives: list[str] = field(default_factory=list)  # other candidates' texts, best first

@@ -130,6 +130,7 @@ class Engine:
         self.trained_context = trained_context
         self.cache = ContextCache(model, causal=objective == "causal")
         self.banned = self._banned_tokens()
+        self._stop_masks: dict[tuple[str, ...], torch.Tensor | None] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -176,6 +177,24 @@ class Engine:
                 banned[i] = True
         banned[tok.vocab_size :] = True
         return banned
+
+    def _stop_tokens(self, stop: tuple[str, ...], heal: bytes) -> torch.Tensor | None:
+        """[V] bool: tokens that hold one of the stop strings. The text is cut inside such a token, so it
+        ends the fill as EOS does (the sampler may stop once the text up to it is settled). None when no
+        stop string is given, or when token healing could put part of one in the first token's bytes (that
+        text belongs to the prefix, not the fill). A stop string split over two tokens is not seen here;
+        the text is still cut there afterwards."""
+        needles = [s.encode("utf-8") for s in stop if s]
+        if not needles or (heal and any(len(n) > 1 or n in heal for n in needles)):
+            return None
+        key = tuple(stop)
+        if key not in self._stop_masks:
+            table = self.tokenizer.bytes_table
+            hits = [any(n in table[i] for n in needles) for i in range(len(table))]
+            mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+            mask[: len(hits)] = torch.tensor(hits, dtype=torch.bool)
+            self._stop_masks[key] = mask if bool(mask.any()) else None
+        return self._stop_masks[key]
 
     # --- fill ---------------------------------------------------------------------------------
 
@@ -270,6 +289,8 @@ class Engine:
             allowed[plan.heal_allowed] = True
             allowed_at[0] = allowed
         warm = plan.warm_ids is not None
+        heal = plan.heal_bytes if block == 0 else b""
+        stop_tokens = self._stop_tokens(tuple(request.stop), heal)
         state = sampler.new_state(
             len(candidates),
             pinned,
@@ -285,8 +306,8 @@ class Engine:
             banned=self.banned,
             no_end=torch.tensor(plan.no_end, dtype=torch.bool, device=dev),
             allowed_at=allowed_at,
+            stop_tokens=stop_tokens,
         )
-        heal = plan.heal_bytes if block == 0 else b""
 
         def on_step(s: sampler.DenoiseState) -> None:
             if request.on_step is None:
@@ -320,9 +341,14 @@ class Engine:
         )
         conf = sampler.confidence(state).tolist()
         entropy = state.entropy.tolist()
+        ends_text = stop_tokens.tolist() if stop_tokens is not None else None
         for b, cand in enumerate(candidates):
             ids = committed[b].tolist()
             positions, ended = middle_tokens(ids, plan.pinned, self.tokenizer.eos_id, self.tokenizer.pad_id)
+            if ends_text is not None:  # the text is cut inside the first stop token: nothing after it counts
+                stops = [i for i, p in enumerate(positions) if ends_text[ids[p]]]
+                if stops:
+                    positions, ended = positions[: stops[0] + 1], True
             cand.tokens += [(ids[p], conf[b][p], plan.pinned[p]) for p in positions]
             cand.free_entropy += [entropy[b][p] for p in positions if not plan.pinned[p]]
             cand.block_ids += ids

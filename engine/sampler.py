@@ -43,6 +43,9 @@ class DenoiseState:
     banned: Tensor | None = None  # [V] bool: tokens never sampled anywhere (bos, FIM specials, reserved)
     no_end: Tensor | None = None  # [L] bool: positions where EOS and pad are banned (inner holes)
     allowed_at: dict[int, Tensor] = field(default_factory=dict)  # position -> [V] bool (token healing)
+    # [V] bool: tokens that end the text as EOS does, because they hold one of the request's stop strings
+    # (a newline token in a single-line fill): the text is cut there, so nothing after them is read.
+    stop_tokens: Tensor | None = None
     step: int = 0  # denoising steps run so far (1-based once the first step ran)
     temperature: float = 1.0  # of the current step
     logits: Tensor | None = None  # [B, L, V] fp32: this step's logits, masked and temperature-scaled
@@ -103,6 +106,7 @@ def new_state(
     banned: Tensor | None = None,
     no_end: Tensor | None = None,
     allowed_at: dict[int, Tensor] | None = None,
+    stop_tokens: Tensor | None = None,
 ) -> DenoiseState:
     """A fresh canvas batch: uniform random tokens, pins in place.
 
@@ -140,6 +144,7 @@ def new_state(
         banned=banned,
         no_end=no_end,
         allowed_at=dict(allowed_at or {}),
+        stop_tokens=stop_tokens,
         seeded=keep,
     )
 
@@ -319,17 +324,31 @@ def first_eos(ids: Tensor, eos_id: int) -> Tensor:
     return torch.where(is_eos, index, length).min(dim=-1).values
 
 
+def first_end(state: DenoiseState) -> Tensor:
+    """[B] index of the first position where the text ends (EOS or a stop token), L where none does."""
+    if state.stop_tokens is None:
+        return first_eos(state.argmax, state.eos_id)
+    length = state.argmax.shape[-1]
+    ends = (state.argmax == state.eos_id) | state.stop_tokens[state.argmax]
+    index = torch.arange(length, device=ends.device).expand_as(ends)
+    return torch.where(ends, index, length).min(dim=-1).values
+
+
 def eos_confident(state: DenoiseState, settings: SamplerSettings) -> None:
-    """Stop a row once every token up to and including its first EOS is accepted and confident
-    (entropy below `confidence_threshold`): what follows the EOS is padding nobody reads, so waiting
-    for it to settle too would only spend steps."""
+    """Stop a row once every token up to and including the one that ends its text (its first EOS, or a
+    stop token such as a newline in a single-line fill) is accepted and confident (entropy below
+    `confidence_threshold`): what follows is padding or text the stop cuts off, which nobody reads, so
+    waiting for it to settle too would only spend steps."""
     if not settings.early_stop:
         return
     length = state.argmax.shape[-1]
-    end = first_eos(state.argmax, state.eos_id)
+    end = first_end(state)
     span = torch.arange(length, device=end.device)[None] <= end[:, None]
     ok = (state.accepted & (state.entropy < settings.confidence_threshold)) | ~span
-    _finish(state, (end < length) & ok.all(dim=-1), "eos_confident")
+    done = (end < length) & ok.all(dim=-1)
+    at_end = state.argmax.gather(1, end.clamp(max=length - 1)[:, None])[:, 0]
+    _finish(state, done & (at_end == state.eos_id), "eos_confident")
+    _finish(state, done, "stop_confident")
 
 
 def max_steps(state: DenoiseState, settings: SamplerSettings) -> None:

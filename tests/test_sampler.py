@@ -306,6 +306,33 @@ def test_eos_confident_stops_although_the_tail_is_noise():
     assert state.stop_reason == ["max_steps"]
 
 
+def test_a_settled_stop_token_ends_the_fill_like_eos():
+    # A single-line fill: token 12 holds a newline; the canvas after it is noise the stop cuts off.
+    settings = SamplerSettings(max_steps=10)
+    logits = torch.zeros(1, 6, V)
+    logits[0, 0, 9] = logits[0, 1, 12] = 100.0  # "text", "\n", then uniform noise
+    stop_tokens = torch.zeros(V, dtype=torch.bool)
+    stop_tokens[12] = True
+    state = make_state(length=6, settings=settings, stop_tokens=stop_tokens)
+    sampler.run(state, settings, constant(logits))
+    assert (state.step, state.stop_reason) == (1, ["stop_confident"])
+    # without stop tokens the same canvas never settles
+    state = make_state(length=6, settings=settings)
+    sampler.run(state, settings, constant(logits))
+    assert state.stop_reason == ["max_steps"]
+    # an unsure token before the stop token: no early stop
+    logits[0, 0, 10] = 100.0
+    state = make_state(length=6, settings=settings, stop_tokens=stop_tokens)
+    sampler.run(state, settings, constant(logits))
+    assert state.stop_reason == ["max_steps"]
+    # an EOS before the stop token still reports eos_confident
+    logits[0, 0] = 0.0
+    logits[0, 0, EOS] = 100.0
+    state = make_state(length=6, settings=settings, stop_tokens=stop_tokens)
+    sampler.run(state, settings, constant(logits))
+    assert state.stop_reason == ["eos_confident"]
+
+
 def test_early_stop_false_runs_max_steps():
     settings = SamplerSettings(max_steps=9, early_stop=False)
     logits = peaked([9, 10, EOS, PAD])
