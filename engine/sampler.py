@@ -303,17 +303,30 @@ def _finish(state: DenoiseState, rows: Tensor, reason: str) -> None:
 
 def stable_and_confident(state: DenoiseState, settings: SamplerSettings) -> None:
     """Stop a row once its argmax canvas equals the previous `stability_threshold` argmax canvases and
-    the mean entropy is below `confidence_threshold`."""
+    the mean entropy over its free positions is below `confidence_threshold`. When the request has stop
+    strings (`stop_tokens`), positions after the text's end (its first EOS or stop token) count as
+    settled: the cut drops them, so their churn and doubt cannot change the answer. Without stop strings
+    this is the released rule, unchanged."""
     need = settings.stability_threshold
+    length = state.argmax.shape[-1]
+    end = first_end(state) if state.stop_tokens is not None else None
+    read = None if end is None else torch.arange(length, device=end.device)[None] <= end[:, None]  # [B, L]
     if need == 0:
         stable = torch.ones_like(state.finished)
     elif len(state.history) < need:
         stable = torch.zeros_like(state.finished)
     else:
-        stable = torch.stack([(h == state.argmax).all(dim=-1) for h in state.history[-need:]]).all(dim=0)
+        same = [
+            (h == state.argmax) if read is None else (h == state.argmax) | ~read
+            for h in state.history[-need:]
+        ]
+        stable = torch.stack([s.all(dim=-1) for s in same]).all(dim=0)
     state.history = (state.history + [state.argmax])[-max(need, 1) :]
     if settings.early_stop:
-        _finish(state, stable & (mean_free_entropy(state) < settings.confidence_threshold), "stable")
+        entropy = state.entropy if read is None else state.entropy * read
+        free = state.free.to(entropy.dtype)
+        mean = (entropy * free[None]).sum(dim=-1) / free.sum().clamp(min=1.0)
+        _finish(state, stable & (mean < settings.confidence_threshold), "stable")
 
 
 def first_eos(ids: Tensor, eos_id: int) -> Tensor:

@@ -333,6 +333,39 @@ def test_a_settled_stop_token_ends_the_fill_like_eos():
     assert state.stop_reason == ["eos_confident"]
 
 
+def test_stable_ignores_what_a_stop_token_cuts_off():
+    # "text" "\n" then a tail the single-line cut drops; no acceptance rule, so only `stable` can stop.
+    chain = (
+        sampler.mask_logits,
+        sampler.temperature,
+        sampler.sample,
+        sampler.token_entropy,
+        sampler.stable_and_confident,
+        sampler.max_steps,
+    )
+    settings = SamplerSettings(max_steps=8)
+    stop_tokens = torch.zeros(V, dtype=torch.bool)
+    stop_tokens[12] = True
+    calls = []
+
+    def churning_tail(canvas, self_cond):  # the tail's argmax changes every step
+        calls.append(1)
+        return peaked([9, 12, 20 + len(calls) % 5, 30, 31, 32])
+
+    def doubtful_tail(canvas, self_cond):  # the tail's argmax is stable, its entropy high
+        logits = peaked([9, 12, 0, 0, 0, 0])
+        logits[0, 2:] = 0.0
+        return logits
+
+    for denoiser in (churning_tail, doubtful_tail):
+        state = make_state(length=6, settings=settings, stop_tokens=stop_tokens)
+        sampler.run(state, settings, denoiser, chain=chain)
+        assert (state.step, state.stop_reason) == (2, ["stable"])
+        state = make_state(length=6, settings=settings)  # no stop strings: the released rule
+        sampler.run(state, settings, denoiser, chain=chain)
+        assert (state.step, state.stop_reason) == (8, ["max_steps"])
+
+
 def test_early_stop_false_runs_max_steps():
     settings = SamplerSettings(max_steps=9, early_stop=False)
     logits = peaked([9, 10, EOS, PAD])
