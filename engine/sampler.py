@@ -288,10 +288,12 @@ def self_conditioning(state: DenoiseState, settings: SamplerSettings) -> None:
     state.self_cond = state.logits if settings.self_conditioning else None
 
 
-def mean_free_entropy(state: DenoiseState) -> Tensor:
-    """[B] mean entropy over the positions the sampler decides (pins are known, not predicted)."""
-    free = state.free.to(state.entropy.dtype)
-    return (state.entropy * free[None]).sum(dim=-1) / free.sum().clamp(min=1.0)
+def mean_free_entropy(state: DenoiseState, read: Tensor | None = None) -> Tensor:
+    """[B] mean entropy over the positions the sampler decides (pins are known, not predicted); where
+    `read` ([B, L] bool) is given, positions outside it count as certain (entropy 0)."""
+    entropy = state.entropy if read is None else state.entropy * read
+    free = state.free.to(entropy.dtype)
+    return (entropy * free[None]).sum(dim=-1) / free.sum().clamp(min=1.0)
 
 
 def _finish(state: DenoiseState, rows: Tensor, reason: str) -> None:
@@ -308,9 +310,7 @@ def stable_and_confident(state: DenoiseState, settings: SamplerSettings) -> None
     settled: the cut drops them, so their churn and doubt cannot change the answer. Without stop strings
     this is the released rule, unchanged."""
     need = settings.stability_threshold
-    length = state.argmax.shape[-1]
-    end = first_end(state) if state.stop_tokens is not None else None
-    read = None if end is None else torch.arange(length, device=end.device)[None] <= end[:, None]  # [B, L]
+    read = None if state.stop_tokens is None else up_to(first_end(state), state.argmax.shape[-1])
     if need == 0:
         stable = torch.ones_like(state.finished)
     elif len(state.history) < need:
@@ -323,28 +323,32 @@ def stable_and_confident(state: DenoiseState, settings: SamplerSettings) -> None
         stable = torch.stack([s.all(dim=-1) for s in same]).all(dim=0)
     state.history = (state.history + [state.argmax])[-max(need, 1) :]
     if settings.early_stop:
-        entropy = state.entropy if read is None else state.entropy * read
-        free = state.free.to(entropy.dtype)
-        mean = (entropy * free[None]).sum(dim=-1) / free.sum().clamp(min=1.0)
-        _finish(state, stable & (mean < settings.confidence_threshold), "stable")
+        _finish(state, stable & (mean_free_entropy(state, read) < settings.confidence_threshold), "stable")
+
+
+def first_index(mask: Tensor) -> Tensor:
+    """[B] index of the first True per row of a [B, L] mask, L where there is none."""
+    length = mask.shape[-1]
+    index = torch.arange(length, device=mask.device).expand_as(mask)
+    return torch.where(mask, index, length).min(dim=-1).values
+
+
+def up_to(end: Tensor, length: int) -> Tensor:
+    """[B, L] bool: the positions at or before each row's `end` index ([B])."""
+    return torch.arange(length, device=end.device)[None] <= end[:, None]
 
 
 def first_eos(ids: Tensor, eos_id: int) -> Tensor:
     """[B] index of the first EOS per row, L where there is none."""
-    length = ids.shape[-1]
-    is_eos = ids == eos_id
-    index = torch.arange(length, device=ids.device).expand_as(ids)
-    return torch.where(is_eos, index, length).min(dim=-1).values
+    return first_index(ids == eos_id)
 
 
 def first_end(state: DenoiseState) -> Tensor:
     """[B] index of the first position where the text ends (EOS or a stop token), L where none does."""
-    if state.stop_tokens is None:
-        return first_eos(state.argmax, state.eos_id)
-    length = state.argmax.shape[-1]
-    ends = (state.argmax == state.eos_id) | state.stop_tokens[state.argmax]
-    index = torch.arange(length, device=ends.device).expand_as(ends)
-    return torch.where(ends, index, length).min(dim=-1).values
+    ends = state.argmax == state.eos_id
+    if state.stop_tokens is not None:
+        ends |= state.stop_tokens[state.argmax]
+    return first_index(ends)
 
 
 def eos_confident(state: DenoiseState, settings: SamplerSettings) -> None:
@@ -356,7 +360,7 @@ def eos_confident(state: DenoiseState, settings: SamplerSettings) -> None:
         return
     length = state.argmax.shape[-1]
     end = first_end(state)
-    span = torch.arange(length, device=end.device)[None] <= end[:, None]
+    span = up_to(end, length)
     ok = (state.accepted & (state.entropy < settings.confidence_threshold)) | ~span
     done = (end < length) & ok.all(dim=-1)
     at_end = state.argmax.gather(1, end.clamp(max=length - 1)[:, None])[:, 0]
@@ -439,8 +443,7 @@ def commit(state: DenoiseState) -> Tensor:
 
 def pad_after_eos(ids: Tensor, eos_id: int, pad_id: int) -> Tensor:
     end = first_eos(ids, eos_id)
-    after = torch.arange(ids.shape[-1], device=ids.device)[None] > end[:, None]
-    return ids.masked_fill(after, pad_id)
+    return ids.masked_fill(~up_to(end, ids.shape[-1]), pad_id)
 
 
 def confidence(state: DenoiseState) -> Tensor:
