@@ -6,10 +6,11 @@
 # only INIT_* and ARGS_* differ, so the two exports compare one choice.
 #   INIT_A=engine/weights/dfim-small ARGS_A="--context-lm-weight 0.5" \
 #   INIT_B=.carry/new/ar/export      ARGS_B="--context-lm-weight 0.5" \
-#   GPUS="0 0" MINUTES_TOTAL=8.3 PLAN=25 EXPORT=0 bash scripts/train_ab_on_device.sh
+#   GPUS="0 0" MINUTES_TOTAL=8.3 PLAN=25 bash scripts/train_ab_on_device.sh
 # INIT_B unset: run A alone (the whole GPU; pass WORKERS=12 to give it the data workers too).
-# Back in $OUT every call: both train logs and the data summary; with EXPORT=1 also both exports (tar
-# split in 15 MiB parts).
+# Back in $OUT every call: both train logs, the data summary and both exports (tar split in 15 MiB parts;
+# EXPORT=0 leaves them out). Bring them back every call: the machine, the run state and the optimizer go
+# when a lease ends early (an idle gap of 30 s is enough), and only what came back can be resumed from.
 set -euo pipefail
 PLAN=${PLAN:-24}                    # minutes of training planned per run over all calls (LR decay)
 read -r GPU_A GPU_B <<< "${GPUS:-0 1}"
@@ -47,7 +48,7 @@ for run in "${RUNS[@]}"; do tail -n 14 "/root/$run.log"; done
 if [ -n "${OUT:-}" ]; then
   for run in "${RUNS[@]}"; do
     cp "/root/run-$run/train_log.jsonl" "$OUT/${run}_log.jsonl" || true
-    if [ "${EXPORT:-0}" = 1 ] && [ -d "/root/run-$run/export" ]; then
+    if [ "${EXPORT:-1}" = 1 ] && [ -d "/root/run-$run/export" ]; then
       tar -C "/root/run-$run" -czf "/tmp/$run.tgz" export
       split -b 15m -d "/tmp/$run.tgz" "$OUT/$run.tgz.part"
     fi
