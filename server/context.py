@@ -457,6 +457,10 @@ class FillContext:
     lang: str | None
     max_tokens: int
     newline: str = "\n"
+    # A single-line fill in a line's indentation, before its code: the fill is a new line above that code
+    # (joining two statements on one line is never what a fill there means), so the suggestion ends with a
+    # line break and the indentation the code had.
+    opens_line: bool = False
 
 
 def decide_mode(source: Source, cursor: int) -> tuple[str, int, int, str]:
@@ -555,7 +559,15 @@ def _build_context(text, cursor, lang, prefix_tokens, suffix_tokens, max_canvas,
         lang=source.lang,
         max_tokens=min(MAX_TOKENS[decided], max_canvas),
         newline="\n",
+        opens_line=opens_line(text, start, end, decided),
     )
+
+
+def opens_line(text: str, start: int, end: int, mode: str) -> bool:
+    """A pure insertion on the line's indentation with code after it (see `FillContext.opens_line`)."""
+    if mode != "line" or start != end:
+        return False
+    return not text[line_start(text, start) : start].strip() and bool(text[end : line_end(text, end)].strip())
 
 
 def scan_brackets(text: str, skip_comments: bool = False) -> Iterator[tuple[int, str]]:

@@ -262,7 +262,12 @@ async def complete(ls, params):
     )
     prefix, suffix, middle = ctx.prefix, ctx.suffix, ()
     pinned = ""
-    if options.context.pin_rest_of_line and ctx.mode == "line" and ctx.rest_of_line.strip():
+    if (
+        options.context.pin_rest_of_line
+        and ctx.mode == "line"
+        and ctx.rest_of_line.strip()
+        and not ctx.opens_line
+    ):
         pinned = ctx.rest_of_line
         width = max(4, min(ctx.max_tokens, ls.host.count_tokens(ctx.rest_of_line) * 2))
         middle, suffix = (Hole(width), pinned), suffix[len(pinned) :]

@@ -150,14 +150,15 @@ def clean(raw: str, ctx: FillContext) -> str | None:
     text = raw.replace("\x00", "")
     text = limit_scope(text, ctx)
     text = remove_suffix_overlap(text, ctx.suffix)
-    text = balance_brackets(
-        text, ctx.prefix, ctx.suffix, close_open=ctx.mode == "line" and not ctx.rest_of_line.strip()
-    )
-    if ctx.mode != "line" or not ctx.rest_of_line.strip():
+    ends_line = ctx.mode == "line" and (ctx.opens_line or not ctx.rest_of_line.strip())
+    text = balance_brackets(text, ctx.prefix, ctx.suffix, close_open=ends_line)
+    if ctx.mode != "line" or ends_line:
         text = text.rstrip()
     text = normalize_newlines(text, ctx.newline)
     if is_useless(text, ctx.prefix, ctx.suffix):
         return None
+    if ctx.opens_line:  # the code after the cursor moves down a line, keeping its indentation
+        text += ctx.newline + split_lines(ctx.prefix)[-1]
     return text
 
 

@@ -205,6 +205,24 @@ def test_single_line_mode_keeps_one_line_and_closes_its_own_brackets():
     assert postprocess.clean("sum(values\nprint(total)", ctx) == "sum(values)"
 
 
+def test_a_fill_in_a_lines_indentation_opens_a_new_line_above_its_code():
+    # cursor at column 0 of an indented statement (where a FIM harness splits prefix and suffix)
+    ctx = ctx_for("def f(x):\n    y = x\n|    return y\n")
+    assert (ctx.mode, ctx.opens_line) == ("line", True)
+    assert postprocess.clean("    y += 1\nprint(y)", ctx) == "    y += 1\n"
+    # cursor after the indentation: the code keeps its indentation on the next line
+    ctx = ctx_for("def f(x):\n    y = x\n    |return y\n")
+    assert ctx.opens_line
+    assert postprocess.clean("y = g(y", ctx) == "y = g(y)\n    "
+    # a copy of the line it would push down is no suggestion
+    assert postprocess.clean("return y", ctx) is None
+    # not at a line's start, or nothing after the cursor: the line is completed in place
+    assert not ctx_for("x = foo(|a)\n").opens_line
+    assert not ctx_for("def f(x):\n    |\n").opens_line
+    text, cursor = split("def f(x):\n    |return y\n")
+    assert not context.build_context(text, cursor, "python", mode="line", span=(cursor, cursor + 6)).opens_line
+
+
 def test_scope_limited_by_indentation():
     ctx = ctx_for("def f(x):\n    if x:\n        |\n")
     raw = "y = 1\n        z = 2\n    return 3\ndef g():\n    pass"
