@@ -305,21 +305,17 @@ def _finish(state: DenoiseState, rows: Tensor, reason: str) -> None:
 
 def stable_and_confident(state: DenoiseState, settings: SamplerSettings) -> None:
     """Stop a row once its argmax canvas equals the previous `stability_threshold` argmax canvases and
-    the mean entropy over its free positions is below `confidence_threshold`. When the request has stop
-    strings (`stop_tokens`), positions after the text's end (its first EOS or stop token) count as
-    settled: the cut drops them, so their churn and doubt cannot change the answer. Without stop strings
-    this is the released rule, unchanged."""
+    the mean entropy over its free positions is below `confidence_threshold`. Positions after the
+    text's end (its first EOS, or a stop token of the request) count as settled: the commit cuts them
+    off, so their churn and doubt cannot change the answer."""
     need = settings.stability_threshold
-    read = None if state.stop_tokens is None else up_to(first_end(state), state.argmax.shape[-1])
+    read = up_to(first_end(state), state.argmax.shape[-1])
     if need == 0:
         stable = torch.ones_like(state.finished)
     elif len(state.history) < need:
         stable = torch.zeros_like(state.finished)
     else:
-        same = [
-            (h == state.argmax) if read is None else (h == state.argmax) | ~read
-            for h in state.history[-need:]
-        ]
+        same = [(h == state.argmax) | ~read for h in state.history[-need:]]
         stable = torch.stack([s.all(dim=-1) for s in same]).all(dim=0)
     state.history = (state.history + [state.argmax])[-max(need, 1) :]
     if settings.early_stop:

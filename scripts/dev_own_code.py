@@ -4,13 +4,18 @@ Our code was never in the embedded model's training data (that was the GPU machi
 and is not the shared evaluation set, so settings may be tried on it. Lines of 12-70 characters, no
 comments or strings, at least 20 lines into a file; the cursor sits after the line's indentation.
 
+`--kind multiline` asks as the server does on a blank line (its "multiline" mode: 64-token canvas, no stop
+string): the lines from there to the next blank line or dedent (1-3 of them) are missing, and the fill is
+scored on its first line (what a user takes first) and on as many lines as are missing.
+
     python scripts/dev_own_code.py [--model DIR] [--limit 100] [--prefix-chars 1200 --suffix-chars 500]
-                                   [--set window=8 --set entropy_bound=0.3]
+                                   [--kind line|multiline] [--set window=8 --set entropy_bound=0.3]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import time
@@ -27,9 +32,9 @@ from engine.metrics import edit_similarity, exact_match
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def problems(seed: int = 7, per_file: int = 6) -> list[dict[str, str]]:
+def problems(seed: int = 7, per_file: int = 6, kind: str = "line", root: Path = ROOT) -> list[dict[str, str]]:
     rng = random.Random(seed)
-    files = sorted([*ROOT.glob("engine/*.py"), *ROOT.glob("server/*.py"), *ROOT.glob("dfim/**/*.py")])
+    files = sorted([*root.glob("engine/*.py"), *root.glob("server/*.py"), *root.glob("dfim/**/*.py")])
     out = []
     for path in files:
         lines = path.read_text(encoding="utf-8").split("\n")
@@ -41,11 +46,19 @@ def problems(seed: int = 7, per_file: int = 6) -> list[dict[str, str]]:
         for i in rng.sample(candidates, min(per_file, len(candidates))):
             line = lines[i]
             indent = len(line) - len(line.lstrip())
+            end = i + 1
+            if kind == "multiline":  # the lines after it at its indentation or deeper, up to 3 in all
+                while end < min(i + 3, len(lines)) and lines[end].strip() and _indent(lines[end]) >= indent:
+                    end += 1
             prefix = "\n".join(lines[:i]) + "\n" + line[:indent]
-            suffix = "\n" + "\n".join(lines[i + 1 :])
-            out.append({"prefix": prefix, "suffix": suffix, "want": line[indent:]})
+            suffix = "\n" + "\n".join(lines[end:])
+            out.append({"prefix": prefix, "suffix": suffix, "want": "\n".join(lines[i:end])[indent:]})
     rng.shuffle(out)
     return out
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
 
 
 def main() -> None:
@@ -56,7 +69,25 @@ def main() -> None:
     parser.add_argument("--prefix-chars", type=int, default=4000)
     parser.add_argument("--suffix-chars", type=int, default=1500)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--max-tokens", type=int, default=32, help="canvas (the server's single-line one)")
+    parser.add_argument("--kind", default="line", choices=("line", "multiline"))
+    parser.add_argument(
+        "--source",
+        type=Path,
+        default=ROOT,
+        help="checkout the problems are drawn from (default: this one); an A/B that edits the code must "
+        "draw both sides from one frozen copy (e.g. a `git worktree` of the base commit), or the sets differ",
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="canvas (default: the server's, 32 line / 64 multiline)"
+    )
+    parser.add_argument(
+        "--one-line",
+        action="store_true",
+        help="multiline kind: ask for one line (32-token canvas, newline stop)",
+    )
+    parser.add_argument(
+        "--dump", type=Path, help="write each problem's fill (text, token scores) here, JSONL"
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -79,25 +110,37 @@ def main() -> None:
         except ValueError as err:
             parser.error(f"--set {item!r}: {err}")
     settings = replace(engine.settings, **changes)
-    em, es, steps, ms = [], [], [], []
-    for i, p in enumerate(problems()[: args.limit]):
+    multiline = args.kind == "multiline" and not args.one_line  # a fill of several lines
+    max_tokens = args.max_tokens or (64 if multiline else 32)
+    em, es, es_all, steps, ms = [], [], [], [], []
+    dump = args.dump.open("w", encoding="utf-8") if args.dump else None
+    for i, p in enumerate(problems(kind=args.kind, root=args.source)[: args.limit]):
         request = FillRequest(
             p["prefix"][-args.prefix_chars :],
             p["suffix"][: args.suffix_chars],
-            max_tokens=args.max_tokens,
+            max_tokens=max_tokens,
             seed=i,
             settings=settings,
-            stop=("\n",),
+            stop=() if multiline else ("\n",),
         )
         start = time.perf_counter()
         result = engine.fill(request)
         ms.append((time.perf_counter() - start) * 1000)
-        em.append(exact_match(result.text, p["want"]))
-        es.append(edit_similarity(result.text, p["want"]))
+        want_lines = p["want"].split("\n")
+        got_lines = result.text.split("\n")
+        em.append(exact_match(got_lines[0], want_lines[0]))
+        es.append(edit_similarity(got_lines[0], want_lines[0]))
+        es_all.append(edit_similarity("\n".join(got_lines[: len(want_lines)]), p["want"]))
         steps.append(result.steps)
+        if dump is not None:
+            scores = [(s.text, round(s.confidence, 4)) for s in result.token_scores]
+            row = {"want": p["want"], "text": result.text, "steps": result.steps, "scores": scores}
+            dump.write(json.dumps(row) + "\n")
+    lines = f"ES of {args.kind} {statistics.mean(es_all):.1f} " if args.kind == "multiline" else ""
     print(
-        f"{engine.model_name} {' '.join(args.set) or 'model defaults'}, max {args.steps} steps: {len(em)} problems, EM {100 * statistics.mean(em):.1f}% "
-        f"ES {statistics.mean(es):.1f} steps {statistics.mean(steps):.1f} median ms {statistics.median(ms):.0f}"
+        f"{engine.model_name} {args.kind}{' one line' if args.one_line else ''} {' '.join(args.set) or 'model defaults'}, max {args.steps} steps: "
+        f"{len(em)} problems, EM {100 * statistics.mean(em):.1f}% ES {statistics.mean(es):.1f} {lines}"
+        f"steps {statistics.mean(steps):.1f} median ms {statistics.median(ms):.0f}"
     )
 
 

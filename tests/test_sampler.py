@@ -333,7 +333,7 @@ def test_a_settled_stop_token_ends_the_fill_like_eos():
     assert state.stop_reason == ["eos_confident"]
 
 
-def test_stable_ignores_what_a_stop_token_cuts_off():
+def test_stable_ignores_what_a_stop_token_or_eos_cuts_off():
     # "text" "\n" then a tail the single-line cut drops; no acceptance rule, so only `stable` can stop.
     chain = (
         sampler.mask_logits,
@@ -357,13 +357,20 @@ def test_stable_ignores_what_a_stop_token_cuts_off():
         logits[0, 2:] = 0.0
         return logits
 
+    def churning_after_eos(canvas, self_cond):  # no stop strings: an EOS cuts the text as well
+        calls.append(1)
+        return peaked([9, EOS, 20 + len(calls) % 5, 30, 31, 32])
+
     for denoiser in (churning_tail, doubtful_tail):
         state = make_state(length=6, settings=settings, stop_tokens=stop_tokens)
         sampler.run(state, settings, denoiser, chain=chain)
         assert (state.step, state.stop_reason) == (2, ["stable"])
-        state = make_state(length=6, settings=settings)  # no stop strings: the released rule
+        state = make_state(length=6, settings=settings)  # no stop strings: token 12 is text, read on
         sampler.run(state, settings, denoiser, chain=chain)
         assert (state.step, state.stop_reason) == (8, ["max_steps"])
+    state = make_state(length=6, settings=settings)
+    sampler.run(state, settings, churning_after_eos, chain=chain)
+    assert (state.step, state.stop_reason) == (2, ["stable"])
 
 
 def test_early_stop_false_runs_max_steps():
