@@ -11,7 +11,7 @@ import functools
 import importlib
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # LSP languageId -> (grammar module, language function)
 GRAMMARS: dict[str, tuple[str, str]] = {
@@ -561,6 +561,18 @@ def _build_context(text, cursor, lang, prefix_tokens, suffix_tokens, max_canvas,
         newline="\n",
         opens_line=opens_line(text, start, end, decided),
     )
+
+
+def one_line(ctx: FillContext) -> FillContext:
+    """A blank line's several-line fill asked as a single-line one (the server's `inline.multiline` off):
+    the line mode's canvas, newline stop and post-processing. Other fills are returned as they are: an
+    empty body is filled whole, and after an opener the first line of the fill is the break itself."""
+    blank_line = (
+        not ctx.rest_of_line.strip() and not ctx.prefix[line_start(ctx.prefix, len(ctx.prefix)) :].strip()
+    )
+    if ctx.mode != "multiline" or not blank_line:
+        return ctx
+    return replace(ctx, mode="line", max_tokens=min(MAX_TOKENS["line"], ctx.max_tokens))
 
 
 def opens_line(text: str, start: int, end: int, mode: str) -> bool:

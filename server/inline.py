@@ -146,7 +146,7 @@ async def complete(ls, params):
     from pygls.exceptions import JsonRpcInternalError, JsonRpcInvalidParams
 
     from engine.api import EngineError, FillCancelled, FillRequest, Hole
-    from server.context import build_context, language_for
+    from server.context import build_context, language_for, one_line
     from server.documents import Document, PositionError
     from server.options import language_enabled
     from server.postprocess import rank_candidates
@@ -235,6 +235,8 @@ async def complete(ls, params):
     )
     if ctx.mode == "block" and not (ctx.start <= cursor <= ctx.end):
         return None
+    if not options.inline.multiline:
+        ctx = one_line(ctx)
     key = ResultCache.key(
         ctx.prefix,
         ctx.suffix,

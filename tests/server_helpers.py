@@ -81,6 +81,7 @@ class Session:
         env: dict[str, str] | None = None,
     ) -> types.InitializeResult:
         """Start `dfim serve` (with extra command-line `args` and `env` variables) and initialize it."""
+        self.data_dir = Path(data_dir)
         full_env = {**os.environ, "DFIM_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT), **(env or {})}
         await self.client.start_io(
             sys.executable, "-m", "dfim", "serve", "--model", str(model), *args, env=full_env, cwd=str(ROOT)

@@ -13,6 +13,7 @@ import pytest_asyncio
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 
+from server.telemetry import read_events
 from tests.server_helpers import Session, apply_edits, random_checkpoint
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -69,6 +70,33 @@ async def test_inline_item_fits_between_prefix_and_suffix(session):
     stats = await session.stats()
     assert stats.completed >= 1
     assert stats.status.lastSteps is not None and stats.status.lastLatencyMs is not None
+
+
+async def test_blank_line_gets_one_line_unless_multiline_is_on(session):
+    uri = "file:///work/blank.py"
+    text = "def scale(xs, k):\n    out = []\n    \n    return out\n"
+    session.open(uri, text)
+
+    def shown_modes() -> list[str]:
+        events = read_events(session.data_dir / "telemetry.jsonl")
+        return [e["mode"] for e in events if e.get("event") == "shown"]
+
+    before = len(shown_modes())
+    shown = 0
+    for seed in range(4):  # a random model may leave nothing worth showing at one seed
+        session.configure({"sampling": {"seed": seed}})
+        result = await session.inline(uri, 2, 4)
+        if result is not None:
+            shown += 1
+            assert all("\n" not in item.insert_text for item in result.items)
+    assert shown
+    # the telemetry records how each suggestion was asked for: as a single-line fill
+    assert set(shown_modes()[before:]) == {"line"}
+    session.configure({"inline": {"multiline": True}})
+    result = await session.inline(uri, 2, 4)
+    if result is not None:
+        assert shown_modes()[-1] == "multiline"
+    session.configure({"sampling": {"seed": 0}, "inline": {"multiline": False}})
 
 
 async def test_block_fill_in_empty_body_and_cache(session):

@@ -220,7 +220,27 @@ def test_a_fill_in_a_lines_indentation_opens_a_new_line_above_its_code():
     assert not ctx_for("x = foo(|a)\n").opens_line
     assert not ctx_for("def f(x):\n    |\n").opens_line
     text, cursor = split("def f(x):\n    |return y\n")
-    assert not context.build_context(text, cursor, "python", mode="line", span=(cursor, cursor + 6)).opens_line
+    assert not context.build_context(
+        text, cursor, "python", mode="line", span=(cursor, cursor + 6)
+    ).opens_line
+
+
+def test_one_line_asks_a_blank_lines_fill_as_a_single_line():
+    ctx = ctx_for("def f(x):\n    y = x\n    |\n    return y\n")
+    assert ctx.mode == "multiline"
+    single = context.one_line(ctx)
+    assert (single.mode, single.max_tokens) == ("line", context.MAX_TOKENS["line"])
+    assert (single.prefix, single.suffix, single.start, single.end) == (
+        ctx.prefix,
+        ctx.suffix,
+        ctx.start,
+        ctx.end,
+    )
+    assert postprocess.clean("y += 1\n    z = y", single) == "y += 1"
+    # after an opener the fill's first line is the break itself; an empty body is filled whole
+    for src in ("if x:|\n", "def f(x):\n    |\n\ndef g():\n    pass\n"):
+        ctx = ctx_for(src)
+        assert context.one_line(ctx) is ctx
 
 
 def test_scope_limited_by_indentation():
