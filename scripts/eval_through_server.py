@@ -1,0 +1,109 @@
+"""HumanEval-style infilling through the real language server: what an editor (or a harness that speaks
+LSP) gets, context windows, post-processing and all, not the engine alone (`dfim eval`).
+
+For each problem the document is `prompt + suffix` and the cursor sits at `len(prompt)`, where a harness
+that splits a file into prefix and suffix asks (for the single-line set: column 0 of the line after the
+hole). The first inline item is applied as an editor would; the completion is what it inserted between
+prompt and suffix, and the problem's tests run on the result in the sandbox.
+
+    python scripts/eval_through_server.py ../shared/data/humaneval-infilling/HumanEval-SingleLineInfilling.jsonl.gz \
+        --limit 100 [--model DIR] [--settings '{"inline": {"multiline": true}}'] [--out runs/through-server]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dfim.bench.replay import Client, _get, utf16_offset  # noqa: E402
+from engine import sandbox  # noqa: E402
+from engine.evaluate import Problem, load_problems  # noqa: E402
+from engine.metrics import edit_similarity, exact_match  # noqa: E402
+
+
+def completion_of(problem: Problem, doc: str, item) -> str | None:
+    """What the item inserts between prompt and suffix, or None if its edit reaches into either."""
+    if item is None:
+        return ""
+    rng = _get(item, "range")
+    insert = _get(item, "insert_text")
+    insert = insert if isinstance(insert, str) else _get(insert, "value")
+    start = utf16_offset(doc, rng.start.line, rng.start.character)
+    end = utf16_offset(doc, rng.end.line, rng.end.character)
+    new = doc[:start] + insert + doc[end:]
+    p, s = problem.prompt, problem.suffix
+    if not (new.startswith(p) and new.endswith(s)) or len(new) < len(p) + len(s):
+        return None
+    return new[len(p) : len(new) - len(s)]
+
+
+async def fill_all(problems: list[Problem], model: str, settings: dict) -> list[dict]:
+    client = Client()
+    rows = []
+    with tempfile.TemporaryDirectory() as data_dir:
+        status = await client.start(model, "cpu", {"telemetry": {"enabled": False}, **settings}, data_dir)
+        if _get(status, "state") != "ready":
+            raise SystemExit(f"the server did not start: {_get(status, 'message')}")
+        try:
+            for i, problem in enumerate(problems):
+                uri = f"file:///eval/problem_{i}.py"
+                doc = problem.prompt + problem.suffix
+                client.open(uri, doc, "python")
+                started = time.perf_counter()
+                result = await client.inline(uri, doc, len(problem.prompt))
+                ms = (time.perf_counter() - started) * 1000.0
+                client.close(uri)
+                items = list(_get(result, "items") or []) if result is not None else []
+                completion = completion_of(problem, doc, items[0] if items else None)
+                rows.append(
+                    {"task_id": problem.task_id, "shown": bool(items), "completion": completion, "ms": ms}
+                )
+        finally:
+            await client.stop()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("data", help="HumanEval-infilling JSONL(.gz)")
+    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--model", default="", help="checkpoint folder (default: the shipped model)")
+    parser.add_argument("--settings", default="{}", help="server settings (JSON, as initializationOptions)")
+    parser.add_argument("--out", type=Path, help="write per-problem results here (JSONL)")
+    args = parser.parse_args()
+    problems = load_problems(args.data, args.limit)
+    rows = asyncio.run(fill_all(problems, args.model, json.loads(args.settings)))
+    for problem, row in zip(problems, rows, strict=True):
+        completion = row["completion"]
+        if completion is None:  # an edit outside the hole: counts as a wrong answer
+            row.update(passed=False, em=0.0, es=0.0)
+            continue
+        program = sandbox.humaneval_program(
+            problem.prompt, completion, problem.suffix, problem.test, problem.entry_point
+        )
+        row["passed"] = sandbox.run_program(program, sandbox.SandboxLimits()).passed
+        row["em"] = float(exact_match(completion, problem.canonical_solution))
+        row["es"] = edit_similarity(completion, problem.canonical_solution)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    ms = sorted(r["ms"] for r in rows)
+    print(
+        f"{len(rows)} problems through the server: pass@1 {100 * statistics.mean(r['passed'] for r in rows):.1f}% "
+        f"EM {100 * statistics.mean(r['em'] for r in rows):.1f}% ES {statistics.mean(r['es'] for r in rows):.1f} "
+        f"shown {100 * statistics.mean(r['shown'] for r in rows):.0f}% "
+        f"p50 {ms[len(ms) // 2]:.0f} ms p95 {ms[int(len(ms) * 0.95)]:.0f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
