@@ -83,6 +83,8 @@ class DfimServer(LanguageServer):
             "failed": 0,
             "cache_hits": 0,
             "typed_ahead": 0,
+            "retries": 0,  # inline fills asked again because nothing of the first was worth showing
+            "model_ms": 0.0,  # engine time of all inline fills
         }
         self.pending_errors: list[str] = []
         self._load_task: asyncio.Task | None = None

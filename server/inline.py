@@ -10,9 +10,12 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 
-from server.context import line_end, line_start
+from engine.api import FillRequest, FillResult
+from server.context import FillContext, line_end, line_start
+from server.postprocess import rank_candidates
 
 
 @dataclass
@@ -93,6 +96,34 @@ def one_line_edit(text: str, start: int, end: int, fill: str, cursor: int) -> tu
     return r_start, r_end, fill[p : len(fill) - s]
 
 
+async def fill_until_shown(
+    fill_once: Callable[[FillRequest], Awaitable[FillResult | None]],
+    request: FillRequest,
+    ctx: FillContext,
+    pinned: str,
+    retries: int,
+    cancelled: Callable[[], bool],
+) -> tuple[list[str], int, int] | None:
+    """(cleaned candidates, steps, fills) of up to 1 + `retries` fills, each with the next seed, stopping at
+    the first that leaves something worth showing; None if a fill was cancelled. When post-processing drops
+    everything (the model copied the line below, or wrote nothing), another draw often has a line to offer."""
+    ranked: list[str] = []
+    steps = attempt = 0
+    for attempt in range(1 + max(0, retries)):
+        seed = None if request.seed is None else request.seed + attempt
+        result = await fill_once(replace(request, seed=seed))
+        if result is None:
+            return None
+        steps += result.steps
+        raw = [result.text, *result.alternatives]
+        if pinned:
+            raw = [strip_pinned_tail(r, pinned) for r in raw]
+        ranked = rank_candidates(raw, ctx)
+        if ranked or cancelled():
+            break
+    return ranked, steps, attempt + 1
+
+
 def strip_pinned_tail(fill: str, pinned: str) -> str:
     """The fill without the pinned rest of the line that the engine echoes at its end."""
     if pinned and fill.endswith(pinned):
@@ -145,11 +176,10 @@ async def complete(ls, params):
     from lsprotocol import types
     from pygls.exceptions import JsonRpcInternalError, JsonRpcInvalidParams
 
-    from engine.api import EngineError, FillCancelled, FillRequest, Hole
+    from engine.api import EngineError, FillCancelled, Hole
     from server.context import build_context, language_for, one_line
     from server.documents import Document, PositionError
     from server.options import language_enabled
-    from server.postprocess import rank_candidates
     from server.telemetry import Shown
 
     started = time.perf_counter()
@@ -283,36 +313,43 @@ async def complete(ls, params):
         stop=("\n",) if ctx.mode == "line" else (),
         candidates=options.inline.candidates,
     )
-    ls.counters["fills"] += 1
-    ls.status.begin_fill()
-    try:
-        result = await ls.host.fill(request, flag)
-    except FillCancelled:
-        ls.counters["cancelled"] += 1
-        ls.status.end_fill()
+
+    async def fill_once(request: FillRequest):
+        """One engine call; None when it was cancelled."""
+        ls.counters["fills"] += 1
+        ls.status.begin_fill()
+        try:
+            result = await ls.host.fill(request, flag)
+        except FillCancelled:
+            ls.counters["cancelled"] += 1
+            ls.status.end_fill()
+            return None
+        except asyncio.CancelledError:
+            ls.counters["cancelled"] += 1
+            ls.status.end_fill()
+            raise
+        except EngineError as exc:
+            ls.counters["failed"] += 1
+            ls.status.end_fill()
+            raise JsonRpcInternalError(f"the engine failed: {exc}") from None
+        except Exception as exc:  # a bug in the engine fails this request only
+            ls.counters["failed"] += 1
+            ls.status.end_fill()
+            raise JsonRpcInternalError(f"the engine failed: {type(exc).__name__}: {exc}") from None
+        ls.counters["completed"] += 1
+        ls.counters["model_ms"] += result.latency_ms
+        ls.status.end_fill(result.latency_ms, result.steps, result.stop_reason)
+        ls.note_fallback()
+        return result
+
+    outcome = await fill_until_shown(fill_once, request, ctx, pinned, options.inline.retries, flag.is_set)
+    if outcome is None:
         return None
-    except asyncio.CancelledError:
-        ls.counters["cancelled"] += 1
-        ls.status.end_fill()
-        raise
-    except EngineError as exc:
-        ls.counters["failed"] += 1
-        ls.status.end_fill()
-        raise JsonRpcInternalError(f"the engine failed: {exc}") from None
-    except Exception as exc:  # a bug in the engine fails this request only
-        ls.counters["failed"] += 1
-        ls.status.end_fill()
-        raise JsonRpcInternalError(f"the engine failed: {type(exc).__name__}: {exc}") from None
-    ls.counters["completed"] += 1
-    ls.status.end_fill(result.latency_ms, result.steps, result.stop_reason)
-    ls.note_fallback()
+    ranked, steps, attempts = outcome
+    ls.counters["retries"] += attempts - 1
     if ls.inflight.get(uri) is flag:
         del ls.inflight[uri]
-    raw = [result.text, *result.alternatives]
-    if pinned:
-        raw = [strip_pinned_tail(r, pinned) for r in raw]
-    ranked = rank_candidates(raw, ctx)
     ls.cache.put(key, ranked)
     if flag.is_set():
         return None  # superseded while it ran: a newer request answers for this document
-    return items(ranked, ctx.start, ctx.end, "model", mode=ctx.mode, steps=result.steps)
+    return items(ranked, ctx.start, ctx.end, "model", mode=ctx.mode, steps=steps)

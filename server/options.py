@@ -53,6 +53,9 @@ class InlineOptions:
     # Several lines on a blank line. Off: one line at a time there, as on any other line (the shipped small
     # model's lines after the first are rarely right, and one line answers ~40% sooner; decision 25).
     multiline: bool = False
+    # Fills asked again, with the next seed, when post-processing leaves nothing to show (the model copied
+    # the line below or wrote nothing): a second draw often has a line to offer (decision 26).
+    retries: int = field(default=1, metadata=_bounds(0, 4))
     cache_size: int = field(default=256, metadata=_bounds(0, 100000))
 
 

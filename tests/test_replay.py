@@ -105,7 +105,9 @@ def test_replay_against_the_real_server(checkpoint, tmp_path):
         and s["accepted"] == s["full_accepts"] + s["partial_accepts"] <= s["shown"]
     )
     assert 0 <= s["accepted_chars"] <= s["chars"]
-    assert s["model_fills"] == len(region["model_latencies_ms"]) <= s["requests"] + s["errors"]
+    # one model latency per request that ran the model; the server may ask twice (inline.retries = 1)
+    assert len(region["model_latencies_ms"]) <= s["model_fills"] <= 2 * (s["requests"] + s["errors"])
+    assert len(region["model_latencies_ms"]) <= s["requests"] + s["errors"]
     assert s["model_fills"] >= 1 and s["model_ms_total"] > 0
     counters = report["server"]["counters"]
     assert counters["completed"] == s["model_fills"]

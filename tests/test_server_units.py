@@ -323,6 +323,41 @@ def test_options_json_round_trip():
 # ---- inline -------------------------------------------------------------------------------------------
 
 
+def test_fill_until_shown_asks_again_with_the_next_seed_only_when_nothing_is_left():
+    import asyncio
+
+    from engine.api import FillRequest, FillResult
+
+    ctx = ctx_for("def f(x):\n    y = x\n    |\n    return y\n")
+    ctx = context.one_line(ctx)
+
+    def run(texts: list[str], retries: int, cancelled: bool = False):
+        seeds: list[int | None] = []
+
+        async def fill_once(request: FillRequest) -> FillResult | None:
+            seeds.append(request.seed)
+            text = texts[len(seeds) - 1]
+            result = FillResult(
+                text or "", 5, 32, 3, encoded_tokens=0, context_tokens=0, latency_ms=1.0, stop_reason="stable"
+            )
+            return None if text is None else result
+
+        request = FillRequest(prefix=ctx.prefix, suffix=ctx.suffix, seed=7)
+        out = asyncio.run(inline.fill_until_shown(fill_once, request, ctx, "", retries, lambda: cancelled))
+        return out, seeds
+
+    # the first draw copies the line below: dropped, so the next seed is asked
+    assert run(["return y", "y += 1"], retries=1) == ((["y += 1"], 10, 2), [7, 8])
+    # something to show at once: one fill
+    assert run(["y += 1", "z = 2"], retries=1) == ((["y += 1"], 5, 1), [7])
+    # retries exhausted, or off, or the request superseded: nothing, no further fill
+    assert run(["return y", "   "], retries=1) == (([], 10, 2), [7, 8])
+    assert run(["return y", "y += 1"], retries=0) == (([], 5, 1), [7])
+    assert run(["return y", "y += 1"], retries=1, cancelled=True) == (([], 5, 1), [7])
+    # a cancelled fill ends it
+    assert run([None], retries=1) == (None, [7])
+
+
 def test_typed_ahead_serves_the_rest():
     shown = inline.ShownSuggestion("id", "x = fo", ")\n", "o(a, b")
     assert inline.typed_ahead(shown, "x = foo(", ")\n") == "a, b"

@@ -342,6 +342,7 @@ async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOp
     client.open(uri, region.before + region.after, language_for(None, region.path) or "plaintext")
     before_stats = await client.stats()
     fills_done = _get(before_stats, "engine_fills_completed") or 0
+    model_ms_seen = float(_get(before_stats, "model_ms") or 0.0)  # inline engine time so far
     p, force = 0, True  # a request goes out on opening and right after every accept
     try:
         while p < len(typed):
@@ -365,12 +366,13 @@ async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOp
             stats.latencies_ms.append((time.perf_counter() - started) * 1000.0)
             server = await client.stats()
             done = _get(server, "engine_fills_completed") or 0
-            if done > fills_done:
-                latency = float(_get(_get(server, "status"), "lastLatencyMs") or 0.0)
+            if done > fills_done:  # the model ran for this request (twice when the server retried)
+                spent = float(_get(server, "model_ms") or 0.0)
+                latency = spent - model_ms_seen
                 stats.model_fills += done - fills_done
                 stats.model_ms += latency
                 stats.model_latencies_ms.append(latency)
-                fills_done = done
+                fills_done, model_ms_seen = done, spent
             items = list(_get(result, "items") or []) if result is not None else []
             insert = _get(items[0], "insert_text") if items else None
             insert = insert if isinstance(insert, str) else _get(insert, "value")
