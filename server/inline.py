@@ -274,6 +274,7 @@ async def complete(ls, params):
         ctx.max_tokens,
         options.sampling,
         options.inline.candidates,
+        options.inline.retries,  # an empty result with no retry must not answer for one with a retry
         ls._loaded,
     )
     cached = ls.cache.get(key)
