@@ -2,14 +2,15 @@
 
 Our code was never in the embedded model's training data (that was the GPU machine's Python packages)
 and is not the shared evaluation set, so settings may be tried on it. Lines of 12-70 characters, no
-comments or strings, at least 20 lines into a file; the cursor sits after the line's indentation.
+comments or strings, at least 20 lines into a file; the cursor sits after the line's indentation
+(`--kind midline`: after a random part of the line's code, the rest of the line is missing).
 
 `--kind multiline` asks as the server does on a blank line (its "multiline" mode: 64-token canvas, no stop
 string): the lines from there to the next blank line or dedent (1-3 of them) are missing, and the fill is
 scored on its first line (what a user takes first) and on as many lines as are missing.
 
     python scripts/dev_own_code.py [--model DIR] [--limit 100] [--prefix-chars 1200 --suffix-chars 500]
-                                   [--kind line|multiline] [--set window=8 --set entropy_bound=0.3]
+                                   [--kind line|midline|multiline] [--set window=8 --set entropy_bound=0.3]
 """
 
 from __future__ import annotations
@@ -50,9 +51,12 @@ def problems(seed: int = 7, per_file: int = 6, kind: str = "line", root: Path = 
             if kind == "multiline":  # the lines after it at its indentation or deeper, up to 3 in all
                 while end < min(i + 3, len(lines)) and lines[end].strip() and _indent(lines[end]) >= indent:
                     end += 1
-            prefix = "\n".join(lines[:i]) + "\n" + line[:indent]
+            # The cursor: after the indentation, or for "midline" after some of the line's code (a user who
+            # typed part of the line; the cut may fall inside a name, as when typing).
+            cut = rng.randrange(indent + 1, len(line)) if kind == "midline" else indent
+            prefix = "\n".join(lines[:i]) + "\n" + line[:cut]
             suffix = "\n" + "\n".join(lines[end:])
-            out.append({"prefix": prefix, "suffix": suffix, "want": "\n".join(lines[i:end])[indent:]})
+            out.append({"prefix": prefix, "suffix": suffix, "want": "\n".join(lines[i:end])[cut:]})
     rng.shuffle(out)
     return out
 
@@ -69,7 +73,7 @@ def main() -> None:
     parser.add_argument("--prefix-chars", type=int, default=4000)
     parser.add_argument("--suffix-chars", type=int, default=1500)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--kind", default="line", choices=("line", "multiline"))
+    parser.add_argument("--kind", default="line", choices=("line", "midline", "multiline"))
     parser.add_argument(
         "--source",
         type=Path,

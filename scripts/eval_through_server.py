@@ -11,7 +11,8 @@ prompt and suffix, and the problem's tests run on the result in the sandbox.
 
 `--dev` takes the development set of `scripts/dev_own_code.py` instead (single lines of this repository's own
 code, the cursor after the line's indentation; scored by EM and ES only, there are no tests): the set to
-choose server settings on.
+choose server settings on. `--kind midline` puts the cursor after a random part of the line's code
+(the rest of the line is missing), as when a user has typed some of it.
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", nargs="?", help="HumanEval-infilling JSONL(.gz)")
     parser.add_argument("--dev", action="store_true", help="the development set of scripts/dev_own_code.py")
+    parser.add_argument(
+        "--kind", default="line", choices=("line", "midline"), help="--dev: where the cursor sits in the line"
+    )
+    parser.add_argument("--source", type=Path, default=ROOT, help="--dev: the checkout to draw lines from")
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--model", default="", help="checkpoint folder (default: the shipped model)")
     parser.add_argument("--settings", default="{}", help="server settings (JSON, as initializationOptions)")
@@ -91,7 +96,7 @@ def main() -> None:
 
         problems = [
             Problem(f"dev/{i}", p["prefix"], p["suffix"], p["want"], "", "")
-            for i, p in enumerate(dev_own_code.problems()[: args.limit])
+            for i, p in enumerate(dev_own_code.problems(kind=args.kind, root=args.source)[: args.limit])
         ]
     elif args.data:
         problems = load_problems(args.data, args.limit)
