@@ -110,3 +110,4 @@ class FillResult:
     blocks: int = 1  # canvases denoised one after the other (long fills continue past one canvas)
     token_scores: list[TokenScore] = field(default_factory=list)
     alternatives: list[str] = field(default_factory=list)  # other candidates' texts, best first
+    threads: int = 0  # torch CPU threads the fill ran with (0: not on the CPU); engine.threads

@@ -12,9 +12,11 @@ that block into the cache and denoise the next canvas, whose positions continue 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,35 +35,8 @@ from engine.canvas import (
     middle_tokens,
 )
 from engine.checkpoint import DEFAULT_MODEL_DIR, load_model, read_info
+from engine.threads import AdaptiveThreads, limit_threads, usable_cores
 from engine.tokenizer import Tokenizer
-
-# torch's own thread count, read before any caller could set one: `limit_threads` leaves a count that a
-# caller chose with torch.set_num_threads alone (when it differs from torch's default).
-_TORCH_DEFAULT_THREADS = torch.get_num_threads()
-
-
-def limit_threads(threads: int | None = None) -> None:
-    """Set torch's intra-op thread count for CPU inference: `threads` if given, else $DFIM_THREADS, else
-    what the caller chose (torch.set_num_threads, $OMP_NUM_THREADS), else one core fewer than this
-    process may use (at least 1, at most torch's default).
-
-    A decoder step is ~1,000 small ops on 16-64-row tensors; only the matrix products split across
-    threads, and every split waits at a barrier for all threads. While other processes (the editor, a
-    build, other sessions) keep the cores busy, a descheduled thread stalls each barrier: on the shared
-    2-core dev machine, fills with 2 threads had a p95 of 10.7 s against 1.2 s with 1 thread, for a p50
-    only ~20% better (docs/benchmarks.md, CPU section; docs/decisions.md)."""
-    if threads is None and os.environ.get("DFIM_THREADS", "").strip():
-        threads = int(os.environ["DFIM_THREADS"])
-    if threads is not None:
-        torch.set_num_threads(max(1, threads))
-        return
-    if "OMP_NUM_THREADS" in os.environ or torch.get_num_threads() != _TORCH_DEFAULT_THREADS:
-        return
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), cores - 1)))
 
 
 def check_device(device: str) -> torch.device:
@@ -112,6 +87,7 @@ class Engine:
         path: Path,
         objective: str = "diffusion",
         trained_context: int | None = None,
+        threads: AdaptiveThreads | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -132,15 +108,18 @@ class Engine:
         self.banned = self._banned_tokens()
         self._stop_masks: dict[tuple[str, ...], torch.Tensor | None] = {}
         self._lock = threading.Lock()
+        # CPU only, when nobody fixed a thread count: every core for a fill while the machine is quiet.
+        self.threads = threads
 
     @classmethod
     def load(
         cls, path: str | os.PathLike | None = None, device: str = "cpu", threads: int | None = None
     ) -> Engine:
-        """`threads`: torch's CPU thread count (default: see `limit_threads`)."""
+        """`threads`: torch's CPU thread count (default: `engine.threads`: one core fewer than this process
+        may use, every core while the others are idle)."""
         folder = Path(path) if path is not None else DEFAULT_MODEL_DIR
         dev = check_device(device)
-        limit_threads(threads)
+        automatic = limit_threads(threads)
         if not folder.is_dir():
             raise CheckpointError(f"{folder}: checkpoint folder not found")
         tokenizer_path = folder / "tokenizer.json"
@@ -165,7 +144,10 @@ class Engine:
         trained_context = trained if isinstance(trained, int) and trained > 0 else None
         if objective not in ("diffusion", "causal"):
             raise CheckpointError(f"{folder}: dfim.json names an unknown objective {objective!r}")
-        return cls(model, tokenizer, settings, name, is_random, folder, objective, trained_context)
+        adaptive = None
+        if dev.type == "cpu" and automatic and usable_cores() > torch.get_num_threads():
+            adaptive = AdaptiveThreads(base=torch.get_num_threads(), wide=usable_cores())
+        return cls(model, tokenizer, settings, name, is_random, folder, objective, trained_context, adaptive)
 
     def _banned_tokens(self) -> torch.Tensor:
         """Control tokens never belong on a canvas (pad and EOS do: they end the text), nor do ids the
@@ -198,6 +180,12 @@ class Engine:
 
     # --- fill ---------------------------------------------------------------------------------
 
+    def _thread_count(self):
+        """A context giving the fill's CPU thread count (0 on a GPU), raised for it while the machine is quiet."""
+        if self.threads is not None:
+            return self.threads.applied()
+        return nullcontext(torch.get_num_threads() if self.device.type == "cpu" else 0)
+
     def fill(self, request: FillRequest) -> FillResult:
         if request.candidates < 1:
             raise EngineError(f"candidates must be at least 1 (got {request.candidates})")
@@ -205,11 +193,11 @@ class Engine:
             raise EngineError(f"max_tokens must be at least 1 (got {request.max_tokens})")
         if request.settings.max_steps < 1:
             raise EngineError(f"max_steps must be at least 1 (got {request.settings.max_steps})")
-        with self._lock, torch.inference_mode():
+        with self._lock, torch.inference_mode(), self._thread_count() as threads:
             start = time.perf_counter()
             plan = build_canvas(request, self.tokenizer, self.table, self.canvas_limit)
             if self.objective == "causal":
-                return self._fill_causal(request, plan, start)
+                return dataclasses.replace(self._fill_causal(request, plan, start), threads=threads)
             encoded = self.cache.prepare(plan.context_ids)
             generator = torch.Generator(device=self.device)
             if request.seed is None:
@@ -251,6 +239,7 @@ class Engine:
                 blocks=best.blocks,
                 token_scores=scores,
                 alternatives=alternatives,
+                threads=threads,
             )
 
     def _fill_causal(self, request: FillRequest, plan: CanvasPlan, start: float) -> FillResult:
