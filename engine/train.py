@@ -451,6 +451,27 @@ class Log:
             f.write(json.dumps(row) + "\n")
 
 
+def example_mix(args: argparse.Namespace, settings: ExampleSettings) -> dict[str, Any]:
+    """The training stream's span and pin mix from --span-mix / --pin-subset-p (unset: the defaults)."""
+    changes: dict[str, Any] = {}
+    if getattr(args, "span_mix", None):
+        try:
+            mix = tuple(float(x) for x in args.span_mix.split(","))
+        except ValueError:
+            mix = ()
+        if len(mix) != 3 or min(mix) < 0 or abs(sum(mix) - 1) > 1e-6:
+            raise SystemExit(
+                f"--span-mix wants three shares that sum to 1 (line,block,random): {args.span_mix!r}"
+            )
+        changes["span_mix"] = mix
+    pin_p = getattr(args, "pin_subset_p", None)
+    if pin_p is not None and settings.pin_subset_p > 0:  # a causal run has no pins to mix
+        if not 0 <= pin_p <= 1 - settings.pin_run_p:
+            raise SystemExit(f"--pin-subset-p must be in [0, {1 - settings.pin_run_p}]: {pin_p}")
+        changes["pin_subset_p"] = pin_p
+    return changes
+
+
 def make_val_batches(args: argparse.Namespace, settings: ExampleSettings, tok_path: str) -> list[Batch]:
     """Fixed validation batches (same files, cuts and noise every time) from the val split."""
     split = "val" if (Path(args.data) / "val_docs.npy").is_file() else "train"
@@ -577,6 +598,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     )
     if causal:  # no canvas to pin, and the pads after EOS are never read by a causal model
         settings = replace(settings, pin_subset_p=0.0, pin_run_p=0.0, pad_weight=0.0)
+    # Validation keeps the default mix of spans and pins, so val loss compares across runs that train
+    # on another mix (a continuation that favours single lines, say).
+    val_settings = settings
+    settings = replace(settings, **example_mix(args, settings))
     resuming = args.resume and (out / "state" / "trainer.json").is_file()
 
     from engine.model import DiffusionGemma
@@ -641,7 +666,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return torch.autocast("cpu", enabled=False)
 
-    val_batches = make_val_batches(args, settings, str(tok_path)) if args.val_batches else []
+    val_batches = make_val_batches(args, val_settings, str(tok_path)) if args.val_batches else []
     stream = BatchStream(args.data, "train", str(tok_path), settings, args.batch_size, seed=args.seed + step)
     loader = torch.utils.data.DataLoader(
         stream,
@@ -848,6 +873,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="diffusion: the shipped infilling objective; causal: the same network as an AR FIM model",
     )
     parser.add_argument("--pad-weight", type=float, default=0.5, help="loss weight of pads after EOS")
+    parser.add_argument(
+        "--span-mix",
+        default=None,
+        help="training spans as line,block,random shares (default 0.45,0.35,0.20; validation keeps it)",
+    )
+    parser.add_argument(
+        "--pin-subset-p",
+        type=float,
+        default=None,
+        help="share of training examples with 10-60%% of the canvas pinned (default 0.3)",
+    )
     parser.add_argument(
         "--stop-at-plan", action="store_true", help="stop once --plan-minutes of training are spent"
     )

@@ -202,3 +202,26 @@ def test_context_lm_weight_is_refused_for_a_causal_run(data_dir: Path, tmp_path:
     )  # fmt: skip
     with pytest.raises(SystemExit, match="diffusion objective"):
         train(args)
+
+
+def test_span_mix_and_pins_shape_the_training_stream_only(data_dir: Path, tok: Tokenizer) -> None:
+    from engine.train import example_mix
+
+    settings = ExampleSettings(context_tokens=256, buckets=(16, 32, 64))
+    args = parse("--data", str(data_dir), "--out", "unused", "--span-mix", "1,0,0", "--pin-subset-p", "0")
+    lines_only = ExampleSettings(**{**settings.__dict__, **example_mix(args, settings)})
+    assert lines_only.span_mix == (1.0, 0.0, 0.0) and lines_only.pin_subset_p == 0.0
+    examples = FimExamples(TokenShards(data_dir, "train"), tok, lines_only, random.Random(3))
+    drawn = [examples.example(63) for _ in range(60)]
+    assert {ex.kind for ex in drawn} == {"line"}
+    # Only the pinned-run kind of example is left: no scattered pins.
+    for ex in drawn:
+        pins = [i for i, p in enumerate(ex.pinned) if p]
+        assert pins == list(range(pins[0], pins[-1] + 1)) if pins else True
+
+    assert example_mix(parse("--data", "d", "--out", "o"), settings) == {}  # unset: the defaults
+    for bad in ("0.5,0.5", "0.5,0.6,0.1", "a,b,c", "-0.1,0.6,0.5"):
+        with pytest.raises(SystemExit, match="span-mix"):
+            example_mix(parse("--data", "d", "--out", "o", f"--span-mix={bad}"), settings)
+    with pytest.raises(SystemExit, match="pin-subset-p"):
+        example_mix(parse("--data", "d", "--out", "o", "--pin-subset-p", "0.95"), settings)
