@@ -145,8 +145,9 @@ class Engine:
         if objective not in ("diffusion", "causal"):
             raise CheckpointError(f"{folder}: dfim.json names an unknown objective {objective!r}")
         adaptive = None
-        if dev.type == "cpu" and automatic and usable_cores() > torch.get_num_threads():
-            adaptive = AdaptiveThreads(base=torch.get_num_threads(), wide=usable_cores())
+        cores, base = usable_cores(), torch.get_num_threads()
+        if dev.type == "cpu" and automatic and cores > base:
+            adaptive = AdaptiveThreads(base=base, wide=cores)
         return cls(model, tokenizer, settings, name, is_random, folder, objective, trained_context, adaptive)
 
     def _banned_tokens(self) -> torch.Tensor:
