@@ -338,12 +338,34 @@ class BatchStream(torch.utils.data.IterableDataset):
 # Noise, loss, schedule
 
 
-def add_noise(canvas: torch.Tensor, pinned: torch.Tensor, vocab_size: int, t_min: float, gen=None):
-    """Uniform-state forward process: each unpinned position becomes a random token with prob. t."""
+def add_noise(
+    canvas: torch.Tensor,
+    pinned: torch.Tensor,
+    vocab_size: int,
+    t_min: float,
+    gen=None,
+    ordered_p: float = 0.0,
+    pad_id: int = 0,
+):
+    """Uniform-state forward process: each unpinned position becomes a random token with prob. t.
+
+    `ordered_p` > 0: that share of the rows is noised the way the sampler's left-to-right window
+    (`order_window`) leaves a canvas mid-fill instead: clean left of a random cut inside the middle and
+    its EOS, noised right of it at a high level t ~ U(0.5, 1) (the sampler renoises every position it did
+    not accept). With i.i.d. noise alone the model never trains on the canvases it actually reads."""
     b, length = canvas.shape
-    t = torch.rand(b, 1, device=canvas.device, generator=gen) * (1 - t_min) + t_min
-    flip = (torch.rand(b, length, device=canvas.device, generator=gen) < t) & ~pinned
-    noise = torch.randint(0, vocab_size, (b, length), device=canvas.device, generator=gen)
+    dev = canvas.device
+    t = torch.rand(b, 1, device=dev, generator=gen) * (1 - t_min) + t_min
+    u = torch.rand(b, length, device=dev, generator=gen)
+    flip = u < t
+    if ordered_p > 0:  # extra draws only when asked: default runs keep their random stream
+        ordered = torch.rand(b, 1, device=dev, generator=gen) < ordered_p
+        content = (canvas != pad_id).sum(dim=1, keepdim=True)  # middle + EOS
+        cut = (torch.rand(b, 1, device=dev, generator=gen) * (content + 1)).floor()
+        right = torch.arange(length, device=dev)[None] >= cut
+        flip = torch.where(ordered, right & (u < 0.5 + 0.5 * t), flip)
+    flip &= ~pinned
+    noise = torch.randint(0, vocab_size, (b, length), device=dev, generator=gen)
     return torch.where(flip, noise, canvas), t
 
 
@@ -482,14 +504,16 @@ def make_val_batches(args: argparse.Namespace, settings: ExampleSettings, tok_pa
 
 
 def evaluate(
-    fwd, batches: Sequence[Batch], vocab_size: int, pad_id: int, device, autocast
+    fwd, batches: Sequence[Batch], vocab_size: int, pad_id: int, device, autocast, ordered: bool = False
 ) -> dict[str, float]:
+    """Validation loss and content accuracy under i.i.d. noise, or (`ordered`) under the sampler's
+    left-to-right pattern on every row."""
     gen = torch.Generator(device=device).manual_seed(0)
     total, weight, correct, count = 0.0, 0.0, 0.0, 0.0
     with torch.no_grad(), autocast():
         for batch in batches:
             b = batch.to(device)
-            noisy, _ = add_noise(b.canvas, b.pinned, vocab_size, 0.02, gen)
+            noisy, _ = add_noise(b.canvas, b.pinned, vocab_size, 0.02, gen, float(ordered), pad_id)
             logits = fwd(b.context, noisy, None, b.context_pad)
             w = b.weight
             ce = F.cross_entropy(logits.flatten(0, 1).float(), b.canvas.flatten(), reduction="none")
@@ -531,7 +555,9 @@ def causal_loss(model, batch: Batch) -> torch.Tensor:
 
 def validate(model, fwd, batches, causal: bool, config: ModelConfig, pad_id: int, device, autocast):
     if not causal:
-        return evaluate(fwd, batches, config.vocab_size, pad_id, device, autocast)
+        scores = evaluate(fwd, batches, config.vocab_size, pad_id, device, autocast)
+        ordered = evaluate(fwd, batches, config.vocab_size, pad_id, device, autocast, ordered=True)
+        return {**scores, "val_loss_ordered": ordered["val_loss"], "val_acc_ordered": ordered["val_acc"]}
     # AR: loss over every target as in training; accuracy over the middle and its EOS only, the
     # figure comparable to the diffusion model's content accuracy.
     total, weight, correct, count = 0.0, 0.0, 0.0, 0.0
@@ -593,6 +619,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     causal = args.objective == "causal"
     if causal and args.context_lm_weight > 0:
         raise SystemExit("--context-lm-weight is for the diffusion objective (a causal run's loss is all LM)")
+    if not 0 <= args.ordered_noise_p <= 1 or (causal and args.ordered_noise_p > 0):
+        raise SystemExit(f"--ordered-noise-p must be in [0, 1] on a diffusion run: {args.ordered_noise_p}")
     settings = ExampleSettings(
         context_tokens=args.context_tokens, buckets=buckets, pad_weight=args.pad_weight
     )
@@ -710,7 +738,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             return loss, None
-        noisy, _ = add_noise(batch.canvas, batch.pinned, config.vocab_size, args.t_min, gen)
+        noisy, _ = add_noise(
+            batch.canvas, batch.pinned, config.vocab_size, args.t_min, gen, args.ordered_noise_p, tok.pad_id
+        )
         self_cond = None
         if sc_rng.random() < args.self_cond_p:
             with torch.no_grad(), autocast():
@@ -796,6 +826,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             extra = f" lm {row['lm_loss']:.4f}" if "lm_loss" in row else ""
             if "val_loss" in row:
                 extra += f" val {row['val_loss']:.4f} acc {row['val_acc']:.3f}"
+            if "val_loss_ordered" in row:
+                extra += f" ordered {row['val_loss_ordered']:.4f}"
             print(
                 f"step {step} loss {row['loss']:.4f}{extra} lr {lr:.2e} tok/s {row['tok_per_s']:,.0f} "
                 f"tokens {tokens_seen:,} t {row['elapsed_s']}s",
@@ -817,6 +849,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "random": False,
         "objective": args.objective,
         **({"context_lm_weight": args.context_lm_weight} if args.context_lm_weight > 0 else {}),
+        **({"ordered_noise_p": args.ordered_noise_p} if args.ordered_noise_p > 0 else {}),
         "context_tokens": args.context_tokens,
         "step": step,
         "tokens": tokens_seen,
@@ -894,6 +927,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="diffusion: weight of a next-token loss on the encoder's context pass (0 = off)",
     )
     parser.add_argument("--t-min", type=float, default=0.02, help="smallest noise level sampled")
+    parser.add_argument(
+        "--ordered-noise-p",
+        type=float,
+        default=0.0,
+        help="share of rows noised left-to-right as the sampler's window leaves them (clean up to a cut)",
+    )
     parser.add_argument("--self-cond-p", type=float, default=0.5)
     parser.add_argument("--workers", type=int, default=min(12, max(0, (os.cpu_count() or 2) - 2)))
     parser.add_argument("--device", default=None)

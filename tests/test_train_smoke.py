@@ -225,3 +225,40 @@ def test_span_mix_and_pins_shape_the_training_stream_only(data_dir: Path, tok: T
             example_mix(parse("--data", "d", "--out", "o", f"--span-mix={bad}"), settings)
     with pytest.raises(SystemExit, match="pin-subset-p"):
         example_mix(parse("--data", "d", "--out", "o", "--pin-subset-p", "0.95"), settings)
+
+
+def test_ordered_noise_leaves_a_clean_prefix_as_the_sampler_window_does(
+    data_dir: Path, tok: Tokenizer
+) -> None:
+    settings = ExampleSettings(context_tokens=128, buckets=(32,))
+    examples = FimExamples(TokenShards(data_dir, "train"), tok, settings, random.Random(4))
+    batch = collate([examples.example(31) for _ in range(64)], 128, tok.pad_id, 0.5)
+    gen = torch.Generator().manual_seed(0)
+    default, _ = add_noise(batch.canvas, batch.pinned, tok.vocab_size, 0.02, torch.Generator().manual_seed(0))
+    same, _ = add_noise(batch.canvas, batch.pinned, tok.vocab_size, 0.02, gen, 0.0, tok.pad_id)
+    assert torch.equal(default, same)  # p = 0 draws nothing extra: default runs keep their stream
+
+    def shape(noisy: torch.Tensor) -> tuple[list[int], float, float]:
+        """First changed position per row, share of rows whose first change lies in the middle + EOS,
+        share of rows noised lightly (< 30%) right of their first change."""
+        content = (batch.canvas != tok.pad_id).sum(dim=1)
+        firsts, inside, light = [], 0, 0
+        for row in range(len(noisy)):
+            changed = (noisy[row] != batch.canvas[row]).nonzero().flatten().tolist()
+            if not changed:
+                continue
+            first = changed[0]  # the cut, or a little right of it where the first noise draws missed
+            firsts.append(first)
+            inside += int(first <= content[row])
+            light += int(len(changed) < 0.3 * int((~batch.pinned[row, first:]).sum()))
+        return firsts, inside / len(firsts), light / len(firsts)
+
+    noisy, _ = add_noise(batch.canvas, batch.pinned, tok.vocab_size, 0.02, gen, 1.0, tok.pad_id)
+    assert bool((noisy[batch.pinned] == batch.canvas[batch.pinned]).all())
+    firsts, inside, light = shape(noisy)
+    assert inside >= 0.85  # cuts lie inside the middle and its EOS
+    assert len(set(firsts)) > 5 and min(firsts) <= 2  # spread over the middle, some at its start
+    assert light <= 0.05  # right of the cut: a high noise level, t in (0.5, 1)
+    assert shape(default)[2] >= 0.15  # (i.i.d. noise at t ~ U(0.02, 1) leaves many rows lightly noised)
+    with pytest.raises(SystemExit, match="ordered-noise-p"):
+        train(parse("--data", str(data_dir), "--out", "o", "--ordered-noise-p", "1.5", "--device", "cpu"))
