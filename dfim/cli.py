@@ -24,18 +24,28 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dfim")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dfim", description="Fill code in the middle with a diffusion model."
     )
+    parser.add_argument("--version", action="version", version=f"dfim {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         command_parser.set_defaults(_module=module_name)
         try:
             module = importlib.import_module(module_name)
-        except ImportError:
-            command_parser.set_defaults(_missing=True)
+        except ImportError as err:  # a dependency is missing: say which when the command is asked for
+            command_parser.set_defaults(_missing=str(err) or type(err).__name__)
             continue
         module.add_arguments(command_parser)
     return parser
@@ -47,8 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    if getattr(args, "_missing", False):
-        print(f"dfim: the '{args.command}' command is not available in this build", file=sys.stderr)
+    missing = getattr(args, "_missing", None)
+    if missing:
+        print(
+            f"dfim: the '{args.command}' command is not available in this install ({missing}); "
+            "reinstall with ./install.sh",
+            file=sys.stderr,
+        )
         return 2
     module = importlib.import_module(args._module)
     return int(module.run(args) or 0)

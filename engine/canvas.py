@@ -217,7 +217,9 @@ def assemble_text(
     are stripped from the front (the canvas' first token starts with them by construction)."""
     raw = b"".join(tokenizer.token_bytes(t) for t, _, _ in tokens)
     strip = len(heal_bytes) if raw.startswith(heal_bytes) else 0
-    text = raw[strip:].decode("utf-8", errors="replace")
+    # Byte-level tokens can leave a character half written (a model's slip, or a block cut mid-character);
+    # those bytes are dropped rather than shown as U+FFFD in the user's code.
+    text = raw[strip:].decode("utf-8", errors="ignore")
     scores = []
     skip = strip
     for token, conf, is_pin in tokens:

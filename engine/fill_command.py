@@ -129,6 +129,32 @@ def window(prefix: str, suffix: str) -> tuple[str, str]:
     return prefix, suffix
 
 
+FIM_SPECIALS = 4  # <bos> <fim_suffix> <fim_prefix> <fim_middle> around the two windows
+
+
+def fit_to_model(prefix: str, suffix: str, engine) -> tuple[str, str]:
+    """Cut the windows, at whole lines, to the context the checkpoint was trained with (`dfim.json`
+    `context_tokens`), the suffix to at most a third of it, as the server does (decision 19): past that
+    length a small model reads positions it never learnt, and every extra token costs encoding time.
+    Unchanged for a checkpoint that declares no length."""
+    trained = getattr(engine, "trained_context", None)
+    if not trained:
+        return prefix, suffix
+
+    def count(text: str) -> int:
+        return len(engine.tokenizer.encode(text)) if text else 0
+
+    room = max(2, trained - FIM_SPECIALS)
+    while (n := count(suffix)) > room // 3:  # shrink by the measured ratio, then back to a line's end
+        keep = suffix[: int(len(suffix) * (room // 3) / n * 0.95)]
+        suffix = keep[: keep.rfind("\n") + 1] if "\n" in keep else keep
+    budget = room - count(suffix)
+    while (n := count(prefix)) > budget:  # the same from the far end of the prefix, at a line's start
+        keep = prefix[len(prefix) - int(len(prefix) * budget / n * 0.95) :]
+        prefix = keep[keep.find("\n") + 1 :] if "\n" in keep[:-1] else keep
+    return prefix, suffix
+
+
 def finishes_a_line(prefix: str) -> bool:
     """Whether the cursor follows code on its line: then the fill completes that line, as an editor's
     inline completion does (server.context's "line" mode); on a blank or indentation-only line it may
@@ -164,7 +190,8 @@ def read_fill_input(args: argparse.Namespace) -> tuple[str, str, str]:
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps must be at least 1 (got {args.steps})")
     path = Path(args.file)
-    text = read_source(path)
+    # The model reads and writes "\n"; a CRLF file would leave a stray "\r" before every stop.
+    text = read_source(path).replace("\r\n", "\n")
     language = detect_language(path, args.language)
     prefix, suffix = window(*split_at(text, args.line, args.col))
     return prefix, suffix, language
@@ -186,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
                 f"dfim fill: note: {engine.path} is an untrained (random) checkpoint; its fills are noise",
                 file=sys.stderr,
             )
+        prefix, suffix = fit_to_model(prefix, suffix, engine)
         result = engine.fill(fill_request(prefix, suffix, args, engine.settings))
     except EngineError as err:
         return fail(str(err))

@@ -95,6 +95,35 @@ def remove_suffix_overlap(completion: str, suffix: str) -> str:
     return completion
 
 
+def unescaped(text: str, quote: str) -> int:
+    """How many times `quote` occurs in `text` without a backslash before it."""
+    return len(re.findall(r"(?<!\\)" + re.escape(quote), text))
+
+
+def drop_duplicate_quote(completion: str, rest_of_line: str) -> str:
+    """Drop a closing quote the rest of the line already has: at `f"Hi {name}▮"` a fill `!"` would leave
+    `""`. Only when the completion closes a string it did not open (an odd number of that quote in it);
+    brackets are `balance_brackets`'s business."""
+    head = rest_of_line.lstrip()
+    body = completion.rstrip()
+    for quote in ('"""', "'''", '"', "'", "`"):
+        if head.startswith(quote) and body.endswith(quote) and unescaped(body, quote) % 2 == 1:
+            return body[: len(body) - len(quote)]
+    return completion
+
+
+def repeats_what_follows(completion: str, ctx: FillContext) -> bool:
+    """A single-line fill that is only the start of the text after the cursor (`BUCK▮ETS = ...` filled
+    with `ETS`): inserting it duplicates what is already there."""
+    body = completion.strip()
+    return (
+        ctx.mode == "line"
+        and not ctx.opens_line
+        and bool(body)
+        and ctx.rest_of_line.lstrip().startswith(body)
+    )
+
+
 def limit_scope(completion: str, ctx: FillContext, max_lines: int = 40) -> str:
     """Single-line fills keep their first line; multi-line fills stop at the first line that leaves the block
     (indented less than `ctx.indent`)."""
@@ -148,14 +177,18 @@ def normalize_newlines(completion: str, newline: str) -> str:
 def clean(raw: str, ctx: FillContext) -> str | None:
     """The whole pipeline: scope, suffix overlap, brackets, usefulness. None = show nothing."""
     text = raw.replace("\x00", "")
+    if "\ufffd" in text and "\ufffd" not in ctx.prefix + ctx.suffix:
+        text = text.replace("\ufffd", "")  # a broken byte sequence from a backend, never the user's text
     text = limit_scope(text, ctx)
     text = remove_suffix_overlap(text, ctx.suffix)
+    if ctx.mode == "line":
+        text = drop_duplicate_quote(text, ctx.rest_of_line)
     ends_line = ctx.mode == "line" and (ctx.opens_line or not ctx.rest_of_line.strip())
     text = balance_brackets(text, ctx.prefix, ctx.suffix, close_open=ends_line)
     if ctx.mode != "line" or ends_line:
         text = text.rstrip()
     text = normalize_newlines(text, ctx.newline)
-    if is_useless(text, ctx.prefix, ctx.suffix):
+    if is_useless(text, ctx.prefix, ctx.suffix) or repeats_what_follows(text, ctx):
         return None
     if ctx.opens_line:  # the code after the cursor moves down a line, keeping its indentation
         text += ctx.newline + split_lines(ctx.prefix)[-1]

@@ -134,6 +134,13 @@ def test_assemble_strips_healing_bytes_and_stops_at_eos(tok):
     assert [s.text for s in scores] == ["urn", " x"]
 
 
+def test_a_half_written_character_is_dropped_not_shown_as_a_replacement(tok):
+    lead = next(i for i in range(tok.vocab_size) if tok.token_bytes(i) == b"\xc3")  # starts a 2-byte char
+    ids = [*tok.encode('"H'), lead, *tok.encode("üße")]
+    text, _ = assemble_text([(i, 0.5, False) for i in ids], tok)
+    assert text == '"Hüße' and "\ufffd" not in text
+
+
 def test_warm_start_seeds_the_open_hole(tok, table):
     req = FillRequest(prefix="y = ", suffix="\n", warm_start="compute(a, b)")
     plan = build_canvas(req, tok, table, 256)

@@ -215,3 +215,38 @@ def test_a_fill_after_code_finishes_that_line_only(capsys, checkpoint):
         assert code == 0 and "\n" not in out.removesuffix("\n"), out
     code, _, _ = dfim_fill(capsys, *args, "--max-tokens", 32, "--multiline")
     assert code == 0
+
+
+def test_a_crlf_file_fills_without_a_stray_carriage_return(capsys, tmp_path, checkpoint):
+    import argparse
+
+    from engine.fill_command import add_fill_arguments, read_fill_input
+
+    path = tmp_path / "crlf.py"
+    path.write_bytes(b"def add(a, b):\r\n    total = a + b\r\n    return total +\r\n\r\nprint(add(1, 2))\r\n")
+    parser = argparse.ArgumentParser()
+    add_fill_arguments(parser)
+    prefix, suffix, _ = read_fill_input(parser.parse_args([str(path), "--line", "3", "--col", "19"]))
+    # the model reads (and so writes) plain newlines: no "\r" left to end up before a stop
+    assert prefix.endswith("    return total +") and suffix == "\n\nprint(add(1, 2))\n"
+    code, out, _ = dfim_fill(capsys, path, "--line", 3, "--col", 19, "--model", checkpoint, "--seed", 0,
+                             "--steps", 2, "--max-tokens", 16, "--json")  # fmt: skip
+    assert code == 0 and "\r" not in json.loads(out)["text"]
+
+
+def test_the_windows_fit_the_context_the_model_was_trained_with():
+    from engine.fill_command import fit_to_model
+    from engine.infill import Engine
+
+    engine = Engine.load(None)  # the shipped model: dfim.json says 512 context tokens
+    assert engine.trained_context == 512
+    lines = [f"value_{i} = compute({i}, scale={i * 3})\n" for i in range(400)]
+    prefix, suffix = "".join(lines[:300]), "".join(lines[300:])
+    fitted_prefix, fitted_suffix = fit_to_model(prefix, suffix, engine)
+    p, s = (len(engine.tokenizer.encode(t)) for t in (fitted_prefix, fitted_suffix))
+    assert s <= (512 - 4) // 3 and p + s <= 512 - 4
+    assert p > 250  # the prefix takes what the suffix leaves
+    # the near ends are kept, cut at whole lines
+    assert prefix.endswith(fitted_prefix) and fitted_prefix.startswith("value_")
+    assert suffix.startswith(fitted_suffix) and fitted_suffix.endswith("\n")
+    assert fit_to_model("x = 1\n", "y = 2\n", engine) == ("x = 1\n", "y = 2\n")

@@ -200,6 +200,25 @@ def test_suffix_overlap_and_duplicated_closers_are_removed():
     assert postprocess.clean("y = x + 1\n    return y", ctx) == "y = x + 1"
 
 
+def test_a_fill_never_doubles_the_closing_quote_or_the_text_after_the_cursor():
+    ctx = ctx_for('greeting = f"Hello {name}|"\n')
+    assert postprocess.clean('!"', ctx) == "!"
+    assert postprocess.clean(' and "x"', ctx) == ' and "x"'  # opens and closes its own string: kept
+    ctx = ctx_for('doc = """Sum |"""\n')
+    assert postprocess.clean('of values."""', ctx) == "of values."
+    # mid-word: a fill that is only the start of what follows the cursor adds nothing
+    ctx = ctx_for("BUCK|ETS = (16, 32)\n")
+    assert postprocess.clean("ETS", ctx) is None
+    assert postprocess.clean("ET_SIZES", ctx) == "ET_SIZES"
+
+
+def test_broken_characters_are_never_shown():
+    ctx = ctx_for('name = "|"\n')
+    assert postprocess.clean("H\ufffdüße", ctx) == "Hüße"
+    ctx = ctx_for('bad = "\ufffd"\nname = "|"\n')  # the user's own replacement character may be copied
+    assert postprocess.clean("\ufffd!", ctx) == "\ufffd!"
+
+
 def test_single_line_mode_keeps_one_line_and_closes_its_own_brackets():
     ctx = ctx_for("total = |\n")
     assert postprocess.clean("sum(values\nprint(total)", ctx) == "sum(values)"
