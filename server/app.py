@@ -101,7 +101,13 @@ class DfimServer(LanguageServer):
         self.tracker.telemetry = Telemetry(data_dir(telemetry.data_dir), enabled=telemetry.enabled)
         if self.options.sampling != previous.sampling or self.options.context != previous.context:
             self.cache.clear()
-        return [f"dfim: {e} ({source}); keeping the previous value" for e in errors]
+        if not errors:
+            return []
+        # One message for the whole change (six bad values are one popup, not six); an unknown key says
+        # "(ignored)", a bad value that the previous one stays.
+        errors = [e if e.endswith("(ignored)") else f"{e}; keeping the previous value" for e in errors]
+        head = "a setting was" if len(errors) == 1 else f"{len(errors)} settings were"
+        return [f"dfim: {head} not applied ({source}): " + "; ".join(errors)]
 
     def show_errors(self, errors: list[str]) -> None:
         for message in errors:

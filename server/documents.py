@@ -66,7 +66,9 @@ def column_to_index(line: str, character: int, encoding: str) -> int:
         count += width
     if count >= character:
         return len(line)
-    raise PositionError(f"character {character} is past the end of the line ({count} {encoding} units)")
+    raise PositionError(
+        f"character {character} is past the end of the line ({count} {getattr(encoding, 'value', encoding)} units)"
+    )
 
 
 @dataclass

@@ -8,6 +8,8 @@ line that produces the same document.
 from __future__ import annotations
 
 import hashlib
+import logging
+import math
 import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -16,6 +18,8 @@ from dataclasses import dataclass, replace
 from engine.api import FillRequest, FillResult
 from server.context import FillContext, line_end, line_start
 from server.postprocess import rank_candidates
+
+log = logging.getLogger("dfim.server")
 
 
 @dataclass
@@ -160,7 +164,11 @@ def register(ls) -> None:
 
     @ls.feature(PARTIAL_METHOD)
     def partially_accepted(ls, params) -> None:
-        ls.tracker.partially_accepted(str(_field(params, "id")), int(_field(params, "acceptedLength") or 0))
+        length = _field(params, "acceptedLength")
+        if isinstance(length, bool) or not isinstance(length, (int, float)) or not math.isfinite(length):
+            log.warning("%s: acceptedLength must be a number, got %r; ignored", PARTIAL_METHOD, length)
+            return  # a client's bad notification is no error to show the user
+        ls.tracker.partially_accepted(str(_field(params, "id")), int(length))
 
     @ls.feature(REJECT_METHOD)
     def rejected(ls, params) -> None:

@@ -8,6 +8,7 @@ bounds; a bad value is reported and the previous value kept, so a typo never tak
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -25,7 +26,8 @@ class ModelOptions:
 
 @dataclass
 class SamplingOptions:
-    # Inline fills must answer in ~150 ms on two CPU cores; early stopping usually ends well before this.
+    # Inline fills: 16 steps cap a fill at about a second on two CPU cores with the shipped model (it stops
+    # early at 11-12 steps on average); more bought no better lines (docs/benchmarks.md).
     max_steps: int = field(default=16, metadata=_bounds(1, 256))
     entropy_bound: float = field(default=0.1, metadata=_bounds(0.0, 100.0))
     max_canvas: int = field(default=128, metadata=_bounds(16, 256))  # tokens; rewrites may use all of it
@@ -99,6 +101,7 @@ def _check_value(name: str, value, kind, meta) -> tuple[object, str | None]:
             if isinstance(value, bool)
             else (None, f"{name} must be true or false, got {value!r}")
         )
+    original = value  # messages quote what the client sent (1e300, not its 301 digits as an int)
     if kind is int:
         if isinstance(value, bool) or not (
             isinstance(value, int) or (isinstance(value, float) and value.is_integer())
@@ -106,8 +109,8 @@ def _check_value(name: str, value, kind, meta) -> tuple[object, str | None]:
             return None, f"{name} must be an integer, got {value!r}"
         value = int(value)
     elif kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return None, f"{name} must be a number, got {value!r}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None, f"{name} must be a finite number, got {value!r}"
         value = float(value)
     elif kind is str:
         if value is None:
@@ -120,9 +123,9 @@ def _check_value(name: str, value, kind, meta) -> tuple[object, str | None]:
         return list(value), None
     lo, hi, choices = meta.get("min"), meta.get("max"), meta.get("choices") or ()
     if lo is not None and value < lo or hi is not None and value > hi:
-        return None, f"{name} must be between {lo} and {hi}, got {value!r}"
+        return None, f"{name} must be between {lo} and {hi}, got {original!r}"
     if choices and value not in choices:
-        return None, f"{name} must be one of {', '.join(choices)}, got {value!r}"
+        return None, f"{name} must be one of {', '.join(choices)}, got {original!r}"
     return value, None
 
 
@@ -142,7 +145,7 @@ def merge_options(previous, raw, prefix: str = "dfim") -> tuple[object, list[str
     for key, value in raw.items():
         name = snake(str(key))
         if name not in fields:
-            errors.append(f"unknown setting {prefix}.{key}")
+            errors.append(f"unknown setting {prefix}.{key} (ignored)")
             continue
         if value is None:
             continue

@@ -328,6 +328,13 @@ def test_bad_values_are_reported_and_previous_kept():
     assert merged.sampling.max_canvas == 64
     assert merged.model.device == "cpu" and merged.telemetry.enabled is True and merged.languages == ["*"]
     assert len(errors) == 6
+    assert "unknown setting dfim.bogus (ignored)" in errors
+    # non-finite numbers are refused; a message quotes what was sent, not a 301-digit integer
+    merged, errors = options.merge_options(
+        previous, {"sampling": {"entropyBound": float("nan"), "maxSteps": 1e300}}
+    )
+    assert merged.sampling.entropy_bound == 0.1 and merged.sampling.max_steps == 8
+    assert len(errors) == 2 and "1e+300" in errors[1] and len(errors[1]) < 100
     assert any("dfim.sampling.maxSteps" in e for e in errors)
     _, errors = options.merge_options(options.Options(), "not an object")
     assert errors
