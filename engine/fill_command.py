@@ -60,14 +60,16 @@ def add_fill_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--line", type=int, required=True, help="1-based line of the cursor")
     parser.add_argument("--col", type=int, required=True, help="1-based column of the cursor, in characters")
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
-    parser.add_argument("--max-tokens", type=int, default=64, help="most tokens to fill (default 64)")
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="most tokens to fill (default 32, 64 with --multiline)"
+    )
     parser.add_argument("--steps", type=int, default=None, help="most denoising steps (default: the model's)")
     parser.add_argument("--seed", type=int, default=None, help="seed for a reproducible fill")
     parser.add_argument("--language", default=None, help="language name, for files with an unknown extension")
     parser.add_argument(
         "--multiline",
         action="store_true",
-        help="let a fill after code on a line run over several lines (default: finish that line only)",
+        help="let the fill run over several lines (default: one line, as the server's inline completions)",
     )
 
 
@@ -155,27 +157,27 @@ def fit_to_model(prefix: str, suffix: str, engine) -> tuple[str, str]:
     return prefix, suffix
 
 
-def finishes_a_line(prefix: str) -> bool:
-    """Whether the cursor follows code on its line: then the fill completes that line, as an editor's
-    inline completion does (server.context's "line" mode); on a blank or indentation-only line it may
-    run over several lines."""
-    return prefix[prefix.rfind("\n") + 1 :].strip() != ""
-
-
 def fill_request(
     prefix: str, suffix: str, args: argparse.Namespace, defaults: SamplerSettings
 ) -> FillRequest:
-    """The request `dfim fill` and `dfim trace` send: the model's sampler with --steps over it, and after
-    code on a line a stop at the newline (unless --multiline)."""
+    """The request `dfim fill` and `dfim trace` send: the model's sampler with --steps over it, and one
+    line (a stop at the newline, a 32-token canvas) unless --multiline. The server answers one line at a
+    time too (decision 25): this small model's later lines are rarely right, and often repeat."""
     settings = defaults if args.steps is None else replace(defaults, max_steps=args.steps)
     return FillRequest(
         prefix=prefix,
         suffix=suffix,
-        max_tokens=args.max_tokens,
+        max_tokens=max_tokens(args),
         seed=args.seed,
         settings=settings,
-        stop=("\n",) if finishes_a_line(prefix) and not args.multiline else (),
+        stop=() if args.multiline else ("\n",),
     )
+
+
+def max_tokens(args: argparse.Namespace) -> int:
+    if args.max_tokens is not None:
+        return args.max_tokens
+    return 64 if args.multiline else 32
 
 
 def fail(message: str) -> int:
@@ -185,7 +187,7 @@ def fail(message: str) -> int:
 
 def read_fill_input(args: argparse.Namespace) -> tuple[str, str, str]:
     """(prefix, suffix, language) for the arguments of `add_fill_arguments`; InputError when bad."""
-    if args.max_tokens < 1:
+    if args.max_tokens is not None and args.max_tokens < 1:
         raise InputError(f"--max-tokens must be at least 1 (got {args.max_tokens})")
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps must be at least 1 (got {args.steps})")

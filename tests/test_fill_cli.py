@@ -202,19 +202,18 @@ def test_real_process_exit_status(tmp_path):
     assert proc.stderr.strip() == f"dfim fill: {tmp_path / 'gone.py'}: no such file"
 
 
-def test_a_fill_after_code_finishes_that_line_only(capsys, checkpoint):
-    from engine.fill_command import finishes_a_line
-
-    assert finishes_a_line("def f(x):\n    return x +")
-    assert not finishes_a_line("def f(x):\n    ") and not finishes_a_line("")
-    # fixtures/demo.py line 7 is `    return sum(values) / `: the README's spot, after code.
+def test_a_fill_is_one_line_unless_multiline(capsys, checkpoint):
+    # fixtures/demo.py line 7 is `    return sum(values) / `: the README's spot, after code; line 8 is blank
     demo = ROOT / "fixtures" / "demo.py"
-    for seed in range(3):
-        args = [demo, "--line", 7, "--col", 26, "--model", checkpoint, "--steps", 2, "--seed", seed]
-        code, out, _ = dfim_fill(capsys, *args, "--max-tokens", 32)
-        assert code == 0 and "\n" not in out.removesuffix("\n"), out
-    code, _, _ = dfim_fill(capsys, *args, "--max-tokens", 32, "--multiline")
-    assert code == 0
+    for line, col in ((7, 26), (8, 1)):
+        for seed in range(3):
+            args = [demo, "--line", line, "--col", col, "--model", checkpoint, "--steps", 2, "--seed", seed]
+            code, out, _ = dfim_fill(capsys, *args, "--json")
+            result = json.loads(out)
+            assert code == 0 and "\n" not in result["text"], result
+            assert result["canvas_length"] == 32
+    code, out, _ = dfim_fill(capsys, *args, "--multiline", "--json")
+    assert code == 0 and json.loads(out)["canvas_length"] == 64
 
 
 def test_a_crlf_file_fills_without_a_stray_carriage_return(capsys, tmp_path, checkpoint):
