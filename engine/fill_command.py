@@ -90,12 +90,16 @@ def read_source(path: Path) -> str:
         raise InputError(f"{path}: cannot read ({err.strerror or err})") from None
     if not data:
         raise InputError(f"{path}: empty file, nothing to fill around")
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise InputError(f"{path}: UTF-16 text; dfim fill reads UTF-8 files")
     if b"\x00" in data:
         raise InputError(f"{path}: binary file (contains NUL bytes)")
     try:
         return data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: binary file (not UTF-8 text)") from None
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"{path}: not UTF-8 text (byte {err.start}); dfim fill reads UTF-8 files, binary files are refused"
+        ) from None
 
 
 def detect_language(path: Path, override: str | None) -> str:
@@ -236,5 +240,7 @@ def run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(out, ensure_ascii=False))
     else:
+        if not result.text.strip():
+            print("dfim fill: note: the model wrote nothing here (try another --seed)", file=sys.stderr)
         sys.stdout.write(result.text if result.text.endswith("\n") else result.text + "\n")
     return 0

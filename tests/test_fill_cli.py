@@ -114,7 +114,10 @@ def test_binary_files(capsys, tmp_path):
     assert_one_line_error(*dfim_fill(capsys, nul, "--line", 1, "--col", 1)[::2], "binary")
     latin = tmp_path / "latin.py"
     latin.write_bytes("caf\xe9 = 1\n".encode("latin-1"))
-    assert_one_line_error(*dfim_fill(capsys, latin, "--line", 1, "--col", 1)[::2], "binary")
+    assert_one_line_error(*dfim_fill(capsys, latin, "--line", 1, "--col", 1)[::2], "not UTF-8", "byte 3")
+    wide = tmp_path / "wide.py"
+    wide.write_bytes("x = 1\n".encode("utf-16"))
+    assert_one_line_error(*dfim_fill(capsys, wide, "--line", 1, "--col", 1)[::2], "UTF-16")
 
 
 def test_empty_file_and_directory(capsys, tmp_path):
