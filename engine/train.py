@@ -235,7 +235,15 @@ class FimExamples:
         if (start > 0 or not at_start) and "\n" in prefix_text:  # start the window on a whole line
             prefix_text = prefix_text[prefix_text.find("\n") + 1 :]
         prefix = self.tok.encode(prefix_text)
-        prefix = prefix[max(0, len(prefix) - prefix_budget) :]
+        while len(prefix) > prefix_budget and "\n" in prefix_text[:-1]:
+            # Over budget (code denser than the estimate): shrink by the measured ratio and start on a whole
+            # line again. Cutting tokens instead could start the context inside a character's bytes.
+            tail = prefix_text[
+                len(prefix_text) - int(len(prefix_text) * prefix_budget / len(prefix) * 0.95) :
+            ]
+            prefix_text = tail[tail.find("\n") + 1 :] if "\n" in tail[:-1] else tail
+            prefix = self.tok.encode(prefix_text)
+        prefix = prefix[max(0, len(prefix) - prefix_budget) :]  # one line longer than the budget: cut it
         context = self.tok.fim_context(prefix, suffix)
 
         needed = len(middle) + 1
