@@ -8,12 +8,17 @@ stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.api import FillRequest, SamplerSettings  # plain dataclasses: no torch
+
+if TYPE_CHECKING:
+    from engine.infill import Engine
 
 # Extensions we know how to name. The shipped model is trained on Python; other languages still get
 # a fill (the model sees their text), but an unknown extension is refused unless --language says.
@@ -97,8 +102,9 @@ def read_source(path: Path) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
+        at = err.start + (3 if data.startswith(codecs.BOM_UTF8) else 0)  # utf-8-sig counts after the BOM
         raise InputError(
-            f"{path}: not UTF-8 text (byte {err.start}); dfim fill reads UTF-8 files, binary files are refused"
+            f"{path}: not UTF-8 text (byte {at}); dfim fill reads UTF-8 files, binary files are refused"
         ) from None
 
 
@@ -138,7 +144,7 @@ def window(prefix: str, suffix: str) -> tuple[str, str]:
 FIM_SPECIALS = 4  # <bos> <fim_suffix> <fim_prefix> <fim_middle> around the two windows
 
 
-def fit_to_model(prefix: str, suffix: str, engine) -> tuple[str, str]:
+def fit_to_model(prefix: str, suffix: str, engine: Engine) -> tuple[str, str]:
     """Cut the windows, at whole lines, to the context the checkpoint was trained with (`dfim.json`
     `context_tokens`), the suffix to at most a third of it, as the server does (decision 19): past that
     length a small model reads positions it never learnt, and every extra token costs encoding time.
@@ -156,8 +162,11 @@ def fit_to_model(prefix: str, suffix: str, engine) -> tuple[str, str]:
         suffix = keep[: keep.rfind("\n") + 1] if "\n" in keep else keep
     budget = room - count(suffix)
     while (n := count(prefix)) > budget:  # the same from the far end of the prefix, at a line's start
-        keep = prefix[len(prefix) - int(len(prefix) * budget / n * 0.95) :]
-        prefix = keep[keep.find("\n") + 1 :] if "\n" in keep[:-1] else keep
+        cut = len(prefix) - int(len(prefix) * budget / n * 0.95)
+        keep = prefix[cut:]
+        if prefix[cut - 1] != "\n" and "\n" in keep[:-1]:
+            keep = keep[keep.find("\n") + 1 :]
+        prefix = keep
     return prefix, suffix
 
 
@@ -165,23 +174,26 @@ def fill_request(
     prefix: str, suffix: str, args: argparse.Namespace, defaults: SamplerSettings
 ) -> FillRequest:
     """The request `dfim fill` and `dfim trace` send: the model's sampler with --steps over it, and one
-    line (a stop at the newline, a 32-token canvas) unless --multiline. The server answers one line at a
-    time too (decision 25): this small model's later lines are rarely right, and often repeat."""
+    line (a stop at the newline, a 32-token canvas) unless --multiline or the cursor ends a line that opens
+    a block. The server answers the same way (decision 25): this small model's later lines are rarely
+    right, and often repeat; after `def f(x):` the fill is the lines below, which a stop would cut to nothing."""
     settings = defaults if args.steps is None else replace(defaults, max_steps=args.steps)
+    several = args.multiline or opens_block(prefix, suffix)
     return FillRequest(
         prefix=prefix,
         suffix=suffix,
-        max_tokens=max_tokens(args),
+        max_tokens=args.max_tokens if args.max_tokens is not None else (64 if several else 32),
         seed=args.seed,
         settings=settings,
-        stop=() if args.multiline else ("\n",),
+        stop=() if several else ("\n",),
     )
 
 
-def max_tokens(args: argparse.Namespace) -> int:
-    if args.max_tokens is not None:
-        return args.max_tokens
-    return 64 if args.multiline else 32
+def opens_block(prefix: str, suffix: str) -> bool:
+    """Whether the cursor ends a line that opens a block (`def f(x):`, `if (ok) {`, `call(`)."""
+    line = prefix[prefix.rfind("\n") + 1 :].rstrip()
+    rest = suffix.split("\n", 1)[0]
+    return line.endswith((":", "{", "(", "[")) and not rest.strip()
 
 
 def fail(message: str) -> int:

@@ -238,10 +238,11 @@ class FimExamples:
         while len(prefix) > prefix_budget and "\n" in prefix_text[:-1]:
             # Over budget (code denser than the estimate): shrink by the measured ratio and start on a whole
             # line again. Cutting tokens instead could start the context inside a character's bytes.
-            tail = prefix_text[
-                len(prefix_text) - int(len(prefix_text) * prefix_budget / len(prefix) * 0.95) :
-            ]
-            prefix_text = tail[tail.find("\n") + 1 :] if "\n" in tail[:-1] else tail
+            cut = len(prefix_text) - int(len(prefix_text) * prefix_budget / len(prefix) * 0.95)
+            tail = prefix_text[cut:]
+            if prefix_text[cut - 1] != "\n" and "\n" in tail[:-1]:  # not already at a line's start
+                tail = tail[tail.find("\n") + 1 :]
+            prefix_text = tail
             prefix = self.tok.encode(prefix_text)
         prefix = prefix[max(0, len(prefix) - prefix_budget) :]  # one line longer than the budget: cut it
         context = self.tok.fim_context(prefix, suffix)
@@ -613,6 +614,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         torch.backends.cudnn.allow_tf32 = True
     else:
         torch.set_flush_denormal(True)  # tiny CPU runs slow down badly on denormal activations
+    if not 0 <= args.ordered_noise_p <= 1 or (args.objective == "causal" and args.ordered_noise_p > 0):
+        raise SystemExit(f"--ordered-noise-p must be in [0, 1] on a diffusion run: {args.ordered_noise_p}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tok_path = Path(args.tokenizer)
@@ -627,8 +630,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     causal = args.objective == "causal"
     if causal and args.context_lm_weight > 0:
         raise SystemExit("--context-lm-weight is for the diffusion objective (a causal run's loss is all LM)")
-    if not 0 <= args.ordered_noise_p <= 1 or (causal and args.ordered_noise_p > 0):
-        raise SystemExit(f"--ordered-noise-p must be in [0, 1] on a diffusion run: {args.ordered_noise_p}")
     settings = ExampleSettings(
         context_tokens=args.context_tokens, buckets=buckets, pad_weight=args.pad_weight
     )

@@ -144,6 +144,11 @@ PARTIAL_METHOD = "dfim/inlinePartiallyAccepted"  # notification {id, acceptedLen
 REJECT_METHOD = "dfim/inlineRejected"  # notification {id}: the suggestion was dismissed
 
 
+def finite(number: float) -> bool:
+    """Whether a JSON number is finite (an int of 400 digits is, though math.isfinite overflows on it)."""
+    return not isinstance(number, float) or math.isfinite(number)
+
+
 def _field(params, key: str):
     if isinstance(params, dict):
         return params.get(key)
@@ -165,10 +170,12 @@ def register(ls) -> None:
     @ls.feature(PARTIAL_METHOD)
     def partially_accepted(ls, params) -> None:
         length = _field(params, "acceptedLength")
-        if isinstance(length, bool) or not isinstance(length, (int, float)) or not math.isfinite(length):
-            log.warning("%s: acceptedLength must be a number, got %r; ignored", PARTIAL_METHOD, length)
+        if length is None:  # optional in our clients: a partial accept of unknown length
+            length = 0
+        if isinstance(length, bool) or not isinstance(length, (int, float)) or not finite(length):
+            log.warning("%s: acceptedLength must be a number, got %.40r; ignored", PARTIAL_METHOD, length)
             return  # a client's bad notification is no error to show the user
-        ls.tracker.partially_accepted(str(_field(params, "id")), int(length))
+        ls.tracker.partially_accepted(str(_field(params, "id")), int(min(max(length, 0), 1 << 31)))
 
     @ls.feature(REJECT_METHOD)
     def rejected(ls, params) -> None:

@@ -93,39 +93,52 @@ def camel(name: str) -> str:
     return head + "".join(w.capitalize() for w in rest)
 
 
+def quoted(value: object, limit: int = 40) -> str:
+    """A value as a message shows it: its repr, shortened (a client may send a 400-digit number)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _check_value(name: str, value, kind, meta) -> tuple[object, str | None]:
     """(converted value, error or None) for one leaf."""
     if kind is bool:
         return (
             (value, None)
             if isinstance(value, bool)
-            else (None, f"{name} must be true or false, got {value!r}")
+            else (None, f"{name} must be true or false, got {quoted(value)}")
         )
     original = value  # messages quote what the client sent (1e300, not its 301 digits as an int)
     if kind is int:
         if isinstance(value, bool) or not (
             isinstance(value, int) or (isinstance(value, float) and value.is_integer())
         ):
-            return None, f"{name} must be an integer, got {value!r}"
+            return None, f"{name} must be an integer, got {quoted(value)}"
         value = int(value)
     elif kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return None, f"{name} must be a finite number, got {value!r}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None, f"{name} must be a number, got {quoted(value)}"
+        if (
+            isinstance(value, int)
+            and abs(value) > 1e300
+            or isinstance(value, float)
+            and not math.isfinite(value)
+        ):
+            return None, f"{name} must be a finite number, got {quoted(value)}"
         value = float(value)
     elif kind is str:
         if value is None:
             value = ""
         if not isinstance(value, str):
-            return None, f"{name} must be a string, got {value!r}"
+            return None, f"{name} must be a string, got {quoted(value)}"
     elif typing.get_origin(kind) is list:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            return None, f"{name} must be a list of strings, got {value!r}"
+            return None, f"{name} must be a list of strings, got {quoted(value)}"
         return list(value), None
     lo, hi, choices = meta.get("min"), meta.get("max"), meta.get("choices") or ()
     if lo is not None and value < lo or hi is not None and value > hi:
-        return None, f"{name} must be between {lo} and {hi}, got {original!r}"
+        return None, f"{name} must be between {lo} and {hi}, got {quoted(original)}"
     if choices and value not in choices:
-        return None, f"{name} must be one of {', '.join(choices)}, got {original!r}"
+        return None, f"{name} must be one of {', '.join(choices)}, got {quoted(original)}"
     return value, None
 
 

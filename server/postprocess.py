@@ -96,8 +96,8 @@ def remove_suffix_overlap(completion: str, suffix: str) -> str:
 
 
 def unescaped(text: str, quote: str) -> int:
-    """How many times `quote` occurs in `text` without a backslash before it."""
-    return len(re.findall(r"(?<!\\)" + re.escape(quote), text))
+    """How many times `quote` occurs in `text` unescaped (after an even number of backslashes)."""
+    return len(re.findall(r"(?<!\\)(?:\\\\)*" + re.escape(quote), text))
 
 
 def drop_duplicate_quote(completion: str, rest_of_line: str) -> str:

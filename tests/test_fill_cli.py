@@ -217,6 +217,11 @@ def test_a_fill_is_one_line_unless_multiline(capsys, checkpoint):
             assert result["canvas_length"] == 32
     code, out, _ = dfim_fill(capsys, *args, "--multiline", "--json")
     assert code == 0 and json.loads(out)["canvas_length"] == 64
+    # at the end of a line that opens a block the fill is the lines below it, as the server's
+    code, out, _ = dfim_fill(
+        capsys, demo, "--line", 4, "--col", 18, "--model", checkpoint, "--steps", 2, "--json"
+    )
+    assert code == 0 and json.loads(out)["canvas_length"] == 64
 
 
 def test_a_crlf_file_fills_without_a_stray_carriage_return(capsys, tmp_path, checkpoint):

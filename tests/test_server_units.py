@@ -204,6 +204,9 @@ def test_a_fill_never_doubles_the_closing_quote_or_the_text_after_the_cursor():
     ctx = ctx_for('greeting = f"Hello {name}|"\n')
     assert postprocess.clean('!"', ctx) == "!"
     assert postprocess.clean(' and "x"', ctx) == ' and "x"'  # opens and closes its own string: kept
+    ctx = ctx_for('path = "C:\\\\dir\\\\|"\n')  # an escaped backslash, then the closing quote
+    assert postprocess.clean('sub\\\\"', ctx) == "sub\\\\"
+    assert postprocess.clean('a\\"b', ctx) == 'a\\"b'  # an escaped quote closes nothing
     ctx = ctx_for('doc = """Sum |"""\n')
     assert postprocess.clean('of values."""', ctx) == "of values."
     # mid-word: a fill that is only the start of what follows the cursor adds nothing
@@ -329,13 +332,15 @@ def test_bad_values_are_reported_and_previous_kept():
     assert merged.model.device == "cpu" and merged.telemetry.enabled is True and merged.languages == ["*"]
     assert len(errors) == 6
     assert "unknown setting dfim.bogus (ignored)" in errors
-    # non-finite numbers are refused; a message quotes what was sent, not a 301-digit integer
+    assert any("dfim.sampling.maxSteps" in e for e in errors)
+    # non-finite numbers are refused; a message quotes what was sent, shortened
     merged, errors = options.merge_options(
         previous, {"sampling": {"entropyBound": float("nan"), "maxSteps": 1e300}}
     )
     assert merged.sampling.entropy_bound == 0.1 and merged.sampling.max_steps == 8
     assert len(errors) == 2 and "1e+300" in errors[1] and len(errors[1]) < 100
-    assert any("dfim.sampling.maxSteps" in e for e in errors)
+    merged, errors = options.merge_options(previous, {"sampling": {"entropyBound": 10**400, "seed": 10**400}})
+    assert merged.sampling.entropy_bound == 0.1 and len(errors) == 2 and all(len(e) < 120 for e in errors)
     _, errors = options.merge_options(options.Options(), "not an object")
     assert errors
 

@@ -228,7 +228,7 @@ def test_span_mix_and_pins_shape_the_training_stream_only(data_dir: Path, tok: T
 
 
 def test_ordered_noise_leaves_a_clean_prefix_as_the_sampler_window_does(
-    data_dir: Path, tok: Tokenizer
+    data_dir: Path, tok: Tokenizer, tmp_path: Path
 ) -> None:
     settings = ExampleSettings(context_tokens=128, buckets=(32,))
     examples = FimExamples(TokenShards(data_dir, "train"), tok, settings, random.Random(4))
@@ -261,4 +261,4 @@ def test_ordered_noise_leaves_a_clean_prefix_as_the_sampler_window_does(
     assert light <= 0.05  # right of the cut: a high noise level, t in (0.5, 1)
     assert shape(default)[2] >= 0.15  # (i.i.d. noise at t ~ U(0.02, 1) leaves many rows lightly noised)
     with pytest.raises(SystemExit, match="ordered-noise-p"):
-        train(parse("--data", str(data_dir), "--out", "o", "--ordered-noise-p", "1.5", "--device", "cpu"))
+        train(parse("--data", str(data_dir), "--out", str(tmp_path / "o"), "--ordered-noise-p", "1.5"))
