@@ -27,16 +27,18 @@ from engine.checkpoint import load_model, read_config, save_model  # noqa: E402
 def soup(out: Path, parts: list[Path], weights: list[float]) -> Path:
     configs = [read_config(p).to_dict() for p in parts]
     if any(c != configs[0] for c in configs[1:]):
-        raise SystemExit("the checkpoints have different configs: only fine-tunes of one network can be averaged")
+        raise SystemExit(
+            "the checkpoints have different configs: only fine-tunes of one network can be averaged"
+        )
     model, settings = load_model(parts[0], dtype=torch.float32)
     total = {k: v.clone() * weights[0] for k, v in model.state_dict().items()}
-    for part, w in zip(parts[1:], weights[1:]):
+    for part, w in zip(parts[1:], weights[1:], strict=True):
         other, _ = load_model(part, dtype=torch.float32)
         for k, v in other.state_dict().items():
             total[k] += w * v
     model.load_state_dict(total)
     info = json.loads((parts[0] / "dfim.json").read_text()) if (parts[0] / "dfim.json").is_file() else {}
-    info["soup"] = [{"from": str(p), "weight": w} for p, w in zip(parts, weights)]
+    info["soup"] = [{"from": str(p), "weight": w} for p, w in zip(parts, weights, strict=True)]
     for key in ("val_loss", "val_acc", "val_loss_ordered", "val_acc_ordered"):
         info.pop(key, None)  # the parts' numbers, not the soup's
     save_model(model, out, settings, info=info)
