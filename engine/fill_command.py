@@ -141,15 +141,14 @@ def window(prefix: str, suffix: str) -> tuple[str, str]:
     return prefix, suffix
 
 
-FIM_SPECIALS = 4  # <bos> <fim_suffix> <fim_prefix> <fim_middle> around the two windows
-
-
 def fit_to_model(prefix: str, suffix: str, engine: Engine) -> tuple[str, str]:
     """Cut the windows, at whole lines, to the context the checkpoint was trained with (`dfim.json`
     `context_tokens`), the suffix to at most a third of it, as the server does (decision 19): past that
     length a small model reads positions it never learnt, and every extra token costs encoding time.
     Unchanged for a checkpoint that declares no length."""
-    trained = getattr(engine, "trained_context", None)
+    from engine.tokenizer import FIM_SPECIALS, head_within, tail_within
+
+    trained = engine.trained_context
     if not trained:
         return prefix, suffix
 
@@ -157,17 +156,8 @@ def fit_to_model(prefix: str, suffix: str, engine: Engine) -> tuple[str, str]:
         return len(engine.tokenizer.encode(text)) if text else 0
 
     room = max(2, trained - FIM_SPECIALS)
-    while (n := count(suffix)) > room // 3:  # shrink by the measured ratio, then back to a line's end
-        keep = suffix[: int(len(suffix) * (room // 3) / n * 0.95)]
-        suffix = keep[: keep.rfind("\n") + 1] if "\n" in keep else keep
-    budget = room - count(suffix)
-    while (n := count(prefix)) > budget:  # the same from the far end of the prefix, at a line's start
-        cut = len(prefix) - int(len(prefix) * budget / n * 0.95)
-        keep = prefix[cut:]
-        if prefix[cut - 1] != "\n" and "\n" in keep[:-1]:
-            keep = keep[keep.find("\n") + 1 :]
-        prefix = keep
-    return prefix, suffix
+    suffix = head_within(suffix, room // 3, count)
+    return tail_within(prefix, room - count(suffix), count), suffix
 
 
 def fill_request(

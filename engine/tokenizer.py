@@ -19,7 +19,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -53,6 +53,30 @@ SPLIT_PATTERN = (
     r"|\s+(?!\S)"
     r"|\s+"
 )
+
+
+FIM_SPECIALS = 4  # <bos> <fim_suffix> <fim_prefix> <fim_middle> around the two windows (fim_context)
+
+
+def tail_within(text: str, budget: int, count: Callable[[str], int]) -> str:
+    """The end of `text` that `count` (tokens) puts within `budget`, starting on a whole line where it can:
+    shrink by the measured ratio, then on to the next line's start. Cutting tokens off the front instead
+    could start a context inside a character's bytes."""
+    while text and (n := count(text)) > budget:
+        cut = len(text) - int(len(text) * budget / n * 0.95)
+        keep = text[cut:]
+        if text[cut - 1] != "\n" and "\n" in keep[:-1]:  # not already at a line's start
+            keep = keep[keep.find("\n") + 1 :]
+        text = keep
+    return text
+
+
+def head_within(text: str, budget: int, count: Callable[[str], int]) -> str:
+    """The start of `text` within `budget`, ending after a whole line where it can (see `tail_within`)."""
+    while text and (n := count(text)) > budget:
+        keep = text[: int(len(text) * budget / n * 0.95)]
+        text = keep[: keep.rfind("\n") + 1] if "\n" in keep else keep
+    return text
 
 
 @lru_cache(maxsize=1)

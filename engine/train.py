@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 from engine.data import TokenShards
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import FIM_SPECIALS, Tokenizer, tail_within
 
 DEFAULT_TOKENIZER = Path(__file__).parent / "weights" / "dfim-small" / "tokenizer.json"
 
@@ -218,7 +218,7 @@ class FimExamples:
         s, e, kind = self.choose_span(text, anchor)
         middle, e = self.fit_middle(text, s, e, max_middle)
 
-        budget = s_.context_tokens - 4
+        budget = s_.context_tokens - FIM_SPECIALS
         if self.rng.random() < s_.short_context_p:
             budget = self.rng.randint(16, budget)
         suffix_budget = int(budget * s_.suffix_share)
@@ -235,16 +235,9 @@ class FimExamples:
         if (start > 0 or not at_start) and "\n" in prefix_text:  # start the window on a whole line
             prefix_text = prefix_text[prefix_text.find("\n") + 1 :]
         prefix = self.tok.encode(prefix_text)
-        while len(prefix) > prefix_budget and "\n" in prefix_text[:-1]:
-            # Over budget (code denser than the estimate): shrink by the measured ratio and start on a whole
-            # line again. Cutting tokens instead could start the context inside a character's bytes.
-            cut = len(prefix_text) - int(len(prefix_text) * prefix_budget / len(prefix) * 0.95)
-            tail = prefix_text[cut:]
-            if prefix_text[cut - 1] != "\n" and "\n" in tail[:-1]:  # not already at a line's start
-                tail = tail[tail.find("\n") + 1 :]
-            prefix_text = tail
+        if len(prefix) > prefix_budget:  # code denser than the estimate: back to a whole line within budget
+            prefix_text = tail_within(prefix_text, prefix_budget, lambda t: len(self.tok.encode(t)))
             prefix = self.tok.encode(prefix_text)
-        prefix = prefix[max(0, len(prefix) - prefix_budget) :]  # one line longer than the budget: cut it
         context = self.tok.fim_context(prefix, suffix)
 
         needed = len(middle) + 1

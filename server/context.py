@@ -13,6 +13,8 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from engine.tokenizer import FIM_SPECIALS
+
 # LSP languageId -> (grammar module, language function)
 GRAMMARS: dict[str, tuple[str, str]] = {
     "python": ("tree_sitter_python", "language"),
@@ -249,9 +251,6 @@ def suffix_window(source: Source, cursor: int, budget_chars: int) -> int:
         return max(candidates)
     start = line_start(text, hi)
     return start if start > cursor else hi
-
-
-FIM_SPECIALS = 4  # <bos> <fim_suffix> <fim_prefix> <fim_middle> around the two windows
 
 
 def fit_context_budget(prefix_tokens: int, suffix_tokens: int, trained: int | None) -> tuple[int, int]:
