@@ -1,9 +1,11 @@
 """Training data: Python source on this machine -> deduplicated, filtered token shards.
 
-    python -m engine.data --out DIR --tokenizer PATH [--roots DIR ...] [--workers N]
+    python -m engine.data --out DIR --tokenizer PATH [--roots DIR ...] [--extra-roots DIR ...]
 
 Walks directories of `.py` files (default: the standard library without its tests, and every
-site-packages directory of the running interpreter), drops what a code model should not learn
+site-packages directory of the running interpreter; `--extra-roots` adds folders to those, such as
+a corpus fetched from PyPI by `scripts/fetch_corpus.py`, whose `corpus.json` names the package,
+version and license of each top folder), drops what a code model should not learn
 from (vendored copies, generated or minified files, non-UTF-8, huge files), removes exact and
 whitespace-only duplicates, and NEVER keeps evaluation data: paths under a `shared/data` folder
 and files that define a HumanEval function (signature line verbatim, or a distinctive name).
@@ -301,7 +303,7 @@ _DEF_LINE = re.compile(r"^[ \t]*def[ \t]+(\w+)[ \t]*\(.*$", re.M)
 @dataclass
 class Root:
     path: Path
-    kind: str  # "stdlib" | "site-packages" | "dir"
+    kind: str  # "stdlib" | "site-packages" | "corpus" (has a corpus.json) | "dir"
 
 
 def default_roots() -> list[Root]:
@@ -329,7 +331,18 @@ def classify_root(path: Path) -> Root:
         return Root(path, "stdlib")
     if path.name in ("site-packages", "dist-packages") or any(path.glob("*.dist-info")):
         return Root(path, "site-packages")
+    if (path / "corpus.json").is_file():
+        return Root(path, "corpus")
     return Root(path, "dir")
+
+
+def corpus_distributions(root: Path) -> dict[str, Dist]:
+    """Top folder -> Dist, from the corpus.json that scripts/fetch_corpus.py writes."""
+    entries = json.loads((root / "corpus.json").read_text(encoding="utf-8"))
+    return {
+        folder: Dist(e.get("name", folder), e.get("version", "?"), e.get("license") or "UNKNOWN")
+        for folder, e in entries.items()
+    }
 
 
 def is_vendored(rel_parts: Sequence[str]) -> bool:
@@ -545,7 +558,12 @@ def build(
     files: list[tuple[str, int, str | None]] = []  # (path, root index, early drop reason)
     dist_maps: list[tuple[dict[str, Dist], dict[str, Dist]]] = []
     for i, root in enumerate(roots):
-        dist_maps.append(distributions(root.path) if root.kind == "site-packages" else ({}, {}))
+        if root.kind == "site-packages":
+            dist_maps.append(distributions(root.path))
+        elif root.kind == "corpus":
+            dist_maps.append(({}, corpus_distributions(root.path)))
+        else:
+            dist_maps.append(({}, {}))
         files += [(str(p), i, reason) for p, reason in iter_files(root)]
     log(f"{len(files)} .py files under {len(roots)} roots ({time.time() - t0:.1f}s)")
 
@@ -594,6 +612,9 @@ def build(
                 by_file, by_top = dist_maps[root_idx]
                 top = rel.split(os.sep, 1)[0].removesuffix(".py")
                 dist = by_file.get(os.path.normpath(rel)) or by_top.get(top) or Dist(top, "?", "UNKNOWN")
+            elif root.kind == "corpus":
+                top = rel.split(os.sep, 1)[0]
+                dist = dist_maps[root_idx][1].get(top) or Dist(top, "?", "UNKNOWN")
             else:
                 dist = Dist(root.path.name, "?", "UNKNOWN")
             split = "val" if val_split(f"{root.kind}/{rel}", val_fraction) else "train"
@@ -646,6 +667,7 @@ def build(
         "dtype": "uint16",
         "file_sep_id": sep_id,
         "tokens": tokens,
+        "roots": [str(r.path) for r in roots],
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     log(
@@ -681,15 +703,18 @@ class TokenShards:
         return self.shards[shard][start : start + length]
 
 
-def is_built(folder: str | Path, tokenizer_path: str | Path) -> bool:
+def is_built(folder: str | Path, tokenizer_path: str | Path, roots: Sequence[Root] | None = None) -> bool:
+    """Shards in `folder` match this tokenizer (and, when given, were built from these roots)."""
     folder = Path(folder)
     try:
         meta = json.loads((folder / "meta.json").read_text())
     except (OSError, ValueError):
         return False
+    same_roots = roots is None or meta.get("roots") == [str(r.path) for r in roots]
     return (
         meta.get("tokenizer_sha256") == file_sha256(Path(tokenizer_path))
         and (folder / "train_docs.npy").is_file()
+        and same_roots
     )
 
 
@@ -698,16 +723,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--tokenizer", required=True, type=Path)
     parser.add_argument("--roots", nargs="*", type=Path, help="default: stdlib + site-packages")
+    parser.add_argument("--extra-roots", nargs="*", type=Path, default=[], help="folders added to the roots")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--val-fraction", type=float, default=0.01)
     parser.add_argument("--max-shard-tokens", type=int, default=2**26)
     parser.add_argument("--eval-data", type=Path, nargs="*", help="HumanEval-style folders to exclude")
     parser.add_argument("--skip-if-built", action="store_true", help="do nothing if DIR already matches")
     args = parser.parse_args(argv)
-    if args.skip_if_built and is_built(args.out, args.tokenizer):
-        print(f"{args.out}: already built for this tokenizer")
-        return 0
     roots = [classify_root(r) for r in args.roots] if args.roots else default_roots()
+    roots += [classify_root(r) for r in args.extra_roots]
+    if args.skip_if_built and is_built(args.out, args.tokenizer, roots):
+        print(f"{args.out}: already built for this tokenizer and these roots")
+        return 0
     eval_dirs = args.eval_data if args.eval_data is not None else find_eval_dirs()
     build(
         args.out,

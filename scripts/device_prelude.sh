@@ -8,8 +8,15 @@ DATA=${DATA:-/root/dfim-data}
 MINUTES_TOTAL=${MINUTES_TOTAL:-9}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 
+# CORPUS=path/to/corpus.tar.xz (carried; made by scripts/fetch_corpus.py): extra code from PyPI,
+# unpacked once and added to this machine's own roots.
+EXTRA=()
+if [ -n "${CORPUS:-}" ]; then
+  [ -f /root/corpus/corpus.json ] || tar -C /root -xJf "$CORPUS"
+  EXTRA=(--extra-roots /root/corpus)
+fi
 python3 -m engine.data --out "$DATA" --tokenizer engine/weights/dfim-small/tokenizer.json \
-  --workers "$(nproc)" --skip-if-built
+  --workers "$(nproc)" --skip-if-built "${EXTRA[@]}"
 
 ELAPSED=$(( $(date +%s) - START ))
 TRAIN_MINUTES=$(python3 -c "print(max(1.0, $MINUTES_TOTAL - $ELAPSED / 60 - ${RESERVE_MINUTES:-0.8}))")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.data import EvalFilter, Root, TokenShards, build, is_built, quality_problem
+from engine.data import EvalFilter, Root, TokenShards, build, classify_root, is_built, quality_problem
 from engine.tokenizer import Tokenizer
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
@@ -126,6 +126,33 @@ def test_split_is_by_file(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
     assert {r["split"] for r in rows} == {"train", "val"}
     assert len({r["path"] for r in rows}) == len(rows) == 40
+
+
+def test_corpus_root_takes_provenance_from_corpus_json(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    write(corpus, "chess-1.2/chess/board.py", GOOD_B)
+    write(corpus, "chess-1.2/tests/test_board.py", GOOD_A)
+    write(corpus, "stray/x.py", GOOD_C)  # a folder corpus.json does not name
+    write(
+        corpus,
+        "corpus.json",
+        json.dumps({"chess-1.2": {"name": "chess", "version": "1.2", "license": "GPL-3.0"}}),
+    )
+    root = classify_root(corpus)
+    assert root.kind == "corpus"
+    out = tmp_path / "out"
+    summary = build(out, TOKENIZER_JSON, [root], workers=1, val_fraction=0.0, log=lambda *_: None)
+    rows = {
+        json.loads(line)["path"]: json.loads(line)
+        for line in (out / "manifest.jsonl").read_text().splitlines()
+    }
+    board = rows["corpus:chess-1.2/chess/board.py"]
+    assert (board["dist"], board["version"], board["license"]) == ("chess", "1.2", "GPL-3.0")
+    assert rows["corpus:stray/x.py"]["license"] == "UNKNOWN"
+    assert summary["licenses"]["GPL-3.0"]["files"] == 2
+    # Shards remember their roots: the same folder is built, another set of roots is not.
+    assert is_built(out, TOKENIZER_JSON, [root])
+    assert not is_built(out, TOKENIZER_JSON, [root, Root(tmp_path / "other", "dir")])
 
 
 def test_eval_filter_from_folder(tmp_path: Path) -> None:
