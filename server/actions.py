@@ -29,7 +29,7 @@ from server.context import (
     line_start,
     region,
 )
-from server.postprocess import clean, limit_scope, normalize_newlines
+from server.postprocess import clean, fit_whitespace, limit_scope, normalize_newlines
 
 KIND = "refactor.rewrite.dfim"
 TITLES = {
@@ -225,19 +225,6 @@ def unsure_skeleton(pieces: list[str], scores: list[TokenScore], threshold: floa
     if pinned:
         middle.append(pinned)
     return middle if any_unsure else None
-
-
-def fit_whitespace(fill: str, original: str, newline: str = "\n") -> str:
-    """Keep the replaced text's outer line structure: if it began with a line end (the inside of `{ ... }`)
-    or ended with one (plus the closing line's indentation), so does the replacement."""
-    body = fill.strip("\r\n").rstrip()
-    lead = re.match(r"[ \t]*(\r\n|\r|\n)", original)
-    trail = re.search(r"(\r\n|\r|\n)[ \t]*\Z", original)
-    if lead:
-        body = lead.group(1) + body
-    if trail and (lead is None or trail.start() >= lead.end() or len(original.strip()) == 0):
-        body = body + trail.group(0)
-    return body
 
 
 def finish_action(plan: ActionPlan, result_text: str) -> list[tuple[int, int, str]]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from engine.api import FillRequest, FillResult
 from server.context import FillContext, line_end, line_start
-from server.postprocess import rank_candidates
+from server.postprocess import fit_whitespace, rank_candidates
 
 log = logging.getLogger("dfim.server")
 
@@ -217,10 +217,15 @@ async def complete(ls, params):
     snapshot = Document(uri=uri, text=text, version=doc.version)
     lang = language_for(doc.language_id, uri)
 
-    def items(candidates: list[str], ctx_start: int, ctx_end: int, source: str, **fields):
+    def items(candidates: list[str], ctx: FillContext, source: str, **fields):
         out = []
+        original = text[ctx.start : ctx.end]
         for rank, fill in enumerate(candidates):
-            edit = one_line_edit(text, ctx_start, ctx_end, fill, cursor)
+            if ctx.mode == "block" and original.strip(" \t") != original.strip():
+                # a brace body `{\n  ▮\n}`: the fill keeps the line breaks around it, so that the edit
+                # can stay on the cursor's line
+                fill = fit_whitespace(fill, original, ctx.newline, ctx.indent)
+            edit = one_line_edit(text, ctx.start, ctx.end, fill, cursor)
             if edit is None or not edit[2]:
                 continue
             r_start, r_end, insert = edit
@@ -295,7 +300,7 @@ async def complete(ls, params):
     cached = ls.cache.get(key)
     if cached is not None:
         ls.counters["cache_hits"] += 1
-        return items(cached, ctx.start, ctx.end, "cache", mode=ctx.mode)
+        return items(cached, ctx, "cache", mode=ctx.mode)
     if not ls.host.ready:
         return None
 
@@ -368,4 +373,4 @@ async def complete(ls, params):
     ls.cache.put(key, ranked)
     if flag.is_set():
         return None  # superseded while it ran: a newer request answers for this document
-    return items(ranked, ctx.start, ctx.end, "model", mode=ctx.mode, steps=steps)
+    return items(ranked, ctx, "model", mode=ctx.mode, steps=steps)

@@ -72,7 +72,8 @@ def balance_brackets(completion: str, prefix: str, suffix: str, close_open: bool
 
 def remove_suffix_overlap(completion: str, suffix: str) -> str:
     """Drop the completion's tail where it repeats the start of the suffix: whole lines, or the rest of the
-    cursor's line (at least two non-blank characters, so a lone bracket goes through bracket balancing)."""
+    cursor's line (`if x > ▮:` filled with `0:`). A lone bracket or quote there is left to bracket balancing
+    and `drop_duplicate_quote`, which know whether the fill opened its own."""
     lines = split_lines(completion)
     suffix_lines = [s.strip() for s in split_lines(suffix.lstrip("\r\n"))]
     # whole trailing lines that are the suffix's first lines
@@ -83,7 +84,7 @@ def remove_suffix_overlap(completion: str, suffix: str) -> str:
             completion = completion[:cut].rstrip("\r\n")
             break
     rest = split_lines(suffix)[0].strip()
-    if len(rest) >= 2:
+    if len(rest) >= 2 or (len(rest) == 1 and rest not in "()[]{}\"'`"):
         stripped = completion.rstrip()
         if stripped.endswith(rest):
             return stripped[: len(stripped) - len(rest)].rstrip(" \t") if stripped != rest else ""
@@ -172,6 +173,22 @@ def is_useless(completion: str, prefix: str, suffix: str) -> bool:
 
 def normalize_newlines(completion: str, newline: str) -> str:
     return completion if newline == "\n" else re.sub(r"\r\n|\r|\n", newline, completion)
+
+
+def fit_whitespace(fill: str, original: str, newline: str = "\n", indent: str = "") -> str:
+    """Keep the replaced text's outer line structure: if it began with a line end (the inside of `{ ... }`)
+    or ended with one (plus the closing line's indentation), so does the replacement. `indent` goes before
+    a first line the model left unindented after that leading line end."""
+    body = fill.strip("\r\n").rstrip()
+    lead = re.match(r"[ \t]*(\r\n|\r|\n)", original)
+    trail = re.search(r"(\r\n|\r|\n)[ \t]*\Z", original)
+    if lead:
+        if indent and body and not body[0].isspace():
+            body = indent + body
+        body = lead.group(1) + body
+    if trail and (lead is None or trail.start() >= lead.end() or len(original.strip()) == 0):
+        body = body + trail.group(0)
+    return body
 
 
 def clean(raw: str, ctx: FillContext) -> str | None:

@@ -200,6 +200,13 @@ def test_suffix_overlap_and_duplicated_closers_are_removed():
     assert postprocess.clean("y = x + 1\n    return y", ctx) == "y = x + 1"
 
 
+def test_a_lone_colon_or_semicolon_after_the_cursor_is_not_doubled():
+    assert postprocess.clean("0:", ctx_for("if x > |:\n    pass\n")) == "0"
+    assert postprocess.clean("w * 2;", ctx_for("int a = |;\n", "c")) == "w * 2"
+    assert postprocess.clean("length;", ctx_for("const n = xs.|;\n", "javascript")) == "length"
+    assert postprocess.clean("0", ctx_for("if x > |:\n    pass\n")) == "0"  # nothing doubled: untouched
+
+
 def test_a_fill_never_doubles_the_closing_quote_or_the_text_after_the_cursor():
     ctx = ctx_for('greeting = f"Hello {name}|"\n')
     assert postprocess.clean('!"', ctx) == "!"
