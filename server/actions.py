@@ -11,7 +11,6 @@ version-stamped `WorkspaceEdit`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
