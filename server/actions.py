@@ -23,12 +23,13 @@ from server.context import (
     enclosing_function,
     find_holes,
     hole_at,
+    indent_width,
     leading_ws,
     line_end,
     line_start,
     region,
 )
-from server.postprocess import clean, fit_whitespace, limit_scope, normalize_newlines
+from server.postprocess import clean, fit_whitespace, limit_scope, normalize_newlines, split_lines
 
 KIND = "refactor.rewrite.dfim"
 TITLES = {
@@ -73,6 +74,9 @@ class ActionPlan:
     holes: list = field(default_factory=list)  # fillSelectionHoles: the hole spans, to split the result
     instruction: str | None = None
     original_text: str = ""  # the document text the result replaces
+
+
+SLACK_TOKENS = 8  # room a rewrite gets beyond the selection's own length (it may grow a little)
 
 
 class ActionError(ValueError):
@@ -145,8 +149,13 @@ def plan_action(
         holes = find_holes(source, start, end)
         if not holes:
             raise ActionError("no holes (pass, ..., TODO) in the selection")
-        pinned_tokens = count(selected)
-        width = max(4, min(32, (max_canvas - pinned_tokens) // len(holes)))
+        pinned_tokens = count(selected) - sum(count(text[h.start : h.end]) for h in holes)
+        width = min(32, (max_canvas - pinned_tokens) // len(holes))
+        if width < 4:
+            raise ActionError(
+                f"the selection is too long for one canvas (about {pinned_tokens + 4 * len(holes)} tokens "
+                f"with room for its {len(holes)} holes; sampling.maxCanvas is {max_canvas}): select less"
+            )
         middle: list = []
         cursor = start
         for hole in holes:
@@ -168,16 +177,23 @@ def plan_action(
         )
 
     if action in ("rewriteSelection", "regenerateUnsure"):
-        budget = min(max_canvas, int(count(selected) * 1.5) + 8)
-        middle = []
+        header = ""
         warm = selected
         found = enclosing_function(source, start + len(selected) - len(selected.lstrip()))
         if action == "rewriteSelection" and found is not None and found[0] >= start and found[1] <= end:
             fs, _, bs, _ = found
-            header = text[start:bs]  # everything up to the body: the signature stays as written
-            if header.strip():
-                middle = [header, Hole(budget)]
-                warm = text[bs:end]
+            if text[start:bs].strip():  # everything up to the body: the signature stays as written
+                header, warm = text[start:bs], text[bs:end]
+        pinned, body = (count(header) if header else 0), count(warm)
+        room = max_canvas - pinned
+        if body + SLACK_TOKENS > room:
+            # A rewrite is cut at the canvas's end; replacing the whole selection with that would lose code.
+            raise ActionError(
+                f"the selection is too long for one canvas (about {pinned + body} tokens; "
+                f"sampling.maxCanvas is {max_canvas}, at most 256): select less"
+            )
+        budget = min(room, int(body * 1.5) + SLACK_TOKENS)
+        middle: list = [header, Hole(budget)] if header else []
         return ActionPlan(
             action,
             start,
@@ -262,7 +278,7 @@ def _keep_outer_ws(new: str, old: str) -> str:
 
 def _split_holes(plan: ActionPlan, result_text: str) -> list[tuple[int, int, str]]:
     """One edit per hole: the result is the selection with each hole filled; find the pinned pieces in order
-    and take what lies between them. Falls back to one edit over the selection."""
+    and take what lies between them."""
     pieces = [m for m in plan.middle]
     edits: list[tuple[int, int, str]] = []
     pos = 0
@@ -271,8 +287,8 @@ def _split_holes(plan: ActionPlan, result_text: str) -> list[tuple[int, int, str
     for piece in pieces:
         if isinstance(piece, str):
             found = result_text.find(piece, pos)
-            if found < 0:
-                return [(plan.start, plan.end, result_text)]
+            if found < 0:  # the text between the holes did not come back as written: apply nothing
+                raise ActionError("the model's answer does not keep the code between the holes; try again")
             if pending_fill_start is not None:
                 hole = plan.holes[hole_index - 1]
                 edits.append((hole.start, hole.end, result_text[pending_fill_start:found]))
@@ -287,7 +303,21 @@ def _split_holes(plan: ActionPlan, result_text: str) -> list[tuple[int, int, str
     for _s, _e, fill in edits:
         if not fill.strip():
             raise ActionError("the model left a hole empty")
-    return [(s, e, fill.strip(" \t") if "\n" not in fill else fill.rstrip()) for s, e, fill in edits]
+    return [(s, e, _fit_hole_fill(fill, plan, s)) for s, e, fill in edits]
+
+
+def _fit_hole_fill(fill: str, plan: ActionPlan, hole_start: int) -> str:
+    """A hole's fill as it goes into the document: no space before it (the hole sits after its line's
+    indentation), the document's line ends, and only the lines that stay in the hole's block."""
+    lines = split_lines(fill.strip("\r\n").lstrip(" \t").rstrip())
+    line_text = plan.original_text[: hole_start - plan.start].rsplit("\n", 1)[-1]
+    base = indent_width(leading_ws(line_text))
+    kept = [lines[0]]
+    for line in lines[1:]:
+        if line.strip() and indent_width(line) < base:
+            break
+        kept.append(line)
+    return plan.ctx.newline.join(kept).rstrip()
 
 
 # ---- the LSP feature -----------------------------------------------------------------------------------

@@ -440,6 +440,18 @@ def test_plan_fill_selection_holes_pins_the_rest():
     assert [(text[s:e], new) for s, e, new in edits] == [("pass", "return x"), ("...", "return 2")]
 
 
+def test_hole_fills_are_indented_like_the_hole_and_stay_in_its_block():
+    text = "class Stack:\r\n    def push(self, x):\r\n        pass\r\n"
+    plan = actions.plan_action("fillSelectionHoles", text, "python", 0, len(text))
+    head = "class Stack:\r\n    def push(self, x):\r\n        "
+    result = head + " self.items.append(x)\n        return self\n    def pop(self):\n        pass\r\n"
+    ((s, e, new),) = actions.finish_action(plan, result)
+    assert text[s:e] == "pass"
+    assert new == "self.items.append(x)\r\n        return self"
+    with pytest.raises(actions.ActionError):  # the pinned code did not come back: nothing is applied
+        actions.finish_action(plan, "class Queue:\n    pass\n")
+
+
 def test_plan_rewrite_pins_the_signature():
     text = "x = 1\ndef f(a, b):\n    return a+b\n"
     start = text.index("def")
@@ -448,6 +460,29 @@ def test_plan_rewrite_pins_the_signature():
     assert plan.warm_start == "return a+b\n"
     edits = actions.finish_action(plan, "def f(a, b):\n    return a + b")
     assert edits == [(start, len(text), "def f(a, b):\n    return a + b\n")]
+
+
+def test_a_selection_larger_than_a_canvas_is_refused_not_cut():
+    body = "".join(f"    v{i} = xs[{i}] * {i} + {i * i}\n" for i in range(40))
+    text = "def f(xs):\n" + body
+    for name in ("rewriteSelection", "regenerateUnsure"):
+        with pytest.raises(actions.ActionError, match="too long"):
+            actions.plan_action(name, text, "python", text.index("    v0"), len(text))
+    holes = "".join(f"def f{i}(x):\n    pass\n\n" for i in range(40))
+    with pytest.raises(actions.ActionError, match="too long"):
+        actions.plan_action("fillSelectionHoles", holes, "python", 0, len(holes))
+
+
+def test_rewriting_a_whole_function_fits_signature_and_body_in_one_canvas():
+    text = "def mean_and_spread(values):\n" + "".join(f"    a{i} = values[{i}] + {i}\n" for i in range(8))
+    count = len  # one token per character: the selection is ~190 tokens
+    plan = actions.plan_action(
+        "rewriteSelection", text, "python", 0, len(text), max_canvas=256, count_tokens=count
+    )
+    header, hole = plan.middle
+    assert header == "def mean_and_spread(values):\n    " and isinstance(hole, Hole)
+    assert len(header) + hole.width <= 256
+    assert hole.width >= len(plan.warm_start)
 
 
 def test_fill_hole_keeps_brace_layout():
