@@ -23,10 +23,12 @@ from server.context import (
     enclosing_function,
     find_holes,
     hole_at,
+    indent_unit,
     indent_width,
     leading_ws,
     line_end,
     line_start,
+    newline_of,
     region,
 )
 from server.postprocess import clean, fit_whitespace, limit_scope, normalize_newlines, split_lines
@@ -52,13 +54,27 @@ def available_actions(text: str, lang: str | None, start: int, end: int) -> list
     if not selection or line_start(text, start) == line_start(text, end):
         if hole_at(source, start) is not None or empty_body_at(source, start) is not None:
             found.append("fillHole")
-    if not selection and enclosing_function(source, start) is not None:
+    if not selection and function_body_around(source, start) is not None:
         found.append("completeFunction")
     if selection:
         if find_holes(source, start, end):
             found.append("fillSelectionHoles")
         found.append("rewriteSelection")
         found.append("regenerateUnsure")
+    return found
+
+
+def function_body_around(source: Source, offset: int) -> tuple[int, int, int, int] | None:
+    """The function whose body holds the cursor (its very end included, after the last statement); None
+    on the signature, where completing the body makes no sense."""
+    found = enclosing_function(source, offset)
+    if found is None and offset > 0:
+        found = enclosing_function(source, offset - 1)
+    if found is None:
+        return None
+    _, _, bs, _ = found
+    if offset < bs and source.text[offset:bs].strip():  # signature text after the cursor
+        return None
     return found
 
 
@@ -74,6 +90,7 @@ class ActionPlan:
     holes: list = field(default_factory=list)  # fillSelectionHoles: the hole spans, to split the result
     instruction: str | None = None
     original_text: str = ""  # the document text the result replaces
+    lead: str = ""  # completeFunction below a line of code: the line break and indentation before the fill
 
 
 SLACK_TOKENS = 8  # room a rewrite gets beyond the selection's own length (it may grow a little)
@@ -121,23 +138,38 @@ def plan_action(
         )
 
     if action == "completeFunction":
-        found = enclosing_function(source, start)
+        found = function_body_around(source, start)
         if found is None:
-            raise ActionError("the cursor is not inside a function")
+            raise ActionError("the cursor is not inside a function's body")
         body = empty_body_at(source, start)
         if body is not None:
             return plan_action(
                 "fillHole", text, lang, start, end, max_canvas, prefix_tokens, suffix_tokens, count_tokens
             )
-        ctx = build_context(
-            text, start, lang, max_canvas=max_canvas, mode="multiline", span=(start, start), **windows
-        )
         _, _, bs, _ = found
         first_body_line = text[line_start(text, bs) : line_end(text, bs)]
-        ctx.indent = (
-            leading_ws(first_body_line) if text[bs:].startswith(first_body_line.strip()) else ctx.indent
+        body_indent = leading_ws(first_body_line) if text[bs:].startswith(first_body_line.strip()) else None
+        line = text[line_start(text, start) : line_end(text, start)]
+        if not line.strip():  # a blank line: the new lines go right here
+            ctx = build_context(
+                text, start, lang, max_canvas=max_canvas, mode="multiline", span=(start, start), **windows
+            )
+            ctx.indent = body_indent if body_indent is not None else ctx.indent
+            return ActionPlan(action, start, start, ctx, max_tokens=max_canvas)
+        # Code on the cursor's line (the cursor may be mid-word): the new lines go below that line, never
+        # into it, at its indentation (one level deeper after `:` or `{`).
+        indent = leading_ws(line)
+        if line.rstrip().endswith((":", "{")):
+            indent += indent_unit(text)
+        at = line_end(text, start)
+        lead = newline_of(text) + indent
+        opened = text[:at] + lead + text[at:]
+        cursor = at + len(lead)
+        ctx = build_context(
+            opened, cursor, lang, max_canvas=max_canvas, mode="multiline", span=(cursor, cursor), **windows
         )
-        return ActionPlan(action, start, start, ctx, original_text=text[start:start], max_tokens=max_canvas)
+        ctx.indent = indent
+        return ActionPlan(action, at, at, ctx, max_tokens=max_canvas, lead=lead)
 
     if end <= start:
         raise ActionError("select the code first")
@@ -262,6 +294,8 @@ def finish_action(plan: ActionPlan, result_text: str) -> list[tuple[int, int, st
             text = None
     if text is None:
         raise ActionError("the model produced nothing usable here")
+    if plan.lead:
+        return [(plan.start, plan.end, plan.lead + text)]
     if plan.action == "fillHole":
         if ctx.prefix.endswith((" ", "\t")) and not plan.original_text[:1].isspace():
             text = text.lstrip(" \t")  # the hole sits after its line's indentation: so does the fill

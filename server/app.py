@@ -222,7 +222,11 @@ def _register_lifecycle(ls: DfimServer) -> None:
 
     @ls.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: DfimServer, params: types.DidChangeTextDocumentParams) -> None:
-        ls.docs.change(params.text_document.uri, params.text_document.version, params.content_changes)
+        uri = params.text_document.uri
+        ls.docs.change(uri, params.text_document.version, params.content_changes)
+        in_flight = ls.inflight.get(uri)
+        if in_flight is not None:  # its answer would be placed in the text before this change
+            in_flight.set()
 
     @ls.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DfimServer, params: types.DidCloseTextDocumentParams) -> None:

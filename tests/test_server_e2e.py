@@ -292,6 +292,24 @@ async def test_cancel_request_stops_the_engine(session):
     assert after.cancelled == before.cancelled + 1
 
 
+async def test_a_change_while_a_fill_runs_cancels_its_stale_answer(session):
+    uri = "file:///work/stale.py"
+    session.open(uri, "def slow(n):\n    return n * \n")
+    session.configure({"sampling": {"maxSteps": 64}})
+    await asyncio.sleep(0.1)
+    before = await session.stats()
+    pending = asyncio.ensure_future(session.inline(uri, 1, 15))
+    await asyncio.sleep(0.3)
+    # a line inserted above: an answer for line 1, column 15 would now land in `    y = 1`
+    session.change(uri, "    y = 1\n", types.Range(start=types.Position(1, 0), end=types.Position(1, 0)))
+    result = await asyncio.wait_for(pending, 30)
+    session.configure({"sampling": FAST["sampling"]})
+    await asyncio.sleep(0.2)
+    after = await session.stats()
+    assert result is None or not result.items
+    assert after.cancelled == before.cancelled + 1
+
+
 async def test_bad_settings_show_an_error_and_keep_the_previous_value(session):
     count = len(session.messages)
     session.configure(

@@ -431,6 +431,21 @@ def test_available_actions():
     assert names == ["fillSelectionHoles", "rewriteSelection", "regenerateUnsure"]
 
 
+def test_complete_function_adds_lines_below_the_cursors_line_never_into_it():
+    text = "def add(a, b):\n    total = a + b\n    return total"
+    assert "completeFunction" not in actions.available_actions(text, "python", 5, 5)  # on the signature
+    assert "completeFunction" in actions.available_actions(text, "python", len(text), len(text))  # at its end
+    mid_word = text.index("total") + 2
+    plan = actions.plan_action("completeFunction", text, "python", mid_word, mid_word)
+    line_end = text.index("\n", mid_word)
+    assert (plan.start, plan.end, plan.lead) == (line_end, line_end, "\n    ")
+    assert plan.ctx.prefix.endswith("total = a + b\n    ") and plan.ctx.suffix.startswith("\n    return")
+    ((s, e, new),) = actions.finish_action(plan, "total *= 2")
+    assert text[:s] + new + text[e:] == "def add(a, b):\n    total = a + b\n    total *= 2\n    return total"
+    with pytest.raises(actions.ActionError):
+        actions.plan_action("completeFunction", text, "python", 5, 5)
+
+
 def test_plan_fill_selection_holes_pins_the_rest():
     text = "def f(x):\n    pass\n\ndef g():\n    ...\n"
     plan = actions.plan_action("fillSelectionHoles", text, "python", 0, len(text))
