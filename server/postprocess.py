@@ -142,6 +142,19 @@ def limit_scope(completion: str, ctx: FillContext, max_lines: int = 40) -> str:
     return ctx.newline.join(kept) if len(kept) > 1 else kept[0]
 
 
+_STUTTER = re.compile(r"\b(\w+)(?:\s+\1\b){3,}")  # one word four times in a row: `total total total total`
+
+
+def cut_stutter(completion: str) -> str:
+    """Keep the lines before the first one where the model stutters (a word repeated four times in a row),
+    the way a small model runs out of ideas at the end of a long canvas."""
+    lines = split_lines(completion)
+    for i, line in enumerate(lines):
+        if _STUTTER.search(line):
+            return "\n".join(lines[:i])
+    return completion
+
+
 def is_repetitive(completion: str) -> bool:
     """Degenerate output: one line repeated three times in a row, or a short unit repeated to fill most of
     the text."""
@@ -196,7 +209,7 @@ def clean(raw: str, ctx: FillContext) -> str | None:
     text = raw.replace("\x00", "")
     if "\ufffd" in text and "\ufffd" not in ctx.prefix + ctx.suffix:
         text = text.replace("\ufffd", "")  # a broken byte sequence from a backend, never the user's text
-    text = limit_scope(text, ctx)
+    text = cut_stutter(limit_scope(text, ctx))
     text = remove_suffix_overlap(text, ctx.suffix)
     if ctx.mode == "line":
         text = drop_duplicate_quote(text, ctx.rest_of_line)

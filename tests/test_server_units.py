@@ -222,6 +222,14 @@ def test_a_fill_never_doubles_the_closing_quote_or_the_text_after_the_cursor():
     assert postprocess.clean("ET_SIZES", ctx) == "ET_SIZES"
 
 
+def test_a_fill_stops_before_the_model_stutters():
+    ctx = ctx_for("def add(a, b):\n    total = a + b\n    |\n    return total\n")
+    raw = "total = b + b\n    total = total + total total total total\n    x = 1"
+    assert postprocess.clean(raw, ctx) == "total = b + b"
+    assert postprocess.clean("total total total total", ctx) is None
+    assert postprocess.clean("return [x for x in xs if x]", ctx) == "return [x for x in xs if x]"
+
+
 def test_broken_characters_are_never_shown():
     ctx = ctx_for('name = "|"\n')
     assert postprocess.clean("H\ufffdüße", ctx) == "Hüße"
