@@ -11,6 +11,7 @@ version-stamped `WorkspaceEdit`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ from server.context import (
     line_end,
     line_start,
     newline_of,
+    open_brackets,
     region,
 )
 from server.postprocess import clean, fit_whitespace, limit_scope, normalize_newlines, split_lines
@@ -78,6 +80,31 @@ def function_body_around(source: Source, offset: int) -> tuple[int, int, int, in
     return found
 
 
+_STRING = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'")
+
+
+def code_of(line: str, lang: str | None) -> str:
+    """A line without its strings' contents and its trailing comment, right-stripped."""
+    code = _STRING.sub('""', line)
+    code = code.split("#", 1)[0] if lang in (None, "python") else code.split("//", 1)[0]
+    return code.rstrip()
+
+
+def statement_end(text: str, offset: int, lang: str | None, max_lines: int = 50) -> int:
+    """The end of the line where the statement at `offset` ends: the cursor's line, or a later one while
+    brackets or a triple-quoted string opened before it are still open."""
+    start = line_start(text, offset)
+    end = line_end(text, offset)
+    for _ in range(max_lines):
+        chunk = text[start:end]
+        if not open_brackets(chunk) and chunk.count('"""') % 2 == 0 and chunk.count("'''") % 2 == 0:
+            break
+        if end >= len(text):
+            break
+        end = line_end(text, end + 1)
+    return end
+
+
 @dataclass
 class ActionPlan:
     action: str
@@ -88,9 +115,11 @@ class ActionPlan:
     max_tokens: int = 128
     warm_start: str | None = None
     holes: list = field(default_factory=list)  # fillSelectionHoles: the hole spans, to split the result
+    hole_indents: list = field(default_factory=list)  # and the indentation of each hole's block
     instruction: str | None = None
     original_text: str = ""  # the document text the result replaces
-    lead: str = ""  # completeFunction below a line of code: the line break and indentation before the fill
+    lead: str = ""  # completeFunction beside a line of code: the line break and indentation before the fill
+    trail: str = ""  # ... and the line break after it (new lines above a closing `}`)
 
 
 SLACK_TOKENS = 8  # room a rewrite gets beyond the selection's own length (it may grow a little)
@@ -156,20 +185,32 @@ def plan_action(
             )
             ctx.indent = body_indent if body_indent is not None else ctx.indent
             return ActionPlan(action, start, start, ctx, max_tokens=max_canvas)
-        # Code on the cursor's line (the cursor may be mid-word): the new lines go below that line, never
-        # into it, at its indentation (one level deeper after `:` or `{`).
-        indent = leading_ws(line)
-        if line.rstrip().endswith((":", "{")):
-            indent += indent_unit(text)
-        at = line_end(text, start)
-        lead = newline_of(text) + indent
-        opened = text[:at] + lead + text[at:]
+        # Code on the cursor's line (the cursor may be mid-word): the new lines never go into it.
+        _, _, _, be = found
+        ls_ = line_start(text, start)
+        if text[be - 1 : be] == "}" and ls_ <= be - 1 <= line_end(text, start):
+            # the line that closes a brace body: the new lines go above it, inside the body
+            if text[ls_ : be - 1].strip():
+                raise ActionError("the body ends on this line: put the cursor on a line of its own inside it")
+            indent = body_indent if body_indent is not None else leading_ws(line) + indent_unit(text)
+            lead, trail, at = indent, newline_of(text), ls_
+        else:
+            # below the statement the cursor is in (a multi-line call or string included), at its
+            # indentation, one level deeper after a line that opens a block (`:` or `{`, comments aside)
+            at = statement_end(text, start, lang)
+            indent = (
+                leading_ws(line) if start >= bs else (body_indent or leading_ws(line) + indent_unit(text))
+            )
+            if start >= bs and code_of(text[line_start(text, at) : at], lang).endswith((":", "{")):
+                indent += indent_unit(text)
+            lead, trail = newline_of(text) + indent, ""
+        opened = text[:at] + lead + trail + text[at:]
         cursor = at + len(lead)
         ctx = build_context(
             opened, cursor, lang, max_canvas=max_canvas, mode="multiline", span=(cursor, cursor), **windows
         )
         ctx.indent = indent
-        return ActionPlan(action, at, at, ctx, max_tokens=max_canvas, lead=lead)
+        return ActionPlan(action, at, at, ctx, max_tokens=max_canvas, lead=lead, trail=trail)
 
     if end <= start:
         raise ActionError("select the code first")
@@ -181,22 +222,24 @@ def plan_action(
         holes = find_holes(source, start, end)
         if not holes:
             raise ActionError("no holes (pass, ..., TODO) in the selection")
-        pinned_tokens = count(selected) - sum(count(text[h.start : h.end]) for h in holes)
+        pinned: list[str] = []  # the text between holes, in order (None marks a hole)
+        cursor = start
+        for hole in holes:
+            if hole.start > cursor:
+                pinned.append(text[cursor : hole.start])
+            pinned.append(None)
+            cursor = hole.end
+        if end > cursor:
+            pinned.append(text[cursor:end])
+        # each piece is tokenized on its own (a token more at a seam), and the canvas ends with EOS
+        pinned_tokens = sum(count(p) + 1 for p in pinned if p is not None) + 1
         width = min(32, (max_canvas - pinned_tokens) // len(holes))
         if width < 4:
             raise ActionError(
                 f"the selection is too long for one canvas (about {pinned_tokens + 4 * len(holes)} tokens "
-                f"with room for its {len(holes)} holes; sampling.maxCanvas is {max_canvas}): select less"
+                f"with room for its {len(holes)} holes; the canvas holds {max_canvas}): select less"
             )
-        middle: list = []
-        cursor = start
-        for hole in holes:
-            if hole.start > cursor:
-                middle.append(text[cursor : hole.start])
-            middle.append(Hole(width))
-            cursor = hole.end
-        if end > cursor:
-            middle.append(text[cursor:end])
+        middle: list = [Hole(width) if p is None else p for p in pinned]
         return ActionPlan(
             action,
             start,
@@ -206,6 +249,7 @@ def plan_action(
             middle=middle,
             max_tokens=max_canvas,
             holes=holes,
+            hole_indents=[_block_indent(text, hole.start) for hole in holes],
         )
 
     if action in ("rewriteSelection", "regenerateUnsure"):
@@ -222,7 +266,7 @@ def plan_action(
             # A rewrite is cut at the canvas's end; replacing the whole selection with that would lose code.
             raise ActionError(
                 f"the selection is too long for one canvas (about {pinned + body} tokens; "
-                f"sampling.maxCanvas is {max_canvas}, at most 256): select less"
+                f"the canvas holds {max_canvas}): select less"
             )
         budget = min(room, int(body * 1.5) + SLACK_TOKENS)
         middle: list = [header, Hole(budget)] if header else []
@@ -241,7 +285,9 @@ def plan_action(
     raise ActionError(f"unknown action {action!r}")
 
 
-def unsure_skeleton(pieces: list[str], scores: list[TokenScore], threshold: float) -> list | None:
+def unsure_skeleton(
+    pieces: list[str], scores: list[TokenScore], threshold: float, limit: int | None = None
+) -> list | None:
     """A skeleton over the selection's tokens (`pieces`): confident ones pinned, each run of unsure ones
     (the model would write another token there, or it is not sure of it) opened as a hole one token wider,
     room to grow. `scores[i]` is the model's view of position i; None when nothing is unsure."""
@@ -271,7 +317,12 @@ def unsure_skeleton(pieces: list[str], scores: list[TokenScore], threshold: floa
         middle.append(Hole(run + 1))
     if pinned:
         middle.append(pinned)
-    return middle if any_unsure else None
+    if not any_unsure:
+        return None
+    holes = sum(1 for m in middle if isinstance(m, Hole))
+    if limit is not None and len(pieces) + holes + 1 > limit:  # no room to grow: each hole keeps its width
+        middle = [Hole(m.width - 1) if isinstance(m, Hole) else m for m in middle]
+    return middle
 
 
 def finish_action(plan: ActionPlan, result_text: str) -> list[tuple[int, int, str]]:
@@ -294,8 +345,8 @@ def finish_action(plan: ActionPlan, result_text: str) -> list[tuple[int, int, st
             text = None
     if text is None:
         raise ActionError("the model produced nothing usable here")
-    if plan.lead:
-        return [(plan.start, plan.end, plan.lead + text)]
+    if plan.lead or plan.trail:
+        return [(plan.start, plan.end, plan.lead + text + plan.trail)]
     if plan.action == "fillHole":
         if ctx.prefix.endswith((" ", "\t")) and not plan.original_text[:1].isspace():
             text = text.lstrip(" \t")  # the hole sits after its line's indentation: so does the fill
@@ -337,21 +388,28 @@ def _split_holes(plan: ActionPlan, result_text: str) -> list[tuple[int, int, str
     for _s, _e, fill in edits:
         if not fill.strip():
             raise ActionError("the model left a hole empty")
-    return [(s, e, _fit_hole_fill(fill, plan, s)) for s, e, fill in edits]
+    indents = {hole.start: indent for hole, indent in zip(plan.holes, plan.hole_indents, strict=True)}
+    return [(s, e, _fit_hole_fill(fill, plan.ctx.newline, indents.get(s, ""))) for s, e, fill in edits]
 
 
-def _fit_hole_fill(fill: str, plan: ActionPlan, hole_start: int) -> str:
+def _block_indent(text: str, offset: int) -> str:
+    """The indentation of the block a hole at `offset` belongs to: its line's, or one level deeper when code
+    precedes it on the line (`def f(x): pass`)."""
+    before = text[line_start(text, offset) : offset]
+    return before if not before.strip() else leading_ws(before) + indent_unit(text)
+
+
+def _fit_hole_fill(fill: str, newline: str, block_indent: str) -> str:
     """A hole's fill as it goes into the document: no space before it (the hole sits after its line's
     indentation), the document's line ends, and only the lines that stay in the hole's block."""
     lines = split_lines(fill.strip("\r\n").lstrip(" \t").rstrip())
-    line_text = plan.original_text[: hole_start - plan.start].rsplit("\n", 1)[-1]
-    base = indent_width(leading_ws(line_text))
+    base = indent_width(block_indent)
     kept = [lines[0]]
     for line in lines[1:]:
         if line.strip() and indent_width(line) < base:
             break
         kept.append(line)
-    return plan.ctx.newline.join(kept).rstrip()
+    return newline.join(kept).rstrip()
 
 
 # ---- the LSP feature -----------------------------------------------------------------------------------
@@ -481,6 +539,8 @@ async def run_action(ls, data: dict):
     prefix_tokens, suffix_tokens = ls.host.context_budget(
         options.context.prefix_tokens, options.context.suffix_tokens
     )
+    # the canvas an action may use: the setting, but never more than the model was built for
+    max_canvas = min(options.sampling.max_canvas, getattr(ls.host.engine, "canvas_limit", 256))
     try:
         plan = plan_action(
             data["action"],
@@ -488,7 +548,7 @@ async def run_action(ls, data: dict):
             lang,
             start,
             end,
-            max_canvas=options.sampling.max_canvas,
+            max_canvas=max_canvas,
             prefix_tokens=prefix_tokens,
             suffix_tokens=suffix_tokens,
             count_tokens=ls.host.count_tokens,
@@ -534,7 +594,9 @@ async def run_action(ls, data: dict):
                 seed=options.sampling.seed,
             )
             scored = await ls.host.fill(score, flag)
-            skeleton = unsure_skeleton(pieces, scored.token_scores, options.actions.unsure_threshold)
+            skeleton = unsure_skeleton(
+                pieces, scored.token_scores, options.actions.unsure_threshold, limit=max_canvas
+            )
             if skeleton is None:
                 raise ActionError("every token of the selection is confident; nothing to regenerate")
             plan.middle = skeleton

@@ -221,7 +221,11 @@ async def complete(ls, params):
         out = []
         original = text[ctx.start : ctx.end]
         for rank, fill in enumerate(candidates):
-            if ctx.mode == "block" and original.strip(" \t") != original.strip():
+            if (
+                ctx.mode == "block"
+                and ctx.lang not in (None, "python")
+                and original.strip(" \t") != original.strip()
+            ):
                 # a brace body `{\n  ▮\n}`: the fill keeps the line breaks around it, so that the edit
                 # can stay on the cursor's line
                 fill = fit_whitespace(fill, original, ctx.newline, ctx.indent)

@@ -142,7 +142,9 @@ def limit_scope(completion: str, ctx: FillContext, max_lines: int = 40) -> str:
     return ctx.newline.join(kept) if len(kept) > 1 else kept[0]
 
 
-_STUTTER = re.compile(r"\b(\w+)(?:\s+\1\b){3,}")  # one word four times in a row: `total total total total`
+# one name four times in a row (`total total total total`); names of two or more characters, outside strings
+_STUTTER = re.compile(r"\b([A-Za-z_]\w+)(?:\s+\1\b){3,}")
+_STRING = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'")
 
 
 def cut_stutter(completion: str) -> str:
@@ -150,7 +152,7 @@ def cut_stutter(completion: str) -> str:
     the way a small model runs out of ideas at the end of a long canvas."""
     lines = split_lines(completion)
     for i, line in enumerate(lines):
-        if _STUTTER.search(line):
+        if _STUTTER.search(_STRING.sub('""', line)):
             return "\n".join(lines[:i])
     return completion
 

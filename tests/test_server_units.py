@@ -228,6 +228,8 @@ def test_a_fill_stops_before_the_model_stutters():
     assert postprocess.clean(raw, ctx) == "total = b + b"
     assert postprocess.clean("total total total total", ctx) is None
     assert postprocess.clean("return [x for x in xs if x]", ctx) == "return [x for x in xs if x]"
+    for code in ('bytes.fromhex("00 00 00 00")', 'struct.Struct("I I I I")', "x = 'b b b b'"):
+        assert postprocess.clean(code, ctx) == code
 
 
 def test_broken_characters_are_never_shown():
@@ -454,6 +456,37 @@ def test_complete_function_adds_lines_below_the_cursors_line_never_into_it():
         actions.plan_action("completeFunction", text, "python", 5, 5)
 
 
+def test_complete_function_respects_closing_braces_statements_and_comments():
+    def apply(text, cursor, lang, fill):
+        plan = actions.plan_action("completeFunction", text, lang, cursor, cursor)
+        ((s, e, new),) = actions.finish_action(plan, fill)
+        return text[:s] + new + text[e:]
+
+    c = "int f(int x) {\n    x += 1;\n}\n"
+    assert apply(c, c.index("}"), "c", "x++;") == "int f(int x) {\n    x += 1;\n    x++;\n}\n"
+    assert apply(c, c.index("}") + 1, "c", "x++;") == "int f(int x) {\n    x += 1;\n    x++;\n}\n"
+    one_liner = "function f(x) { return x; }\n"
+    with pytest.raises(actions.ActionError):
+        actions.plan_action(
+            "completeFunction", one_liner, "javascript", one_liner.index("}"), one_liner.index("}")
+        )
+    py = "def f(x):\n    y = (x +\n         1)\n    return y\n"
+    assert apply(py, py.index("+") + 1, "python", "y *= 2") == (
+        "def f(x):\n    y = (x +\n         1)\n    y *= 2\n    return y\n"
+    )
+    py = "def f(x):\n    if x:  # note: odd\n        x = 1\n    return x\n"
+    at = py.index("odd") + 3
+    assert (
+        apply(py, at, "python", "x = 2")
+        == "def f(x):\n    if x:  # note: odd\n        x = 2\n        x = 1\n    return x\n"
+    )
+    py = "def f(x):\n    y = x  # note:\n    return y\n"
+    assert (
+        apply(py, py.index("note:") + 5, "python", "y += 1")
+        == "def f(x):\n    y = x  # note:\n    y += 1\n    return y\n"
+    )
+
+
 def test_plan_fill_selection_holes_pins_the_rest():
     text = "def f(x):\n    pass\n\ndef g():\n    ...\n"
     plan = actions.plan_action("fillSelectionHoles", text, "python", 0, len(text))
@@ -471,6 +504,13 @@ def test_hole_fills_are_indented_like_the_hole_and_stay_in_its_block():
     ((s, e, new),) = actions.finish_action(plan, result)
     assert text[s:e] == "pass"
     assert new == "self.items.append(x)\r\n        return self"
+    # only `pass` selected (a double-click): the block's indentation still comes from the document
+    text = "class A:\n    def f(self):\n        pass\n\n    def g(self):\n        return 2\n"
+    start = text.index("pass")
+    plan = actions.plan_action("fillSelectionHoles", text, "python", start, start + 4)
+    ((s, e, new),) = actions.finish_action(plan, "return 1\n\n    def h(self):\n        pass")
+    assert new == "return 1"
+    plan = actions.plan_action("fillSelectionHoles", head + "pass", "python", 0, len(head) + 4)
     with pytest.raises(actions.ActionError):  # the pinned code did not come back: nothing is applied
         actions.finish_action(plan, "class Queue:\n    pass\n")
 
