@@ -69,9 +69,19 @@ def available_actions(text: str, lang: str | None, start: int, end: int) -> list
 def function_body_around(source: Source, offset: int) -> tuple[int, int, int, int] | None:
     """The function whose body holds the cursor (its very end included, after the last statement); None
     on the signature, where completing the body makes no sense."""
+    text = source.text
     found = enclosing_function(source, offset)
     if found is None and offset > 0:
         found = enclosing_function(source, offset - 1)
+    line = text[line_start(text, offset) : line_end(text, offset)]
+    if found is None and source.lang in (None, "python") and not line.strip():
+        # an indented blank line after a function's last statement still belongs to it (by indentation)
+        probe = max(0, len(text[: line_start(text, offset)].rstrip()) - 1)
+        found = enclosing_function(source, probe)
+        if found is not None:
+            header = text[line_start(text, found[0]) : line_end(text, found[0])]
+            if indent_width(line) <= indent_width(header):
+                return None
     if found is None:
         return None
     _, _, bs, _ = found

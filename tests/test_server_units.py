@@ -454,6 +454,11 @@ def test_complete_function_adds_lines_below_the_cursors_line_never_into_it():
     assert text[:s] + new + text[e:] == "def add(a, b):\n    total = a + b\n    total *= 2\n    return total"
     with pytest.raises(actions.ActionError):
         actions.plan_action("completeFunction", text, "python", 5, 5)
+    # the indented blank line after the last statement is the usual place to ask; at column 0 it is not
+    text = "def add(a, b):\n    return a + b\n    \n\nx = 1\n"
+    blank = text.index("    \n") + 4
+    assert "completeFunction" in actions.available_actions(text, "python", blank, blank)
+    assert "completeFunction" not in actions.available_actions(text, "python", blank + 2, blank + 2)
 
 
 def test_complete_function_respects_closing_braces_statements_and_comments():
