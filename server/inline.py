@@ -100,6 +100,18 @@ def one_line_edit(text: str, start: int, end: int, fill: str, cursor: int) -> tu
     return r_start, r_end, fill[p : len(fill) - s]
 
 
+def fit_body_fill(fill: str, text: str, ctx: FillContext, cursor: int) -> str:
+    """An empty brace body's fill laid out like the body it replaces: the blank lines before and after the
+    cursor's line stay as they are and the fill takes the cursor's line (indented like the body)."""
+    ls, le = line_start(text, cursor), line_end(text, cursor)
+    if not ctx.start <= ls <= le <= ctx.end:  # the cursor is on the `{` line: a break comes first
+        return fit_whitespace(fill, text[ctx.start : ctx.end], ctx.newline, ctx.indent)
+    body = fill.strip("\r\n").rstrip()
+    if ctx.indent and body and not body[0].isspace():
+        body = ctx.indent + body
+    return text[ctx.start : ls] + body + text[le : ctx.end]
+
+
 async def fill_until_shown(
     fill_once: Callable[[FillRequest], Awaitable[FillResult | None]],
     request: FillRequest,
@@ -228,7 +240,7 @@ async def complete(ls, params):
             ):
                 # a brace body `{\n  ▮\n}`: the fill keeps the line breaks around it, so that the edit
                 # can stay on the cursor's line
-                fill = fit_whitespace(fill, original, ctx.newline, ctx.indent)
+                fill = fit_body_fill(fill, text, ctx, cursor)
             edit = one_line_edit(text, ctx.start, ctx.end, fill, cursor)
             if edit is None or not edit[2]:
                 continue

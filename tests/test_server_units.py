@@ -232,6 +232,21 @@ def test_a_fill_stops_before_the_model_stutters():
         assert postprocess.clean(code, ctx) == code
 
 
+def test_an_empty_brace_body_fill_stays_on_the_cursors_line():
+    from server.inline import fit_body_fill, one_line_edit
+
+    for src in ("function f(w) {\n  |\n}\n", "function f(w) {\n\n  |\n\n}\n", "function f(w) {|\n}\n"):
+        text, cursor = split(src)
+        ctx = context.build_context(text, cursor, "javascript")
+        assert ctx.mode == "block"
+        for raw in ("\n" + ctx.indent + "return w;\n", "return w;"):
+            fill = fit_body_fill(postprocess.clean(raw, ctx), text, ctx, cursor)
+            edit = one_line_edit(text, ctx.start, ctx.end, fill, cursor)
+            assert edit is not None, (src, raw)
+            s, e, insert = edit
+            assert "return w;" in text[:s] + insert + text[e:]
+
+
 def test_broken_characters_are_never_shown():
     ctx = ctx_for('name = "|"\n')
     assert postprocess.clean("H\ufffdüße", ctx) == "Hüße"
