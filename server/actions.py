@@ -84,8 +84,10 @@ def function_body_around(source: Source, offset: int) -> tuple[int, int, int, in
                 return None
     if found is None:
         return None
-    _, _, bs, _ = found
+    fs, fe, bs, _ = found
     if offset < bs and source.text[offset:bs].strip():  # signature text after the cursor
+        return None
+    if "\n" not in text[fs:fe]:  # `def f(x): return 1`, `(a) => a + 1`: no body lines to add to
         return None
     return found
 
@@ -202,16 +204,17 @@ def plan_action(
             # the line that closes a brace body: the new lines go above it, inside the body
             if text[ls_ : be - 1].strip():
                 raise ActionError("the body ends on this line: put the cursor on a line of its own inside it")
-            indent = body_indent if body_indent is not None else leading_ws(line) + indent_unit(text)
+            indent = leading_ws(line) + indent_unit(text)  # the `}` line's, one level in (Allman too)
             lead, trail, at = indent, newline_of(text), ls_
         else:
             # below the statement the cursor is in (a multi-line call or string included), at its
             # indentation, one level deeper after a line that opens a block (`:` or `{`, comments aside)
-            at = statement_end(text, start, lang)
+            opens_block = start >= bs and code_of(line, lang).endswith((":", "{"))
+            at = line_end(text, start) if opens_block else statement_end(text, start, lang)
             indent = (
                 leading_ws(line) if start >= bs else (body_indent or leading_ws(line) + indent_unit(text))
             )
-            if start >= bs and code_of(text[line_start(text, at) : at], lang).endswith((":", "{")):
+            if opens_block:
                 indent += indent_unit(text)
             lead, trail = newline_of(text) + indent, ""
         opened = text[:at] + lead + trail + text[at:]
@@ -379,9 +382,14 @@ def _split_holes(plan: ActionPlan, result_text: str) -> list[tuple[int, int, str
     pos = 0
     hole_index = 0
     pending_fill_start: int | None = None
-    for piece in pieces:
+    for i, piece in enumerate(pieces):
         if isinstance(piece, str):
-            found = result_text.find(piece, pos)
+            # the last piece closes the canvas: match it at the end (a fill may contain its text, often
+            # a bare line break)
+            last = i == len(pieces) - 1 and i > 0
+            found = result_text.rfind(piece) if last else result_text.find(piece, pos)
+            if found < pos:
+                found = -1
             if found < 0:  # the text between the holes did not come back as written: apply nothing
                 raise ActionError("the model's answer does not keep the code between the holes; try again")
             if pending_fill_start is not None:
@@ -402,17 +410,19 @@ def _split_holes(plan: ActionPlan, result_text: str) -> list[tuple[int, int, str
     return [(s, e, _fit_hole_fill(fill, plan.ctx.newline, indents.get(s, ""))) for s, e, fill in edits]
 
 
-def _block_indent(text: str, offset: int) -> str:
-    """The indentation of the block a hole at `offset` belongs to: its line's, or one level deeper when code
-    precedes it on the line (`def f(x): pass`)."""
+def _block_indent(text: str, offset: int) -> str | None:
+    """The indentation of the block a hole at `offset` belongs to (its line's); None when code precedes it
+    on the line (`def f(x): pass`), where a fill can only be one line."""
     before = text[line_start(text, offset) : offset]
-    return before if not before.strip() else leading_ws(before) + indent_unit(text)
+    return before if not before.strip() else None
 
 
-def _fit_hole_fill(fill: str, newline: str, block_indent: str) -> str:
+def _fit_hole_fill(fill: str, newline: str, block_indent: str | None) -> str:
     """A hole's fill as it goes into the document: no space before it (the hole sits after its line's
     indentation), the document's line ends, and only the lines that stay in the hole's block."""
     lines = split_lines(fill.strip("\r\n").lstrip(" \t").rstrip())
+    if block_indent is None:
+        return lines[0]
     base = indent_width(block_indent)
     kept = [lines[0]]
     for line in lines[1:]:

@@ -101,7 +101,7 @@ def one_line_edit(text: str, start: int, end: int, fill: str, cursor: int) -> tu
 
 
 def fit_body_fill(fill: str, text: str, ctx: FillContext, cursor: int) -> str:
-    """An empty brace body's fill laid out like the body it replaces: the blank lines before and after the
+    """An empty body's fill laid out like the body it replaces: the blank lines before and after the
     cursor's line stay as they are and the fill takes the cursor's line (indented like the body)."""
     ls, le = line_start(text, cursor), line_end(text, cursor)
     if not ctx.start <= ls <= le <= ctx.end:  # the cursor is on the `{` line: a break comes first
@@ -233,13 +233,9 @@ async def complete(ls, params):
         out = []
         original = text[ctx.start : ctx.end]
         for rank, fill in enumerate(candidates):
-            if (
-                ctx.mode == "block"
-                and ctx.lang not in (None, "python")
-                and original.strip(" \t") != original.strip()
-            ):
-                # a brace body `{\n  ▮\n}`: the fill keeps the line breaks around it, so that the edit
-                # can stay on the cursor's line
+            if ctx.mode == "block" and original.strip(" \t") != original.strip():
+                # an empty body spanning lines (`{\n  ▮\n}`, or a blank line before a Python cursor): the
+                # fill keeps the line breaks around the cursor's line, so that the edit can stay on it
                 fill = fit_body_fill(fill, text, ctx, cursor)
             edit = one_line_edit(text, ctx.start, ctx.end, fill, cursor)
             if edit is None or not edit[2]:

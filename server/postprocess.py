@@ -144,16 +144,21 @@ def limit_scope(completion: str, ctx: FillContext, max_lines: int = 40) -> str:
 
 # one name four times in a row (`total total total total`); names of two or more characters, outside strings
 _STUTTER = re.compile(r"\b([A-Za-z_]\w+)(?:\s+\1\b){3,}")
-_STRING = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'")
+_STRING = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|`(?:[^`\\]|\\.)*`")
+_COMMENT = re.compile(r"(#|//).*")
 
 
 def cut_stutter(completion: str) -> str:
     """Keep the lines before the first one where the model stutters (a word repeated four times in a row),
     the way a small model runs out of ideas at the end of a long canvas."""
     lines = split_lines(completion)
+    in_docstring = False
     for i, line in enumerate(lines):
-        if _STUTTER.search(_STRING.sub('""', line)):
+        code = _COMMENT.sub("", _STRING.sub('""', line))
+        if not in_docstring and _STUTTER.search(code):
             return "\n".join(lines[:i])
+        if (line.count('"""') + line.count("'''")) % 2 == 1:  # prose inside a docstring is not code
+            in_docstring = not in_docstring
     return completion
 
 

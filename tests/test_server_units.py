@@ -228,8 +228,14 @@ def test_a_fill_stops_before_the_model_stutters():
     assert postprocess.clean(raw, ctx) == "total = b + b"
     assert postprocess.clean("total total total total", ctx) is None
     assert postprocess.clean("return [x for x in xs if x]", ctx) == "return [x for x in xs if x]"
-    for code in ('bytes.fromhex("00 00 00 00")', 'struct.Struct("I I I I")', "x = 'b b b b'"):
+    for code in (
+        'bytes.fromhex("00 00 00 00")',
+        'struct.Struct("I I I I")',
+        "x = 'b b b b'",
+        "y = compute(a, b)  # no no no no",
+    ):
         assert postprocess.clean(code, ctx) == code
+    assert postprocess.cut_stutter('x = """\nfoo foo foo foo\n"""\ny') == 'x = """\nfoo foo foo foo\n"""\ny'
 
 
 def test_an_empty_brace_body_fill_stays_on_the_cursors_line():
@@ -505,6 +511,46 @@ def test_complete_function_respects_closing_braces_statements_and_comments():
         apply(py, py.index("note:") + 5, "python", "y += 1")
         == "def f(x):\n    y = x  # note:\n    y += 1\n    return y\n"
     )
+
+
+def test_complete_function_inside_blocks_allman_braces_and_one_liners():
+    def apply(text, cursor, lang, fill):
+        plan = actions.plan_action("completeFunction", text, lang, cursor, cursor)
+        ((s, e, new),) = actions.finish_action(plan, fill)
+        return text[:s] + new + text[e:]
+
+    js = "function f(x) {\n  if (x) {\n    x = 1;\n  }\n  return x;\n}\n"
+    after_if = js.index("if (x) {") + 8
+    assert apply(js, after_if, "javascript", "x++;") == (
+        "function f(x) {\n  if (x) {\n    x++;\n    x = 1;\n  }\n  return x;\n}\n"
+    )
+    allman = "int f(int x)\n{\n    int y = x;\n    return y;\n}\n"
+    assert apply(allman, allman.rindex("}"), "c", "y++;") == (
+        "int f(int x)\n{\n    int y = x;\n    return y;\n    y++;\n}\n"
+    )
+    for text, lang in (("def f(x): return 1\n", "python"), ("const g = (a) => a + 1;\n", "javascript")):
+        at = text.index("1")
+        assert "completeFunction" not in actions.available_actions(text, lang, at, at)
+
+
+def test_a_holes_multi_line_fill_is_kept_whole_and_a_same_line_hole_gets_one_line():
+    text = "def f(x):\n    pass\n"
+    plan = actions.plan_action("fillSelectionHoles", text, "python", 0, len(text))
+    ((s, e, new),) = actions.finish_action(plan, "def f(x):\n    a = 1\n    return a\n")
+    assert new == "a = 1\n    return a"
+    text = "def f(x): pass\n"
+    plan = actions.plan_action("fillSelectionHoles", text, "python", 0, len(text))
+    ((s, e, new),) = actions.finish_action(plan, "def f(x): y = 1\n    return y\n")
+    assert new == "y = 1"
+
+
+def test_a_python_body_after_a_blank_line_shows_its_fill_without_a_stray_line():
+    from server.inline import fit_body_fill, one_line_edit
+
+    text, cursor = split("def f():\n\n    |\n")
+    ctx = context.build_context(text, cursor, "python")
+    fill = fit_body_fill("    return 1\n    y = 2", text, ctx, cursor)
+    assert one_line_edit(text, ctx.start, ctx.end, fill, cursor) == (cursor, cursor, "return 1\n    y = 2")
 
 
 def test_plan_fill_selection_holes_pins_the_rest():
