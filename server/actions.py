@@ -11,9 +11,8 @@ version-stamped `WorkspaceEdit`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.api import Hole, TokenScore
 from server.context import (
@@ -26,6 +25,7 @@ from server.context import (
     hole_at,
     indent_unit,
     indent_width,
+    last_code_before_line,
     leading_ws,
     line_end,
     line_start,
@@ -33,7 +33,7 @@ from server.context import (
     open_brackets,
     region,
 )
-from server.postprocess import clean, fit_whitespace, limit_scope, normalize_newlines, split_lines
+from server.postprocess import clean, code_of, fit_whitespace, limit_scope, normalize_newlines
 
 KIND = "refactor.rewrite.dfim"
 TITLES = {
@@ -76,8 +76,7 @@ def function_body_around(source: Source, offset: int) -> tuple[int, int, int, in
     line = text[line_start(text, offset) : line_end(text, offset)]
     if found is None and source.lang in (None, "python") and not line.strip():
         # an indented blank line after a function's last statement still belongs to it (by indentation)
-        probe = max(0, len(text[: line_start(text, offset)].rstrip()) - 1)
-        found = enclosing_function(source, probe)
+        found = enclosing_function(source, last_code_before_line(text, offset))
         if found is not None:
             header = text[line_start(text, found[0]) : line_end(text, found[0])]
             if indent_width(line) <= indent_width(header):
@@ -85,21 +84,11 @@ def function_body_around(source: Source, offset: int) -> tuple[int, int, int, in
     if found is None:
         return None
     fs, fe, bs, _ = found
-    if offset < bs and source.text[offset:bs].strip():  # signature text after the cursor
+    if offset < bs and text[offset:bs].strip():  # signature text after the cursor
         return None
     if "\n" not in text[fs:fe]:  # `def f(x): return 1`, `(a) => a + 1`: no body lines to add to
         return None
     return found
-
-
-_STRING = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'")
-
-
-def code_of(line: str, lang: str | None) -> str:
-    """A line without its strings' contents and its trailing comment, right-stripped."""
-    code = _STRING.sub('""', line)
-    code = code.split("#", 1)[0] if lang in (None, "python") else code.split("//", 1)[0]
-    return code.rstrip()
 
 
 def statement_end(text: str, offset: int, lang: str | None, max_lines: int = 50) -> int:
@@ -190,7 +179,8 @@ def plan_action(
         _, _, bs, _ = found
         first_body_line = text[line_start(text, bs) : line_end(text, bs)]
         body_indent = leading_ws(first_body_line) if text[bs:].startswith(first_body_line.strip()) else None
-        line = text[line_start(text, start) : line_end(text, start)]
+        ls_ = line_start(text, start)
+        line = text[ls_ : line_end(text, start)]
         if not line.strip():  # a blank line: the new lines go right here
             ctx = build_context(
                 text, start, lang, max_canvas=max_canvas, mode="multiline", span=(start, start), **windows
@@ -199,7 +189,6 @@ def plan_action(
             return ActionPlan(action, start, start, ctx, max_tokens=max_canvas)
         # Code on the cursor's line (the cursor may be mid-word): the new lines never go into it.
         _, _, _, be = found
-        ls_ = line_start(text, start)
         if text[be - 1 : be] == "}" and ls_ <= be - 1 <= line_end(text, start):
             # the line that closes a brace body: the new lines go above it, inside the body
             if text[ls_ : be - 1].strip():
@@ -406,8 +395,10 @@ def _split_holes(plan: ActionPlan, result_text: str) -> list[tuple[int, int, str
     for _s, _e, fill in edits:
         if not fill.strip():
             raise ActionError("the model left a hole empty")
-    indents = {hole.start: indent for hole, indent in zip(plan.holes, plan.hole_indents, strict=True)}
-    return [(s, e, _fit_hole_fill(fill, plan.ctx.newline, indents.get(s, ""))) for s, e, fill in edits]
+    return [
+        (s, e, _fit_hole_fill(fill, plan.ctx, indent))
+        for (s, e, fill), indent in zip(edits, plan.hole_indents, strict=True)
+    ]
 
 
 def _block_indent(text: str, offset: int) -> str | None:
@@ -417,19 +408,14 @@ def _block_indent(text: str, offset: int) -> str | None:
     return before if not before.strip() else None
 
 
-def _fit_hole_fill(fill: str, newline: str, block_indent: str | None) -> str:
+def _fit_hole_fill(fill: str, ctx: FillContext, block_indent: str | None) -> str:
     """A hole's fill as it goes into the document: no space before it (the hole sits after its line's
     indentation), the document's line ends, and only the lines that stay in the hole's block."""
-    lines = split_lines(fill.strip("\r\n").lstrip(" \t").rstrip())
-    if block_indent is None:
-        return lines[0]
-    base = indent_width(block_indent)
-    kept = [lines[0]]
-    for line in lines[1:]:
-        if line.strip() and indent_width(line) < base:
-            break
-        kept.append(line)
-    return newline.join(kept).rstrip()
+    body = fill.strip("\r\n").lstrip(" \t").rstrip()
+    scope = (
+        replace(ctx, mode="line") if block_indent is None else replace(ctx, mode="block", indent=block_indent)
+    )
+    return limit_scope(body, scope, max_lines=200).rstrip()
 
 
 # ---- the LSP feature -----------------------------------------------------------------------------------

@@ -402,6 +402,12 @@ def _body_interior(source: Source, bs: int, be: int) -> tuple[int, int]:
     return bs, be
 
 
+def last_code_before_line(text: str, offset: int) -> int:
+    """Offset of the last non-blank character before the line of `offset` (0 if none): where a parse
+    still sees the block an indented blank line belongs to."""
+    return max(0, len(text[: line_start(text, offset)].rstrip()) - 1)
+
+
 def empty_body_at(source: Source, offset: int) -> Span | None:
     """If the cursor is inside a function body that holds nothing (or only a hole), the span to fill."""
     text = source.text
@@ -409,7 +415,7 @@ def empty_body_at(source: Source, offset: int) -> Span | None:
     indented_blocks = source.lang == "python" or source.lang is None
     if indented_blocks and not text[line_start(text, offset) : line_end(text, offset)].strip():
         # an empty python block parses as zero width after the colon: look at the last non-blank text
-        probe = max(0, len(text[: line_start(text, offset)].rstrip()) - 1)
+        probe = last_code_before_line(text, offset)
     found = enclosing_function(source, probe)
     if found is None:
         return None

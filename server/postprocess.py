@@ -144,18 +144,23 @@ def limit_scope(completion: str, ctx: FillContext, max_lines: int = 40) -> str:
 
 # one name four times in a row (`total total total total`); names of two or more characters, outside strings
 _STUTTER = re.compile(r"\b([A-Za-z_]\w+)(?:\s+\1\b){3,}")
-_STRING = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|`(?:[^`\\]|\\.)*`")
-_COMMENT = re.compile(r"(#|//).*")
+_STRING = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'|`(?:[^`\\\n]|\\.)*`")
 
 
-def cut_stutter(completion: str) -> str:
+def code_of(line: str, lang: str | None) -> str:
+    """A line without its strings' contents and its trailing comment, right-stripped."""
+    code = _STRING.sub('""', line)
+    code = code.split("#", 1)[0] if lang in (None, "python") else code.split("//", 1)[0]
+    return code.rstrip()
+
+
+def cut_stutter(completion: str, lang: str | None = None) -> str:
     """Keep the lines before the first one where the model stutters (a word repeated four times in a row),
     the way a small model runs out of ideas at the end of a long canvas."""
     lines = split_lines(completion)
     in_docstring = False
     for i, line in enumerate(lines):
-        code = _COMMENT.sub("", _STRING.sub('""', line))
-        if not in_docstring and _STUTTER.search(code):
+        if not in_docstring and _STUTTER.search(code_of(line, lang)):
             return "\n".join(lines[:i])
         if (line.count('"""') + line.count("'''")) % 2 == 1:  # prose inside a docstring is not code
             in_docstring = not in_docstring
@@ -216,7 +221,7 @@ def clean(raw: str, ctx: FillContext) -> str | None:
     text = raw.replace("\x00", "")
     if "\ufffd" in text and "\ufffd" not in ctx.prefix + ctx.suffix:
         text = text.replace("\ufffd", "")  # a broken byte sequence from a backend, never the user's text
-    text = cut_stutter(limit_scope(text, ctx))
+    text = cut_stutter(limit_scope(text, ctx), ctx.lang)
     text = remove_suffix_overlap(text, ctx.suffix)
     if ctx.mode == "line":
         text = drop_duplicate_quote(text, ctx.rest_of_line)

@@ -482,50 +482,47 @@ def test_complete_function_adds_lines_below_the_cursors_line_never_into_it():
     assert "completeFunction" not in actions.available_actions(text, "python", blank + 2, blank + 2)
 
 
-def test_complete_function_respects_closing_braces_statements_and_comments():
-    def apply(text, cursor, lang, fill):
-        plan = actions.plan_action("completeFunction", text, lang, cursor, cursor)
-        ((s, e, new),) = actions.finish_action(plan, fill)
-        return text[:s] + new + text[e:]
+def complete_function(text: str, cursor: int, lang: str, fill: str) -> str:
+    """The document after *Complete the function body* at `cursor`, the model having written `fill`."""
+    plan = actions.plan_action("completeFunction", text, lang, cursor, cursor)
+    ((s, e, new),) = actions.finish_action(plan, fill)
+    return text[:s] + new + text[e:]
 
+
+def test_complete_function_respects_closing_braces_statements_and_comments():
     c = "int f(int x) {\n    x += 1;\n}\n"
-    assert apply(c, c.index("}"), "c", "x++;") == "int f(int x) {\n    x += 1;\n    x++;\n}\n"
-    assert apply(c, c.index("}") + 1, "c", "x++;") == "int f(int x) {\n    x += 1;\n    x++;\n}\n"
+    assert complete_function(c, c.index("}"), "c", "x++;") == "int f(int x) {\n    x += 1;\n    x++;\n}\n"
+    assert complete_function(c, c.index("}") + 1, "c", "x++;") == "int f(int x) {\n    x += 1;\n    x++;\n}\n"
     one_liner = "function f(x) { return x; }\n"
     with pytest.raises(actions.ActionError):
         actions.plan_action(
             "completeFunction", one_liner, "javascript", one_liner.index("}"), one_liner.index("}")
         )
     py = "def f(x):\n    y = (x +\n         1)\n    return y\n"
-    assert apply(py, py.index("+") + 1, "python", "y *= 2") == (
+    assert complete_function(py, py.index("+") + 1, "python", "y *= 2") == (
         "def f(x):\n    y = (x +\n         1)\n    y *= 2\n    return y\n"
     )
     py = "def f(x):\n    if x:  # note: odd\n        x = 1\n    return x\n"
     at = py.index("odd") + 3
     assert (
-        apply(py, at, "python", "x = 2")
+        complete_function(py, at, "python", "x = 2")
         == "def f(x):\n    if x:  # note: odd\n        x = 2\n        x = 1\n    return x\n"
     )
     py = "def f(x):\n    y = x  # note:\n    return y\n"
     assert (
-        apply(py, py.index("note:") + 5, "python", "y += 1")
+        complete_function(py, py.index("note:") + 5, "python", "y += 1")
         == "def f(x):\n    y = x  # note:\n    y += 1\n    return y\n"
     )
 
 
 def test_complete_function_inside_blocks_allman_braces_and_one_liners():
-    def apply(text, cursor, lang, fill):
-        plan = actions.plan_action("completeFunction", text, lang, cursor, cursor)
-        ((s, e, new),) = actions.finish_action(plan, fill)
-        return text[:s] + new + text[e:]
-
     js = "function f(x) {\n  if (x) {\n    x = 1;\n  }\n  return x;\n}\n"
     after_if = js.index("if (x) {") + 8
-    assert apply(js, after_if, "javascript", "x++;") == (
+    assert complete_function(js, after_if, "javascript", "x++;") == (
         "function f(x) {\n  if (x) {\n    x++;\n    x = 1;\n  }\n  return x;\n}\n"
     )
     allman = "int f(int x)\n{\n    int y = x;\n    return y;\n}\n"
-    assert apply(allman, allman.rindex("}"), "c", "y++;") == (
+    assert complete_function(allman, allman.rindex("}"), "c", "y++;") == (
         "int f(int x)\n{\n    int y = x;\n    return y;\n    y++;\n}\n"
     )
     for text, lang in (("def f(x): return 1\n", "python"), ("const g = (a) => a + 1;\n", "javascript")):
