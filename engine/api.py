@@ -87,6 +87,13 @@ class FillRequest:
     candidates: int = 1  # >1: that many canvases denoised in one batch; results best-first
     cancel: Callable[[], bool] | None = None  # polled between steps; True raises FillCancelled
     on_step: Callable[[StepInfo], None] | None = None
+    # Called in the engine's thread at every step boundary, before `cancel` is polled. A host runs more
+    # urgent fills there (an inline completion while a long code action denoises); a fill run from
+    # there must name another `cache_slot`, since this fill's context stays in its own.
+    between_steps: Callable[[], None] | None = None
+    # Which context KV cache the fill reuses. Requests that follow each other (keystrokes) should share a
+    # slot; unrelated streams (inline fills, code actions) keep their own so neither evicts the other.
+    cache_slot: str = "main"
 
 
 @dataclass

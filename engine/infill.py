@@ -38,6 +38,8 @@ from engine.checkpoint import DEFAULT_MODEL_DIR, load_model, read_info
 from engine.threads import AdaptiveThreads, limit_threads, usable_cores
 from engine.tokenizer import Tokenizer
 
+MAX_CACHE_SLOTS = 4  # context caches an engine keeps (FillRequest.cache_slot); each holds one context's keys
+
 
 def check_device(device: str) -> torch.device:
     try:
@@ -75,7 +77,10 @@ class _Candidate:
 
 
 class Engine:
-    """A loaded checkpoint with its tokenizer and context cache. `fill` is serialized by a lock."""
+    """A loaded checkpoint with its tokenizer and context caches.
+
+    `fill` is serialized by a re-entrant lock: a fill may run another fill from its `between_steps` hook
+    (in the same thread, at a step boundary) as long as the two use different cache slots."""
 
     def __init__(
         self,
@@ -104,10 +109,11 @@ class Engine:
         # Context tokens the checkpoint was trained with (dfim.json `context_tokens`); None: unknown.
         # Front ends keep their windows within it (server.context.fit_context_budget).
         self.trained_context = trained_context
-        self.cache = ContextCache(model, causal=objective == "causal")
+        self.caches: dict[str, ContextCache] = {}  # by FillRequest.cache_slot, created on first use
+        self._busy_slots: set[str] = set()  # slots of the fills running now (the outer one, a nested one)
         self.banned = self._banned_tokens()
         self._stop_masks: dict[tuple[str, ...], torch.Tensor | None] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         # CPU only, when nobody fixed a thread count: every core for a fill while the machine is quiet.
         self.threads = threads
 
@@ -181,6 +187,26 @@ class Engine:
 
     # --- fill ---------------------------------------------------------------------------------
 
+    @property
+    def cache(self) -> ContextCache:
+        """The "main" slot's cache (the one a request that names no slot uses)."""
+        return self.cache_for("main")
+
+    def cache_for(self, slot: str) -> ContextCache:
+        if slot not in self.caches:
+            if len(self.caches) >= MAX_CACHE_SLOTS:  # drop an idle one: each holds a whole context's keys
+                idle = next((name for name in self.caches if name not in self._busy_slots), None)
+                if idle is None:
+                    raise EngineError(f"more than {MAX_CACHE_SLOTS} context cache slots in use at once")
+                del self.caches[idle]
+            self.caches[slot] = ContextCache(self.model, causal=self.objective == "causal")
+        return self.caches[slot]
+
+    def drop_idle_caches(self) -> None:
+        """Forget every context cache no running fill reads (memory pressure); they refill on next use."""
+        for slot in [name for name in self.caches if name not in self._busy_slots]:
+            del self.caches[slot]
+
     def _thread_count(self):
         """A context giving the fill's CPU thread count (0 on a GPU), raised for it while the machine is quiet."""
         if self.threads is not None:
@@ -194,12 +220,23 @@ class Engine:
             raise EngineError(f"max_tokens must be at least 1 (got {request.max_tokens})")
         if request.settings.max_steps < 1:
             raise EngineError(f"max_steps must be at least 1 (got {request.settings.max_steps})")
-        with self._lock, torch.inference_mode(), self._thread_count() as threads:
+        with self._lock:
+            slot = request.cache_slot
+            if slot in self._busy_slots:  # a nested fill would overwrite the context the outer one reads
+                raise EngineError(f"context cache slot {slot!r} is in use by the fill this one runs inside")
+            self._busy_slots.add(slot)
+            try:
+                return self._fill(request, self.cache_for(slot))
+            finally:
+                self._busy_slots.discard(slot)
+
+    def _fill(self, request: FillRequest, cache: ContextCache) -> FillResult:
+        with torch.inference_mode(), self._thread_count() as threads:
             start = time.perf_counter()
             plan = build_canvas(request, self.tokenizer, self.table, self.canvas_limit)
             if self.objective == "causal":
-                return dataclasses.replace(self._fill_causal(request, plan, start), threads=threads)
-            encoded = self.cache.prepare(plan.context_ids)
+                return dataclasses.replace(self._fill_causal(request, plan, cache, start), threads=threads)
+            encoded = cache.prepare(plan.context_ids)
             generator = torch.Generator(device=self.device)
             if request.seed is None:
                 generator.seed()  # fresh entropy from the OS, never the global RNG
@@ -207,15 +244,13 @@ class Engine:
                 generator.manual_seed(int(request.seed))
 
             candidates = [_Candidate() for _ in range(request.candidates)]
-            self._denoise(plan, candidates, request, generator, block=0)
+            self._denoise(plan, candidates, request, generator, cache, block=0)
             for cand in candidates:
                 block = 1
                 while plan.can_continue and not cand.ended and len(cand.block_ids) < request.max_tokens:
-                    self.cache.prepare(
-                        plan.context_ids + cand.block_ids
-                    )  # this row's blocks, positions continue
+                    cache.prepare(plan.context_ids + cand.block_ids)  # this row's blocks, positions continue
                     length = bucket_length(request.max_tokens - len(cand.block_ids), self.canvas_limit)
-                    self._denoise(continuation_plan(length), [cand], request, generator, block=block)
+                    self._denoise(continuation_plan(length), [cand], request, generator, cache, block=block)
                     block += 1
 
             ranked = sorted(candidates, key=lambda c: c.score)
@@ -243,9 +278,11 @@ class Engine:
                 threads=threads,
             )
 
-    def _fill_causal(self, request: FillRequest, plan: CanvasPlan, start: float) -> FillResult:
-        encoded = len(plan.context_ids) - common_prefix_length(self.cache.ids, plan.context_ids)
-        out = autoregressive.decode(self.cache, plan, request, self.banned, self.tokenizer)
+    def _fill_causal(
+        self, request: FillRequest, plan: CanvasPlan, cache: ContextCache, start: float
+    ) -> FillResult:
+        encoded = len(plan.context_ids) - common_prefix_length(cache.ids, plan.context_ids)
+        out = autoregressive.decode(cache, plan, request, self.banned, self.tokenizer)
         text, scores = assemble_text(out.tokens, self.tokenizer, plan.heal_bytes)
         text = cut_at_stop(text, request.stop)
         return FillResult(
@@ -266,6 +303,7 @@ class Engine:
         candidates: list[_Candidate],
         request: FillRequest,
         generator: torch.Generator,
+        cache: ContextCache,
         block: int,
     ) -> None:
         """Denoise one canvas for `candidates` (a batch over the cache's current context) and append
@@ -325,8 +363,9 @@ class Engine:
         committed = sampler.run(
             state,
             settings,
-            lambda canvas, self_cond: self.model.denoise(canvas, self.cache.kv, self_cond),
+            lambda canvas, self_cond: self.model.denoise(canvas, cache.kv, self_cond),
             cancel=request.cancel,
+            between_steps=request.between_steps,
             on_step=on_step,
         )
         conf = sampler.confidence(state).tolist()

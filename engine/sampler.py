@@ -419,9 +419,13 @@ def run(
     chain: Sequence[Step] = DEFAULT_CHAIN,
     cancel: Callable[[], bool] | None = None,
     on_step: Callable[[DenoiseState], None] | None = None,
+    between_steps: Callable[[], None] | None = None,
 ) -> Tensor:
-    """Denoise until every row has stopped; returns the committed canvas [B, L]."""
+    """Denoise until every row has stopped; returns the committed canvas [B, L]. `between_steps` runs
+    before each decoder pass but the first (other work may run there: see FillRequest.between_steps)."""
     while not bool(state.finished.all()):
+        if between_steps is not None and state.step > 0:
+            between_steps()
         if cancel is not None and cancel():
             raise FillCancelled("fill cancelled")
         logits = denoiser(state.canvas, state.self_cond)

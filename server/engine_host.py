@@ -5,6 +5,12 @@ hear `$/cancelRequest`), and two fills at once would only fight for the same cor
 through one single-thread executor. Each fill carries a `threading.Event`; raising it makes the engine stop
 at its next step boundary (`FillCancelled`), and a fill still queued behind another one is skipped outright.
 
+Urgent fills (inline completions: someone is waiting at the cursor) do not queue behind a long one (a code
+action of 48 steps): a non-urgent fill runs the urgent ones waiting at each of its step boundaries
+(`FillRequest.between_steps`), in the same worker thread, then goes on. The two kinds use their own context
+cache slots, so neither evicts the other's context and a code action does not cost the next keystroke a
+full context encode.
+
 Out of memory (`torch.OutOfMemoryError`, GPU or CPU) fails no request outright: the fill is retried once on
 a smaller canvas with one candidate, and on CUDA, if that also runs out, the model moves to the CPU for good.
 
@@ -25,8 +31,10 @@ import re
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from engine.api import EngineError, FillCancelled, FillRequest, FillResult
@@ -35,6 +43,7 @@ from server.context import fit_context_budget
 log = logging.getLogger("dfim.server")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # lone UTF-16 halves: JSON can carry them, tokenizers refuse them
 FAULTS_ENV = "DFIM_TEST_FAULTS"  # "1" enables the fault markers below (tests only)
+URGENT_SLOT, BACKGROUND_SLOT = "inline", "actions"  # the engine's context cache slot of each kind of fill
 
 
 class EngineHost:
@@ -47,6 +56,8 @@ class EngineHost:
         self.fills_started = 0  # fills that reached the engine (tests and benchmarks read this)
         self.fills_completed = 0
         self._queue: dict[Future, threading.Event] = {}  # fills handed to the worker that have not left it
+        self._urgent: deque[tuple[Callable[[], FillResult], Future]] = deque()  # urgent fills not started yet
+        self.preempted = 0  # urgent fills run at a step boundary of another fill (tests read this)
         self.oom_retries = 0
         self._last_trim = 0.0
         self.fell_back_to_cpu = False  # set when CUDA ran out of memory and the model moved to the CPU
@@ -86,9 +97,12 @@ class EngineHost:
             self.engine, self.error, self.loading = engine, None, False
             self.fell_back_to_cpu = False
 
-    async def fill(self, request: FillRequest, cancel: threading.Event) -> FillResult:
+    async def fill(
+        self, request: FillRequest, cancel: threading.Event, *, urgent: bool = False
+    ) -> FillResult:
         """Run one fill; raises FillCancelled if `cancel` is raised before or during it (also when this
-        coroutine is cancelled: the flag goes up so the worker stops at its next step)."""
+        coroutine is cancelled: the flag goes up so the worker stops at its next step). An `urgent` fill
+        runs before queued ones and at the next step boundary of a running non-urgent one."""
         engine = self.engine
         if engine is None:
             raise EngineError(self.error or "the model is not loaded")
@@ -99,7 +113,16 @@ class EngineHost:
         previous = request.cancel
         request.cancel = (lambda: cancel.is_set() or previous()) if previous else cancel.is_set
         finish = self.watch(engine, request) if self.watch is not None else None
-        work = self._executor.submit(self._run, engine, request, cancel)
+        if urgent:
+            request.cache_slot = URGENT_SLOT
+            work: Future = Future()
+            self._urgent.append((partial(self._run, engine, request, cancel), work))
+            self._executor.submit(self._run_urgent)  # an idle worker starts it now; a busy one sooner
+        else:
+            request.cache_slot = BACKGROUND_SLOT
+            previous_hook = request.between_steps
+            request.between_steps = partial(self._between_steps, previous_hook)
+            work = self._executor.submit(self._run, engine, request, cancel)
         self._queue[work] = cancel  # until it leaves the worker, or is cancelled while still queued
         work.add_done_callback(lambda done: self._queue.pop(done, None))
         try:
@@ -113,6 +136,25 @@ class EngineHost:
             except Exception:  # a watcher's bug must not fail the fill
                 log.exception("fill watcher failed")
         return result
+
+    def _run_urgent(self, nested: bool = False) -> None:
+        """Run the urgent fills waiting, oldest first (in the worker thread)."""
+        while self._urgent:
+            job, work = self._urgent.popleft()
+            if not work.set_running_or_notify_cancel():  # its request was cancelled while it waited
+                continue
+            if nested:
+                self.preempted += 1
+            try:
+                work.set_result(job())
+            except Exception as exc:  # the fill's own failure goes to its caller, never to the outer fill
+                work.set_exception(exc)
+
+    def _between_steps(self, previous: Callable[[], None] | None) -> None:
+        if previous is not None:
+            previous()
+        if self._urgent:
+            self._run_urgent(nested=True)
 
     def _run(self, engine, request: FillRequest, cancel: threading.Event) -> FillResult:
         if cancel.is_set():
@@ -229,7 +271,7 @@ def _free_memory(engine) -> None:
     """Drop the context KV cache (rebuilt on the next fill) and hand cached CUDA blocks back."""
     import torch
 
-    engine.cache.reset()
+    engine.drop_idle_caches()
     if engine.device.type == "cuda":
         torch.cuda.empty_cache()
 

@@ -352,7 +352,7 @@ async def complete(ls, params):
         ls.counters["fills"] += 1
         ls.status.begin_fill()
         try:
-            result = await ls.host.fill(request, flag)
+            result = await ls.host.fill(request, flag, urgent=True)
         except FillCancelled:
             ls.counters["cancelled"] += 1
             ls.status.end_fill()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine import Engine, FillCancelled, FillRequest, Hole, SamplerSettings
-from engine.api import CheckpointError
+from engine.api import CheckpointError, EngineError
 from engine.checkpoint import write_random_checkpoint
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
@@ -234,3 +234,31 @@ def test_settings_round_trip_through_a_request(engine):
     off = replace(FAST, early_stop=False, max_steps=3)
     assert fill(engine, prefix="a = ", suffix="\n", settings=off, max_tokens=16).steps == 3
     assert json.dumps(fill(engine, prefix="a = ", suffix="\n", max_tokens=16).text)
+
+
+def test_a_fill_run_between_two_steps_of_another_keeps_both_answers(engine):
+    outer_kw = dict(prefix="def area(r):\n    return ", suffix="\n", seed=3)
+    inner_kw = dict(prefix="import os\n\n\ndef main():\n    ", suffix="", seed=4)
+    alone_outer = fill(engine, **outer_kw)
+    alone_inner = fill(engine, **inner_kw, cache_slot="elsewhere")  # encoded from scratch, as nested below
+    inner = []
+
+    def run_inner() -> None:
+        if not inner:
+            inner.append(fill(engine, **inner_kw, cache_slot="inline"))
+
+    outer = fill(engine, **outer_kw, between_steps=run_inner)
+    assert len(inner) == 1 and inner[0].encoded_tokens == inner[0].context_tokens
+    assert inner[0].text == alone_inner.text and inner[0].steps == alone_inner.steps
+    # the outer fill's context survived in its own slot: same canvas, same answer
+    assert outer.text == alone_outer.text and outer.steps == alone_outer.steps
+    assert set(engine.caches) >= {"main", "inline"}
+
+
+def test_a_nested_fill_may_not_take_the_cache_slot_of_the_fill_it_runs_in(engine):
+    def same_slot() -> None:
+        fill(engine, prefix="x = ", suffix="\n")
+
+    with pytest.raises(EngineError, match="slot 'main' is in use"):
+        fill(engine, prefix="y = ", suffix="\n", between_steps=same_slot)
+    assert fill(engine, prefix="y = ", suffix="\n").steps >= 1  # the engine is usable afterwards

@@ -348,3 +348,30 @@ async def test_utf8_negotiation_and_missing_model(tmp_path):
             await s.inline(uri, 0, 11)  # the line is 10 UTF-8 bytes long
     finally:
         await s.stop()
+
+
+async def test_an_inline_request_does_not_wait_for_a_running_code_action(session):
+    uri = "file:///work/busy.py"
+    session.open(uri, "def busy(x):\n    y = x + 1\n    return y\n")
+    session.open("file:///work/quick.py", PY)
+    session.configure({"sampling": {"actionMaxSteps": 256, "entropyBound": 0.0}})  # never stops early
+    await asyncio.sleep(0.1)
+    before = await session.stats()
+    rng = {"start": {"line": 1, "character": 0}, "end": {"line": 3, "character": 0}}
+    action = asyncio.ensure_future(
+        session.client.workspace_execute_command_async(
+            types.ExecuteCommandParams(command="dfim.rewriteSelection", arguments=[uri, rng])
+        )
+    )
+    for _ in range(500):  # until the action is in the engine
+        if (await session.stats()).engine_fills_started > before.engine_fills_started:
+            break
+        await asyncio.sleep(0.01)
+    result = await asyncio.wait_for(session.inline("file:///work/quick.py", 1, 11), 30)
+    assert not action.done()  # answered while the action still denoised
+    assert result is None or result.items
+    await asyncio.wait_for(action, 120)
+    session.configure({"sampling": {**FAST["sampling"], "entropyBound": 0.1}})
+    await asyncio.sleep(0.2)
+    after = await session.stats()
+    assert after.engine_preempted == before.engine_preempted + 1

@@ -695,3 +695,33 @@ def test_shipped_model_declares_its_trained_context() -> None:
     host.engine = Engine.load()
     assert host.engine.trained_context == 512
     assert host.context_budget(1024, 256) == (339, 169)
+
+
+async def test_an_urgent_fill_runs_at_the_next_step_boundary_of_a_long_one(tmp_path) -> None:
+    import asyncio
+    import threading
+
+    from engine import Engine, FillRequest, SamplerSettings
+    from engine.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
+    from server.engine_host import EngineHost
+
+    host = EngineHost()
+    host.engine = Engine.load(write_random_checkpoint(tmp_path, DEFAULT_MODEL_DIR / "tokenizer.json"))
+    steps: list[int] = []
+    long = FillRequest(
+        prefix="def f(x):\n    return ",
+        suffix="\n",
+        max_tokens=16,
+        settings=SamplerSettings(max_steps=200, entropy_bound=0.0),  # a random model never stops early
+        on_step=lambda info: steps.append(info.step),
+    )
+    background = asyncio.ensure_future(host.fill(long, threading.Event()))
+    while not steps:  # the long fill is in the engine
+        await asyncio.sleep(0.005)
+    quick = FillRequest(prefix="import os\n", suffix="", max_tokens=16, settings=SamplerSettings(max_steps=2))
+    result = await host.fill(quick, threading.Event(), urgent=True)
+    assert result.steps == 2 and not background.done()
+    assert host.preempted == 1 and len(steps) < 200
+    assert (await background).steps == 200
+    assert quick.cache_slot != long.cache_slot
+    host.shutdown()
