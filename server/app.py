@@ -241,6 +241,14 @@ def _register_lifecycle(ls: DfimServer) -> None:
     def shutdown(ls: DfimServer, *args) -> None:
         for flag in ls.inflight.values():
             flag.set()
+        ls.host.cancel_all()  # a code action would otherwise denoise on after shutdown and delay exit
+        # pygls then cancels every other pending request while iterating its table of them, and a request
+        # cancelled there leaves the table at once: "dictionary changed size during iteration", and
+        # shutdown answered an internal error. Cancelling them here, over a copy, leaves it nothing to do.
+        protocol = ls.protocol
+        for msg_id, future in list(getattr(protocol, "_request_futures", {}).items()):
+            if msg_id != protocol.msg_id and not future.done():
+                future.cancel()
 
     @ls.feature(TEXT_METHOD)
     def document_text(ls: DfimServer, params) -> dict | None:

@@ -137,6 +137,11 @@ class EngineHost:
                 log.exception("fill watcher failed")
         return result
 
+    def cancel_all(self) -> None:
+        """Raise the cancel flag of every fill handed to the worker (shutdown)."""
+        for flag in list(self._queue.values()):
+            flag.set()
+
     def _run_urgent(self, nested: bool = False) -> None:
         """Run the urgent fills waiting, oldest first (in the worker thread)."""
         while self._urgent:

@@ -375,3 +375,28 @@ async def test_an_inline_request_does_not_wait_for_a_running_code_action(session
     await asyncio.sleep(0.2)
     after = await session.stats()
     assert after.engine_preempted == before.engine_preempted + 1
+
+
+async def test_shutdown_while_a_code_action_runs_stops_it_and_exits(checkpoint, tmp_path):
+    s = Session()
+    slow = {"sampling": {"actionMaxSteps": 256, "entropyBound": 0.0, "maxCanvas": 32}}
+    await s.start(checkpoint, tmp_path, init_options=slow)
+    assert (await s.wait_state()).state == "ready"
+    uri = "file:///work/shut.py"
+    s.open(uri, "def f(x):\n    y = 1\n    return y\n")
+    rng = {"start": {"line": 1, "character": 0}, "end": {"line": 3, "character": 0}}
+    action = asyncio.ensure_future(
+        s.client.workspace_execute_command_async(
+            types.ExecuteCommandParams(command="dfim.rewriteSelection", arguments=[uri, rng])
+        )
+    )
+    for _ in range(500):
+        if s.progress:  # the action is denoising
+            break
+        await asyncio.sleep(0.01)
+    assert await asyncio.wait_for(s.client.shutdown_async(None), 10) is None  # not an internal error
+    with pytest.raises(JsonRpcException) as info:
+        await asyncio.wait_for(action, 10)
+    assert info.value.code == -32800  # the action was cancelled, not left running
+    s.client.exit(None)
+    await asyncio.wait_for(s.client.stop(), 10)  # the process exits without waiting for the engine
