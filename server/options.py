@@ -148,7 +148,7 @@ def merge_options(previous, raw, prefix: str = "dfim") -> tuple[object, list[str
     Unknown keys are errors too (a misspelt key would otherwise be silently ignored); None values mean
     "leave as is" (clients send null for unset settings)."""
     errors: list[str] = []
-    if raw is None:
+    if raw is None or raw == []:  # Lua clients encode an empty table as [] (no settings)
         return previous, errors
     if not isinstance(raw, dict):
         return previous, [f"{prefix} settings must be an object, got {raw!r}"]

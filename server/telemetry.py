@@ -6,7 +6,9 @@ Events are appended as JSON lines to `<data dir>/telemetry.jsonl` and never leav
      "chars": 17, "acceptedChars": 0, "latencyMs": 84.2, "steps": 6, "source": "model"}
 
 `event` is one of shown | accepted | partial | rejected; `source` (shown only) is model | cache | typed.
-`acceptedChars` counts what the user kept (all of it for accepted, a prefix for partial).
+`acceptedChars` counts what the user kept (all of it for accepted, a prefix for partial). A partial accept
+may be followed by more of the same suggestion (accept word, accept word, accept all): each is recorded
+again with the running total, and the summary counts only the last outcome of each id.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Shown:
     text: str
     language: str
     typed: int = 0  # characters of it the user has typed since (typed-ahead)
+    kept: int = 0  # characters the client reported accepted so far (partial accepts)
 
 
 class SuggestionTracker:
@@ -76,6 +79,9 @@ class SuggestionTracker:
         self.telemetry = telemetry
         self.pending: dict[str, Shown] = {}  # uri -> last shown suggestion
         self.by_id: dict[str, Shown] = {}
+        # Partly accepted suggestions, which may still grow to accepted: VS Code inserts a whole accepted
+        # item first and runs its accept command afterwards, so a client's watcher reports "partial" first.
+        self.partial: dict[str, Shown] = {}
 
     def shown(self, shown: Shown, **fields) -> None:
         self.supersede(shown.uri)
@@ -96,14 +102,19 @@ class SuggestionTracker:
             self._finish(shown, "accepted", len(shown.text))
 
     def accepted(self, suggestion_id: str) -> None:
-        shown = self.by_id.get(suggestion_id)
+        shown = self.by_id.get(suggestion_id) or self.partial.get(suggestion_id)
         if shown is not None:
             self._finish(shown, "accepted", len(shown.text))
 
     def partially_accepted(self, suggestion_id: str, accepted_chars: int) -> None:
-        shown = self.by_id.get(suggestion_id)
-        if shown is not None:
-            self._finish(shown, "partial", max(0, min(accepted_chars, len(shown.text))))
+        shown = self.by_id.get(suggestion_id) or self.partial.get(suggestion_id)
+        if shown is None:
+            return
+        chars = max(0, min(accepted_chars, len(shown.text)))
+        if chars <= shown.kept and suggestion_id in self.partial:
+            return  # nothing new
+        shown.kept = chars
+        self._finish(shown, "accepted" if chars == len(shown.text) else "partial", chars)
 
     def rejected(self, suggestion_id: str) -> None:
         shown = self.by_id.get(suggestion_id)
@@ -119,8 +130,12 @@ class SuggestionTracker:
     def _finish(self, shown: Shown, event: str, accepted_chars: int) -> None:
         if self.pending.get(shown.uri) is shown:
             del self.pending[shown.uri]
-        if self.by_id.pop(shown.id, None) is None:
+        if self.by_id.pop(shown.id, None) is None and self.partial.pop(shown.id, None) is None:
             return  # already resolved
+        if event == "partial":
+            self.partial[shown.id] = shown
+            if len(self.partial) > 100:
+                self.partial.pop(next(iter(self.partial)))
         self.telemetry.record(
             event, id=shown.id, language=shown.language, chars=len(shown.text), acceptedChars=accepted_chars
         )
@@ -141,7 +156,11 @@ def summarize(events: list[dict]) -> dict:
     latencies: list[float] = []
     model_latencies: list[float] = []
     accepted_chars = 0
-    for event in events:
+    # the last outcome of each suggestion (a partial accept may be followed by a bigger one, or accepted)
+    last = {event.get("id"): n for n, event in enumerate(events) if event.get("event") != "shown"}
+    for n, event in enumerate(events):
+        if event.get("event") != "shown" and last.get(event.get("id")) != n:
+            continue
         kind = event.get("event")
         if kind in counts:
             counts[kind] += 1

@@ -381,6 +381,11 @@ def test_bad_values_are_reported_and_previous_kept():
     assert merged.sampling.entropy_bound == 0.1 and len(errors) == 2 and all(len(e) < 120 for e in errors)
     _, errors = options.merge_options(options.Options(), "not an object")
     assert errors
+    # a Lua client's empty table arrives as []: no settings, no error (also nested)
+    assert options.merge_options(previous, []) == (previous, [])
+    assert options.merge_options(previous, {"sampling": []}) == (previous, [])
+    _, errors = options.merge_options(previous, [1])
+    assert errors
 
 
 def test_options_json_round_trip():
@@ -725,3 +730,28 @@ async def test_an_urgent_fill_runs_at_the_next_step_boundary_of_a_long_one(tmp_p
     assert (await background).steps == 200
     assert quick.cache_slot != long.cache_slot
     host.shutdown()
+
+
+def test_a_partial_accept_can_grow_to_an_accept(tmp_path):
+    t = telemetry.Telemetry(tmp_path)
+    tracker = telemetry.SuggestionTracker(t)
+    # VS Code: the watcher sees the whole insert first ("partial"), then the item's accept command runs
+    tracker.shown(telemetry.Shown("1", "u", "abcdef", "python"), latencyMs=10.0, source="model")
+    tracker.partially_accepted("1", 6)
+    tracker.accepted("1")
+    # accept word, accept word, then moved on
+    tracker.shown(telemetry.Shown("2", "u", "one two three", "python"), latencyMs=10.0, source="model")
+    tracker.partially_accepted("2", 4)
+    tracker.partially_accepted("2", 8)
+    tracker.partially_accepted("2", 4)  # a stale, smaller report changes nothing
+    tracker.rejected("2")  # dismissing the rest keeps what was taken
+    tracker.shown(telemetry.Shown("3", "u", "xyz", "python"), latencyMs=10.0, source="model")
+    events = telemetry.read_events(t.path)
+    assert [(e["event"], e.get("acceptedChars")) for e in events if e["event"] != "shown"] == [
+        ("accepted", 6),
+        ("partial", 4),
+        ("partial", 8),
+    ]
+    summary = telemetry.summarize(events)
+    assert (summary["shown"], summary["accepted"], summary["partial"], summary["rejected"]) == (3, 1, 1, 0)
+    assert summary["accepted_chars"] == 6 + 8
