@@ -11,7 +11,7 @@ import {
   State,
 } from "vscode-languageclient/node";
 import { LastTrace, showLastCanvas } from "./canvas";
-import { serverCommand, serverKeys, serverSettings } from "./settings";
+import { serverCommand, serverKeys, serverSettings, settingsReader } from "./settings";
 import { ClientState, formatStats, formatStatus, ServerStatus, STATUS_METHOD } from "./status";
 import { ACCEPT_COMMAND, Change, suggestionId, SuggestionWatcher, TelemetryEvent } from "./telemetry";
 
@@ -37,10 +37,16 @@ function inlineEnabled(): boolean {
   return config().get<boolean>("inline.enabled", true);
 }
 
-/** What the server gets for `initializationOptions`, `workspace/configuration` and didChangeConfiguration. */
+/** What the server gets for `initializationOptions`, `workspace/configuration` and didChangeConfiguration.
+ * `model.path`/`model.device` left at their defaults yield to `--model`/`--device` in dfim.serverArgs. */
 function currentServerSettings(): Record<string, unknown> {
   const cfg = config();
-  return serverSettings(keys, (key) => cfg.get(key));
+  const read = settingsReader(
+    (key) => cfg.get(key),
+    (key) => cfg.inspect(key),
+    cfg.get("serverArgs"),
+  );
+  return serverSettings(keys, read);
 }
 
 function renderStatus(): void {

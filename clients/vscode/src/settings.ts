@@ -42,6 +42,57 @@ export function serverSettings(keys: string[], read: (key: string) => unknown): 
   return out;
 }
 
+/**
+ * Server settings that `dfim serve` also takes on its command line, with the flag: a value VS Code only has
+ * as the manifest default (`model.path: ""`, `model.device: "cpu"`) must not override `--model`/`--device`
+ * given in `dfim.serverArgs`.
+ */
+export const CLI_FLAGS: Record<string, string> = { "model.path": "--model", "model.device": "--device" };
+
+/** The value of `flag` in `args` (`--flag V` or `--flag=V`; the last one wins, as in argparse), else undefined. */
+export function flagValue(args: unknown, flag: string): string | undefined {
+  if (!Array.isArray(args)) return undefined;
+  let value: string | undefined;
+  for (let i = 0; i < args.length; i++) {
+    const arg = args[i];
+    if (typeof arg !== "string") continue;
+    if (arg === flag && typeof args[i + 1] === "string") value = args[++i] as string;
+    else if (arg.startsWith(`${flag}=`)) value = arg.slice(flag.length + 1);
+  }
+  return value;
+}
+
+/** What `WorkspaceConfiguration.inspect(key)` returns, the parts read here. */
+export interface Inspected {
+  defaultValue?: unknown;
+  globalValue?: unknown;
+  workspaceValue?: unknown;
+  workspaceFolderValue?: unknown;
+}
+
+/** The value the user set (folder, else workspace, else user settings), or undefined where only the default is. */
+export function explicitValue(inspected: Inspected | undefined): unknown {
+  if (!inspected) return undefined;
+  return inspected.workspaceFolderValue ?? inspected.workspaceValue ?? inspected.globalValue;
+}
+
+/**
+ * The reader for serverSettings: every key as `get` gives it (the set value, else the default), except the
+ * CLI_FLAGS keys: the value set in the settings, else the one `serverArgs` passes on the command line, else the
+ * default (what the server has without the flag; sent so that removing a setting takes it back there).
+ */
+export function settingsReader(
+  get: (key: string) => unknown,
+  inspect: (key: string) => Inspected | undefined,
+  serverArgs: unknown,
+): (key: string) => unknown {
+  return (key) => {
+    const flag = CLI_FLAGS[key];
+    if (!flag) return get(key);
+    return explicitValue(inspect(key)) ?? flagValue(serverArgs, flag) ?? get(key);
+  };
+}
+
 export interface ServerCommand {
   command: string;
   args: string[];

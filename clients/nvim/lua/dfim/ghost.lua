@@ -47,6 +47,8 @@ function M.normalize(bufnr, item, row, col, encoding)
   if type(insert) ~= 'string' or insert == '' then
     return nil
   end
+  -- The server answers a CRLF document (fileformat=dos) with \r\n line breaks; the buffer's lines carry none.
+  insert = insert:gsub('\r\n', '\n'):gsub('\r', '\n')
   local line = vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
   local start_col, end_col = col, col
   if item.range then
@@ -134,6 +136,7 @@ function M.current(bufnr)
 end
 
 local pending = {} -- bufnr -> {client, id}
+M.pending = pending -- for tests: empty once every answer came back
 
 --- Ask the server now. `invoked` marks a manual trigger (InlineCompletionTriggerKind.Invoked = 1).
 function M.request(bufnr, invoked, on_done)
@@ -156,7 +159,8 @@ function M.request(bufnr, invoked, on_done)
     position = { line = row, character = compat.character(bufnr, row, col, encoding) },
     context = { triggerKind = invoked and 1 or 2 },
   }
-  local ok, id = compat.request(client, 'textDocument/inlineCompletion', params, function(err, result)
+  local ok, id -- declared first: the handler below compares its request id with this one
+  ok, id = compat.request(client, 'textDocument/inlineCompletion', params, function(err, result)
     if pending[bufnr] and pending[bufnr].id == id then
       pending[bufnr] = nil
     end
@@ -211,7 +215,7 @@ function M.schedule(bufnr)
     timers[bufnr]:stop()
     timers[bufnr]:close()
   end
-  local timer = vim.loop.new_timer()
+  local timer = compat.uv.new_timer()
   timers[bufnr] = timer
   timer:start(M.config.debounce_ms, 0, vim.schedule_wrap(function()
     if timers[bufnr] == timer then
@@ -279,11 +283,14 @@ function M.accept_part(kind, bufnr)
   if part == '' or part == cand.text then
     return M.accept(bufnr)
   end
+  local old_col = st.col
   local row, col = insert(bufnr, st, part, false)
   st.accepted = st.accepted + compat.strchars(part)
   st.row, st.col = row, col
   cand.text = cand.text:sub(#part + 1)
-  cand.end_col = col -- what lay after the cursor stays where it is
+  -- What lay after the cursor moved along with it, the part of it the item's range replaces too: the range
+  -- end keeps its distance from the cursor (on the new line when the part ended in a line break).
+  cand.end_col = col + math.max(cand.end_col - old_col, 0)
   st.items = { cand }
   st.index = 1
   st.own_tick = vim.api.nvim_buf_get_changedtick(bufnr)

@@ -1,6 +1,7 @@
 -- dfim for Neovim: starts `dfim serve`, shows inline completions (vim.lsp.inline_completion on 0.12+, our
 -- own ghost text before), keymaps for accept / word / line / next / previous / dismiss, :DfimStats,
--- :DfimToggle, :DfimRewrite. Code actions come through the normal LSP menu (vim.lsp.buf.code_action()).
+-- :DfimToggle, :DfimRewrite, :DfimRestart. Code actions come through the normal LSP menu
+-- (vim.lsp.buf.code_action()).
 local compat = require('dfim.compat')
 local ghost = require('dfim.ghost')
 
@@ -14,7 +15,7 @@ M.defaults = {
   native = nil, -- nil = vim.lsp.inline_completion when Neovim has it (0.12+); false = always our ghost text
   debounce_ms = 75,
   keymaps = {
-    accept = '<Tab>', -- falls back to a plain <Tab> when nothing is shown
+    accept = '<Tab>', -- nothing shown: does what the key did before (another plugin's mapping, or a plain Tab)
     accept_word = '<M-Right>',
     accept_line = '<M-C-Right>',
     next = '<M-]>',
@@ -27,6 +28,15 @@ M.config = vim.deepcopy(M.defaults)
 M.status = {} -- the last dfim/status params
 M.client_id = nil
 local is_enabled = true
+
+-- Starting and restarting. A server that cannot start (no executable, a spawn error) or keeps exiting is
+-- not started again on every BufEnter: the failure is reported once and remembered until :DfimRestart.
+M.MAX_RESTARTS = 2 -- restarts after unexpected exits before giving up
+local HEALTHY_MS = 60000 -- a server that ran this long before exiting starts a fresh count
+M.failure = nil -- why the server is not started automatically any more (nil: it is)
+local crashes = 0
+local clients = {} -- client id -> { started = ms, initialized = bool, stopping = bool, buffers = {bufnr = true} }
+local leaving = false
 
 local function use_native()
   if M.config.native == false then
@@ -72,23 +82,35 @@ function M.statusline()
   return 'dfim'
 end
 
-local function root_dir(bufnr)
+--- The workspace root for `bufnr`: the folder holding the first of `markers` (default: the configured
+--- root_markers) found upwards from the buffer's file, else the file's folder.
+function M.root_dir(bufnr, markers)
   local name = vim.api.nvim_buf_get_name(bufnr)
-  local dir = name ~= '' and vim.fn.fnamemodify(name, ':p:h') or vim.loop.cwd()
-  for _, marker in ipairs(M.config.root_markers) do
+  local dir = name ~= '' and vim.fn.fnamemodify(name, ':p:h') or compat.uv.cwd()
+  for _, marker in ipairs(markers or M.config.root_markers) do
     local found = vim.fn.finddir(marker, dir .. ';')
     if found == '' then
       found = vim.fn.findfile(marker, dir .. ';')
     end
     if found ~= '' then
-      return vim.fn.fnamemodify(found, ':p:h:h')
+      -- :p gives a folder a trailing slash, a file none: drop it, then :h is the folder that holds the marker
+      local path = vim.fn.fnamemodify(found, ':p'):gsub('/+$', '')
+      return vim.fn.fnamemodify(path, ':h')
     end
   end
   return dir
 end
 
 local function wanted(bufnr)
-  if vim.bo[bufnr].buftype ~= '' or not vim.api.nvim_buf_is_loaded(bufnr) then
+  if not vim.api.nvim_buf_is_valid(bufnr) or not vim.api.nvim_buf_is_loaded(bufnr) then
+    return false
+  end
+  if vim.bo[bufnr].buftype ~= '' then
+    return false
+  end
+  -- No name ([No Name], :enew): every such buffer would be the same URI `file://` on the server. It is
+  -- attached once it gets a name (BufFilePost, BufWritePost).
+  if vim.api.nvim_buf_get_name(bufnr) == '' then
     return false
   end
   local fts = M.config.filetypes
@@ -98,24 +120,73 @@ local function wanted(bufnr)
   return vim.tbl_contains(fts, vim.bo[bufnr].filetype)
 end
 
-local function map_keys(bufnr)
-  local k = M.config.keymaps
-  local function map(lhs, fn, desc, expr)
-    if lhs and lhs ~= '' then
-      vim.keymap.set('i', lhs, fn, { buffer = bufnr, desc = desc, expr = expr, silent = true })
+local ACCEPT_DESC = 'dfim: accept the suggestion'
+M.FALLBACK = '<Plug>(dfim-accept-fallback)'
+
+--- Keep what the accept key did before dfim mapped it in this buffer (a buffer-local or global mapping,
+--- e.g. nvim-cmp's or luasnip's <Tab>, or nothing) as the buffer-local <Plug>(dfim-accept-fallback), which
+--- the accept mapping returns when no suggestion is shown. A copy with the same attributes (expr, noremap,
+--- silent, nowait, script, Lua callback), so an expr mapping is evaluated as before and a recursive one
+--- is still remapped; no mapping: the key itself, not remapped.
+local function save_fallback(bufnr, lhs)
+  local prev, have -- maparg sees the current buffer's mappings; upvalues keep a Lua callback intact
+  vim.api.nvim_buf_call(bufnr, function()
+    prev = vim.fn.maparg(lhs, 'i', false, true)
+    have = vim.fn.maparg(M.FALLBACK, 'i') ~= ''
+  end)
+  if type(prev) == 'table' and prev.desc == ACCEPT_DESC then
+    if have then
+      return -- attached again (a restart): our own mapping is not what came before it
+    end
+    prev = {}
+  end
+  local rhs, opts = lhs, { noremap = true, desc = 'dfim: ' .. lhs .. ' as it was before dfim' }
+  if type(prev) == 'table' and next(prev) ~= nil then
+    rhs = prev.rhs or ''
+    opts.noremap = prev.noremap == 1
+    opts.expr = prev.expr == 1
+    opts.silent = prev.silent == 1
+    opts.nowait = prev.nowait == 1
+    opts.script = prev.script == 1
+    opts.callback = prev.callback
+    if prev.callback ~= nil and type(prev.callback) ~= 'function' then
+      -- 0.7's maparg() gives a Lua callback as a number; nvim_(buf_)get_keymap gives the function
+      local maps = prev.buffer == 1 and vim.api.nvim_buf_get_keymap(bufnr, 'i') or vim.api.nvim_get_keymap('i')
+      opts.callback = nil
+      for _, m in ipairs(maps) do
+        if m.lhs == prev.lhs and type(m.callback) == 'function' then
+          opts.callback = m.callback
+        end
+      end
+    end
+    if opts.expr and compat.has('0.8') then
+      opts.replace_keycodes = prev.replace_keycodes == 1
     end
   end
-  local fallback = k.accept and vim.api.nvim_replace_termcodes(k.accept, true, false, true)
+  vim.api.nvim_buf_set_keymap(bufnr, 'i', M.FALLBACK, rhs, opts)
+end
+
+local function map_keys(bufnr)
+  local k = M.config.keymaps
+  local function map(lhs, fn, desc, expr, remap)
+    if lhs and lhs ~= '' then
+      vim.keymap.set('i', lhs, fn, { buffer = bufnr, desc = desc, expr = expr, remap = remap, silent = true })
+    end
+  end
+  if k.accept and k.accept ~= '' then
+    save_fallback(bufnr, k.accept)
+  end
+  -- remap: the returned <Plug> must expand (nothing else returned here is a mapped key)
   map(k.accept, function()
     if use_native() then
-      -- get() accepts what is shown and says so; nothing shown: the key does what it always did
-      return vim.lsp.inline_completion.get() and '' or fallback
+      -- get() accepts what is shown and says so; nothing shown: the key does what it did before
+      return vim.lsp.inline_completion.get() and '' or M.FALLBACK
     end
     if ghost.visible() then
       return '<Cmd>lua require("dfim").accept()<CR>' -- an expr mapping may not edit the buffer itself
     end
-    return fallback
-  end, 'dfim: accept the suggestion', true)
+    return M.FALLBACK
+  end, ACCEPT_DESC, true, true)
   map(k.accept_word, function() M.accept_word() end, 'dfim: accept the next word')
   map(k.accept_line, function() M.accept_line() end, 'dfim: accept the next line')
   map(k.next, function() M.next() end, 'dfim: next suggestion')
@@ -132,37 +203,179 @@ local function on_attach(client, bufnr)
   map_keys(bufnr)
 end
 
+local LIST_KEYS = { languages = true } -- the settings tree's only list
+
+--- `settings` as the server expects them: objects. An empty Lua table is encoded as the JSON array [];
+--- vim.empty_dict() is {} (so `settings = {}`, the default, goes out as {}, not []).
+function M.json_settings(value, key)
+  if type(value) ~= 'table' or LIST_KEYS[key] then
+    return value
+  end
+  if next(value) == nil then
+    return vim.empty_dict()
+  end
+  if compat.islist(value) then
+    return value
+  end
+  local out = {}
+  for k, v in pairs(value) do
+    out[k] = M.json_settings(v, k)
+  end
+  return out
+end
+
+local function cmd_text()
+  local cmd = M.config.cmd
+  return type(cmd) == 'table' and table.concat(cmd, ' ') or tostring(cmd)
+end
+
+--- Stop starting the server by itself, and say so once.
+local function give_up(why)
+  M.failure = why
+  vim.notify(string.format('dfim: %s. Not starting it again; fix it (the `cmd` in setup(), docs/editors.md), '
+    .. 'then run :DfimRestart.', why), vim.log.levels.ERROR)
+end
+
+local attach_all
+
+--- A client of ours exited (called in a fast event on 0.7: nothing but plain Lua here, the rest scheduled).
+local function on_exit(code, signal, client_id)
+  local info = clients[client_id] or {}
+  clients[client_id] = nil
+  if M.client_id == client_id then
+    M.client_id = nil
+  end
+  vim.schedule(function()
+    for bufnr in pairs(info.buffers or {}) do
+      ghost.clear(bufnr)
+    end
+    if info.stopping or leaving then
+      return -- :DfimRestart, or Neovim quitting
+    end
+    code, signal = code or 0, signal or 0
+    -- A clean stop (:LspStop: shutdown, exit 0) is no crash: the next buffer starts it again.
+    if info.initialized and code == 0 and (signal == 0 or signal == 15) then
+      return
+    end
+    if info.started and compat.uv.now() - info.started > HEALTHY_MS then
+      crashes = 0 -- it ran a good while: not a server that cannot start
+    end
+    crashes = crashes + 1
+    local how = string.format('exit code %d%s', code, signal ~= 0 and (', signal ' .. signal) or '')
+    if crashes > M.MAX_RESTARTS then
+      give_up(string.format('the server (%s) exited %d times in a row (%s%s)', cmd_text(), crashes, how,
+        info.initialized and '' or ', before it finished starting'))
+      return
+    end
+    -- restart it for the buffers it had (after a moment; give_up above ends a server that cannot run)
+    vim.defer_fn(function()
+      if not M.failure and not M.client_for(nil) then
+        attach_all(info.buffers)
+      end
+    end, 300)
+  end)
+end
+
+--- Start the server for `bufnr`. Returns the client id, or nil and why not.
+local function start(bufnr)
+  local cmd = M.config.cmd
+  if type(cmd) == 'table' and type(cmd[1]) == 'string' and vim.fn.executable(cmd[1]) ~= 1 then
+    return nil, string.format('cannot start the server: `%s` is not an executable file (not installed, or not '
+      .. "on Neovim's PATH: give its full path, e.g. ~/dfim/.venv/bin/dfim expanded)", cmd[1])
+  end
+  local config = {
+    name = 'dfim',
+    cmd = cmd,
+    root_dir = M.root_dir(bufnr),
+    init_options = M.json_settings(M.config.settings),
+    settings = { dfim = M.json_settings(M.config.settings) }, -- answers workspace/configuration "dfim"
+    handlers = {
+      ['dfim/status'] = function(_, result)
+        M.status = result or {}
+        vim.cmd('redrawstatus')
+      end,
+    },
+    on_init = function(client)
+      if clients[client.id] then
+        clients[client.id].initialized = true
+      end
+    end,
+    on_attach = on_attach,
+    on_exit = on_exit,
+  }
+  local ok, id = pcall(compat.start_client, config, bufnr)
+  if not ok then
+    return nil, string.format('cannot start the server (%s): %s', cmd_text(), tostring(id))
+  end
+  if not id then
+    return nil, string.format('cannot start the server (%s); :messages may say why', cmd_text())
+  end
+  return id
+end
+
 --- Start the server if needed and attach `bufnr` to it.
 function M.attach(bufnr)
   bufnr = bufnr or vim.api.nvim_get_current_buf()
-  if not wanted(bufnr) then
+  if leaving or not wanted(bufnr) then
     return
   end
   if not M.client_for(nil) then
-    M.client_id = vim.lsp.start_client({
-      name = 'dfim',
-      cmd = M.config.cmd,
-      root_dir = root_dir(bufnr),
-      init_options = M.config.settings,
-      settings = { dfim = M.config.settings }, -- answers workspace/configuration for section "dfim"
-      handlers = {
-        ['dfim/status'] = function(_, result)
-          M.status = result or {}
-          vim.cmd('redrawstatus')
-        end,
-      },
-      on_attach = on_attach,
-      on_exit = function()
-        M.client_id = nil
-      end,
-    })
-    if not M.client_id then
-      vim.notify('dfim: could not start ' .. table.concat(M.config.cmd, ' '), vim.log.levels.ERROR)
+    if M.failure then
+      return -- said once already; :DfimRestart clears it
+    end
+    local id, why = start(bufnr)
+    if not id then
+      give_up(why)
       return
     end
+    M.client_id = id
+    clients[id] = clients[id] or {}
+    clients[id].started = compat.uv.now()
+    clients[id].buffers = {}
+  end
+  local info = clients[M.client_id]
+  if info then
+    info.buffers[bufnr] = true
   end
   if not vim.lsp.buf_is_attached(bufnr, M.client_id) then
     vim.lsp.buf_attach_client(bufnr, M.client_id)
+  end
+end
+
+--- Attach the buffers in the set `only` (nil: every loaded, listed buffer), the current one first.
+attach_all = function(only)
+  local current = vim.api.nvim_get_current_buf()
+  local bufs = { current }
+  for _, bufnr in ipairs(vim.api.nvim_list_bufs()) do
+    if bufnr ~= current and vim.api.nvim_buf_is_loaded(bufnr) and vim.bo[bufnr].buflisted then
+      table.insert(bufs, bufnr)
+    end
+  end
+  for _, bufnr in ipairs(bufs) do
+    if (not only or only[bufnr]) and not M.failure then
+      M.attach(bufnr)
+    end
+  end
+end
+
+--- :DfimRestart: stop the server if it runs, forget an earlier failure, start it again for the open buffers.
+function M.restart()
+  M.failure = nil
+  crashes = 0
+  local old = M.client_id and vim.lsp.get_client_by_id(M.client_id)
+  M.client_id = nil
+  if old then
+    if clients[old.id] then
+      clients[old.id].stopping = true
+    end
+    pcall(compat.stop, old)
+  end
+  for bufnr in pairs(ghost.states) do
+    ghost.clear(bufnr)
+  end
+  attach_all(nil)
+  if not M.failure and not M.client_id then
+    vim.notify('dfim: no buffer to start the server for (open a file)', vim.log.levels.WARN)
   end
 end
 
@@ -259,10 +472,15 @@ function M.format_stats(stats)
   return lines
 end
 
+local function not_running(what)
+  local why = M.failure and (' (' .. M.failure .. '; :DfimRestart tries again)') or ''
+  vim.notify('dfim: the server is not running' .. what .. why, vim.log.levels.WARN)
+end
+
 function M.stats(on_result)
   local client = M.client_for(nil)
   if not client then
-    vim.notify('dfim: the server is not running', vim.log.levels.WARN)
+    not_running('')
     return
   end
   compat.request(client, 'dfim/stats', {}, function(err, result)
@@ -284,7 +502,7 @@ function M.action(action, first_row, last_row, instruction)
   local bufnr = vim.api.nvim_get_current_buf()
   local client = M.client_for(bufnr)
   if not client then
-    vim.notify('dfim: the server is not running for this buffer', vim.log.levels.WARN)
+    not_running(' for this buffer')
     return
   end
   local last = vim.api.nvim_buf_get_lines(bufnr, last_row, last_row + 1, false)[1] or ''
@@ -311,14 +529,22 @@ end
 
 function M.setup(opts)
   M.config = vim.tbl_deep_extend('force', vim.deepcopy(M.defaults), opts or {})
+  M.failure, crashes = nil, 0 -- a new configuration (perhaps a fixed `cmd`) may start
   ghost.config.debounce_ms = M.config.debounce_ms
   vim.api.nvim_set_hl(0, 'DfimGhost', { link = 'Comment', default = true })
 
   local group = vim.api.nvim_create_augroup('dfim', { clear = true })
-  vim.api.nvim_create_autocmd({ 'FileType', 'BufEnter' }, {
+  -- BufFilePost / BufWritePost: a buffer without a name is attached once it gets one (:file, :w name)
+  vim.api.nvim_create_autocmd({ 'FileType', 'BufEnter', 'BufFilePost', 'BufWritePost' }, {
     group = group,
     callback = function(args)
       M.attach(args.buf)
+    end,
+  })
+  vim.api.nvim_create_autocmd('VimLeavePre', {
+    group = group,
+    callback = function()
+      leaving = true
     end,
   })
 
@@ -326,6 +552,8 @@ function M.setup(opts)
   cmd('DfimStats', function() M.stats() end, { desc = 'dfim: server counters and the last fill' })
   cmd('DfimToggle', function() M.toggle() end, { desc = 'dfim: inline completions on/off' })
   cmd('DfimTrigger', function() M.trigger() end, { desc = 'dfim: ask for a completion now' })
+  cmd('DfimRestart', function() M.restart() end,
+    { desc = 'dfim: (re)start the server, also after it failed to start' })
   cmd('DfimRewrite', function(a)
     local instruction = a.args ~= '' and a.args or vim.fn.input('dfim rewrite (optional instruction): ')
     M.action('rewriteSelection', a.line1 - 1, a.line2 - 1, instruction)

@@ -26,6 +26,8 @@ const state = {
   requests: [] as [string, unknown][],
   answer: null as unknown,
   serverOptions: [] as unknown[],
+  clientOptions: [] as Record<string, unknown>[],
+  config: {} as Record<string, unknown>, // user settings, keys below `dfim.`
 };
 
 const vscode = {
@@ -71,7 +73,17 @@ const vscode = {
     executeCommand: async () => undefined,
   },
   workspace: {
-    getConfiguration: () => ({ get: (_key: string, fallback?: unknown) => fallback, update: async () => undefined }),
+    // like VS Code's: a set value, else the caller's fallback, else the manifest default
+    getConfiguration: () => ({
+      get: (key: string, fallback?: unknown) =>
+        key in state.config ? state.config[key] : (fallback ?? manifest.contributes.configuration.properties[`dfim.${key}`]?.default),
+      inspect: (key: string) => ({
+        key: `dfim.${key}`,
+        defaultValue: manifest.contributes.configuration.properties[`dfim.${key}`]?.default,
+        globalValue: state.config[key],
+      }),
+      update: async () => undefined,
+    }),
     onDidChangeConfiguration: () => disposable,
     onDidChangeTextDocument: () => disposable,
     onDidCloseTextDocument: () => disposable,
@@ -82,8 +94,9 @@ const State = { Stopped: 1, Running: 2, Starting: 3 };
 
 class LanguageClient {
   private stateListener: Fn = () => undefined;
-  constructor(_id: string, _name: string, serverOptions: unknown) {
+  constructor(_id: string, _name: string, serverOptions: unknown, clientOptions: Record<string, unknown>) {
     state.serverOptions.push(serverOptions);
+    state.clientOptions.push(clientOptions);
   }
   registerProposedFeatures(): void {}
   onDidChangeState(fn: Fn) {
@@ -138,6 +151,30 @@ test("every command the manifest declares is registered, and only those", () => 
 test("the server runs as `dfim serve` on plain stdio: no transport, so no --stdio is appended", () => {
   // vscode-languageclient appends --stdio for TransportKind.stdio; older dfim servers refuse that argument
   assert.deepEqual(state.serverOptions, [{ command: "dfim", args: ["serve"] }]);
+});
+
+test("--model/--device in dfim.serverArgs reach the server; model.path/model.device only when set", async () => {
+  type Options = {
+    initializationOptions: Record<string, unknown>;
+    middleware: { workspace: { configuration: (params: unknown, token: unknown, next: unknown) => Promise<unknown[]> } };
+  };
+  const last = () => state.clientOptions.at(-1) as Options;
+  assert.deepEqual(last().initializationOptions.model, { path: "", device: "cpu" });
+  try {
+    state.config = { serverArgs: ["--model", "/ckpt", "--device", "cuda"] };
+    await state.commands.get("dfim.client.restart")!();
+    assert.deepEqual(state.serverOptions.at(-1), { command: "dfim", args: ["serve", "--model", "/ckpt", "--device", "cuda"] });
+    assert.deepEqual(last().initializationOptions.model, { path: "/ckpt", device: "cuda" });
+    // workspace/configuration "dfim" answers the same
+    const answer = await last().middleware.workspace.configuration({ items: [{ section: "dfim" }] }, undefined, undefined);
+    assert.deepEqual((answer[0] as Record<string, unknown>).model, { path: "/ckpt", device: "cuda" });
+
+    state.config = { ...state.config, "model.device": "cpu" }; // set in the settings: it wins
+    const again = await last().middleware.workspace.configuration({ items: [{ section: "dfim" }] }, undefined, undefined);
+    assert.deepEqual((again[0] as Record<string, unknown>).model, { path: "/ckpt", device: "cpu" });
+  } finally {
+    state.config = {};
+  }
 });
 
 test("showCanvas puts the server's last trace in one locked-down webview panel", async () => {

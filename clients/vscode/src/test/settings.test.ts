@@ -2,7 +2,17 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
-import { CLIENT_ONLY, isClientOnly, serverCommand, serverKeys, serverSettings } from "../settings";
+import {
+  CLIENT_ONLY,
+  explicitValue,
+  flagValue,
+  Inspected,
+  isClientOnly,
+  serverCommand,
+  serverKeys,
+  serverSettings,
+  settingsReader,
+} from "../settings";
 
 const manifest = JSON.parse(readFileSync(join(__dirname, "..", "..", "package.json"), "utf8"));
 const properties: Record<string, { default: unknown }> = manifest.contributes.configuration.properties;
@@ -74,4 +84,70 @@ test("every contributed command is handled by a client id (never a server comman
     assert.match(command, /^dfim\.client\./, command);
     assert.ok(source.includes(`"${command}"`), `${command} is not registered in extension.ts`);
   }
+});
+
+/** A configuration like VS Code's: `user`/`workspace`/`folder` values over the manifest defaults. */
+function fakeConfig(levels: { user?: Record<string, unknown>; workspace?: Record<string, unknown>; folder?: Record<string, unknown> }) {
+  const inspect = (key: string): Inspected => ({
+    defaultValue: properties[`dfim.${key}`]?.default,
+    globalValue: levels.user?.[key],
+    workspaceValue: levels.workspace?.[key],
+    workspaceFolderValue: levels.folder?.[key],
+  });
+  const get = (key: string): unknown => {
+    const i = inspect(key);
+    return i.workspaceFolderValue ?? i.workspaceValue ?? i.globalValue ?? i.defaultValue;
+  };
+  return { get, inspect };
+}
+
+function modelOf(levels: Parameters<typeof fakeConfig>[0]): unknown {
+  const cfg = fakeConfig(levels);
+  const read = settingsReader(cfg.get, cfg.inspect, cfg.get("serverArgs"));
+  return serverSettings(serverKeys(properties), read).model;
+}
+
+test("--model/--device in serverArgs are not overridden by the defaults of model.path/model.device", () => {
+  // nothing set anywhere: the defaults (what `dfim serve` has without flags)
+  assert.deepEqual(modelOf({}), { path: "", device: "cpu" });
+  // flags only: the server keeps them
+  assert.deepEqual(modelOf({ user: { serverArgs: ["--model", "/ckpt", "--device", "cuda"] } }), {
+    path: "/ckpt",
+    device: "cuda",
+  });
+  assert.deepEqual(modelOf({ workspace: { serverArgs: ["--model=/a", "--device=cuda", "--model=/b"] } }), {
+    path: "/b",
+    device: "cuda",
+  });
+  // a value set in the settings, at any level, wins over the flag; the folder's over the workspace's and the user's
+  assert.deepEqual(
+    modelOf({ user: { serverArgs: ["--model", "/ckpt", "--device", "cuda"], "model.device": "cpu" } }),
+    { path: "/ckpt", device: "cpu" },
+  );
+  assert.deepEqual(
+    modelOf({ user: { "model.path": "/u" }, workspace: { "model.path": "/w" }, folder: { "model.path": "/f" } }),
+    { path: "/f", device: "cpu" },
+  );
+  // set explicitly to the default value is still set: "" = the shipped model, even with --model given
+  assert.deepEqual(modelOf({ user: { serverArgs: ["--model", "/ckpt"] }, workspace: { "model.path": "" } }), {
+    path: "",
+    device: "cpu",
+  });
+  // other keys are read as before
+  const cfg = fakeConfig({ user: { "sampling.maxSteps": 8 } });
+  const read = settingsReader(cfg.get, cfg.inspect, []);
+  assert.equal(read("sampling.maxSteps"), 8);
+  assert.equal(read("context.prefixTokens"), properties["dfim.context.prefixTokens"].default);
+});
+
+test("flagValue and explicitValue", () => {
+  assert.equal(flagValue(undefined, "--model"), undefined);
+  assert.equal(flagValue(["--log-file", "/tmp/x"], "--model"), undefined);
+  assert.equal(flagValue(["--model"], "--model"), undefined); // no value after it
+  assert.equal(flagValue(["--model", "/a", 3, "--modelx", "/b"], "--model"), "/a");
+  assert.equal(flagValue(["--device=cuda"], "--device"), "cuda");
+  assert.equal(explicitValue(undefined), undefined);
+  assert.equal(explicitValue({ defaultValue: "cpu" }), undefined);
+  assert.equal(explicitValue({ defaultValue: "cpu", globalValue: "cuda" }), "cuda");
+  assert.equal(explicitValue({ globalValue: "cuda", workspaceValue: "cpu" }), "cpu");
 });
