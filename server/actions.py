@@ -352,7 +352,7 @@ def finish_action(plan: ActionPlan, result_text: str) -> list[tuple[int, int, st
     if plan.action == "fillHole":
         if ctx.prefix.endswith((" ", "\t")) and not plan.original_text[:1].isspace():
             text = text.lstrip(" \t")  # the hole sits after its line's indentation: so does the fill
-        text = fit_whitespace(text, plan.original_text, ctx.newline)
+        text = fit_whitespace(text, plan.original_text, ctx.newline, ctx.indent)
     return [(plan.start, plan.end, text)]
 
 

@@ -40,6 +40,19 @@ class DfimProtocol(LanguageServerProtocol):
             general.position_encodings = [choose_encoding(list(general.position_encodings))]
         return (yield from super().lsp_initialize(params))
 
+    @lsp_method(types.EXIT)
+    def lsp_exit(self, *args):
+        # pygls closes the output and exits next; a fill cancelled by it still answers its request later,
+        # and pygls reported the failed write with a message that failed to write too, in a loop (megabytes
+        # of tracebacks on stderr). After `exit` nothing more is sent.
+        self.exiting = True
+        return (yield from super().lsp_exit(*args))
+
+    def _send_data(self, data) -> None:
+        if getattr(self, "exiting", False):
+            return
+        super()._send_data(data)
+
     def _user(self, method: str, params):
         handler = self.fm.features.get(method)
         if handler is not None:
@@ -114,10 +127,18 @@ class DfimServer(LanguageServer):
             log.warning(message)
             self.window_show_message(types.ShowMessageParams(type=types.MessageType.Error, message=message))
 
+    def stop_fills(self) -> None:
+        """Raise the cancel flag of every fill: inline ones in flight and everything handed to the engine."""
+        for flag in self.inflight.values():
+            flag.set()
+        self.host.cancel_all()
+
     def ensure_model(self) -> None:
-        """(Re)load the model in the background when the configured path/device differ from the loaded one."""
+        """(Re)load the model in the background when the configured path/device differ from the loaded one.
+        A path/device that failed is not tried again until it changes (every configuration change would
+        otherwise show the same error again)."""
         wanted = (self.options.model.path, self.options.model.device)
-        if wanted == self._loaded and (self.host.ready or self.host.loading):
+        if wanted == self._loaded and (self.host.ready or self.host.loading or self.host.error):
             return
         self._loaded = wanted
         self.cache.clear()
@@ -130,7 +151,14 @@ class DfimServer(LanguageServer):
         await self.host.load(path, device)
         if (path, device) != self._loaded:
             return  # a newer configuration superseded this load
-        if self.host.ready:
+        if self.host.ready and self.host.error:  # the new model failed; the one loaded before keeps serving
+            engine = self.host.engine
+            self.status.update(
+                state="ready",
+                message=f"still using {getattr(engine, 'model_name', 'the previous model')}: {self.host.error}",
+            )
+            self.show_errors([f"dfim: {self.host.error} (still using the model loaded before)"])
+        elif self.host.ready:
             engine = self.host.engine
             self.status.update(
                 state="ready",
@@ -237,11 +265,16 @@ def _register_lifecycle(ls: DfimServer) -> None:
         ls.shown.pop(uri, None)
         ls.tracker.supersede(uri)
 
+    @ls.feature(types.EXIT)
+    def exit_(ls: DfimServer, *args) -> None:
+        # `exit` without `shutdown` (or right after it): stop every fill now, and send nothing more, because
+        # pygls closes the output next and a fill finishing later would report into a closed pipe.
+        ls.stop_fills()
+        ls.status.closed = True
+
     @ls.feature(types.SHUTDOWN)
     def shutdown(ls: DfimServer, *args) -> None:
-        for flag in ls.inflight.values():
-            flag.set()
-        ls.host.cancel_all()  # a code action would otherwise denoise on after shutdown and delay exit
+        ls.stop_fills()  # a code action would otherwise denoise on after shutdown and delay exit
         # pygls then cancels every other pending request while iterating its table of them, and a request
         # cancelled there leaves the table at once: "dictionary changed size during iteration", and
         # shutdown answered an internal error. Cancelling them here, over a copy, leaves it nothing to do.

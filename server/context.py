@@ -484,8 +484,10 @@ def decide_mode(source: Source, cursor: int) -> tuple[str, int, int, str]:
             return "block", body.start, body.end, body.indent
     if after.strip() and not all(c in CLOSERS + ";,:\"'` \t" for c in after):
         return "line", cursor, cursor, leading_ws(before)
+    if not before.strip() and after.strip():  # only closing brackets after it: a new line above them
+        return "line", cursor, cursor, leading_ws(before)
     if not before.strip():
-        return "multiline", cursor, cursor, before if not before.strip() else leading_ws(before)
+        return "multiline", cursor, cursor, before
     if before.rstrip().endswith(("{", ":", "(", "[")) and not after.strip():
         return "multiline", cursor, cursor, leading_ws(before) + indent_unit(text)
     return "line", cursor, cursor, leading_ws(before)

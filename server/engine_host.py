@@ -90,8 +90,8 @@ class EngineHost:
         try:
             engine = await asyncio.get_running_loop().run_in_executor(self._executor, _load, path, device)
         except Exception as exc:  # CheckpointError, missing torch device, a broken file: report, keep serving
-            if generation == self.generation:
-                self.engine, self.error, self.loading = None, _one_line(exc), False
+            if generation == self.generation:  # with the model loaded before, if there was one
+                self.error, self.loading = _one_line(exc), False
             return
         if generation == self.generation:
             self.engine, self.error, self.loading = engine, None, False

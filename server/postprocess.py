@@ -55,15 +55,14 @@ def balance_brackets(completion: str, prefix: str, suffix: str, close_open: bool
     for i, c in scan_brackets(completion):
         if c in OPENERS:
             own.append(c)
-        elif own:
-            if own[-1] != MATCH[c]:
-                return completion[:i].rstrip(" \t")
+        elif own and own[-1] == MATCH[c]:
             own.pop()
-        elif may_close > 0 and outer and outer[-1] == MATCH[c]:
+        elif not own and may_close > 0 and outer and outer[-1] == MATCH[c]:
             outer.pop()
             may_close -= 1
-        else:
-            return completion[:i].rstrip(" \t")
+        else:  # a mismatched closer, or one the suffix provides / that closes nothing: cut, then close
+            completion = completion[:i].rstrip(" \t")
+            break
     if close_open and own:
         inverse = {v: k for k, v in MATCH.items()}
         completion = completion.rstrip() + "".join(inverse[c] for c in reversed(own))

@@ -53,4 +53,4 @@ def run(args: argparse.Namespace) -> int:
         ls.start_tcp(host, port)
     else:
         ls.start_io()
-    return 0
+    return 0 if getattr(ls.protocol, "_shutdown", True) else 1  # LSP: `exit` without `shutdown` exits 1

@@ -400,3 +400,52 @@ async def test_shutdown_while_a_code_action_runs_stops_it_and_exits(checkpoint, 
     assert info.value.code == -32800  # the action was cancelled, not left running
     s.client.exit(None)
     await asyncio.wait_for(s.client.stop(), 10)  # the process exits without waiting for the engine
+
+
+async def test_a_model_path_that_fails_keeps_the_loaded_model_and_is_reported_once(checkpoint, tmp_path):
+    s = Session()
+    await s.start(checkpoint, tmp_path, init_options=FAST)
+    try:
+        assert (await s.wait_state()).state == "ready"
+        s.configure({"model": {"path": str(tmp_path / "no-such-model")}})
+        assert await s.wait_message("no-such-model")
+        status = await s.wait_state(("ready",))
+        assert "still using" in status.message
+        count = len(s.messages)
+        s.configure({"model": {"path": str(tmp_path / "no-such-model")}, "sampling": {"maxSteps": 3}})
+        s.configure({"sampling": {"maxSteps": 2}})
+        await asyncio.sleep(0.5)
+        assert s.messages[count:] == []  # not shown again for every later change
+        s.open("file:///work/keep.py", PY)
+        result = await s.inline("file:///work/keep.py", 1, 11)  # the model loaded before still answers
+        assert result is None or result.items
+        assert (await s.stats()).engine_fills_completed >= 1
+    finally:
+        await s.stop()
+
+
+async def test_no_suggestion_inside_a_word(session):
+    uri = "file:///work/word.py"
+    session.open(uri, "values = [1, 2, 3]\nBUCKETS = len(values)\n")
+    before = await session.stats()
+    assert await session.inline(uri, 1, 4) is None
+    assert (await session.stats()).engine_fills_started == before.engine_fills_started
+
+
+async def test_exit_without_shutdown_while_a_fill_runs_exits_at_once(checkpoint, tmp_path):
+    s = Session()
+    await s.start(checkpoint, tmp_path, init_options={"sampling": {"maxSteps": 256, "entropyBound": 0.0}})
+    assert (await s.wait_state()).state == "ready"
+    s.open("file:///work/exit.py", "def f(a):\n    x = 1\n    \n")
+    before = await s.stats()
+    pending = asyncio.ensure_future(s.inline("file:///work/exit.py", 2, 4))
+    for _ in range(500):
+        if (await s.stats()).engine_fills_started > before.engine_fills_started:
+            break
+        await asyncio.sleep(0.01)
+    s.client.exit(None)
+    process = s.client._server
+    await asyncio.wait_for(process.wait(), 10)  # used to write tracebacks into a full stderr pipe for ever
+    assert process.returncode == 1  # exit without shutdown
+    pending.cancel()
+    await asyncio.wait_for(s.client.stop(), 10)

@@ -755,3 +755,49 @@ def test_a_partial_accept_can_grow_to_an_accept(tmp_path):
     summary = telemetry.summarize(events)
     assert (summary["shown"], summary["accepted"], summary["partial"], summary["rejected"]) == (3, 1, 1, 0)
     assert summary["accepted_chars"] == 6 + 8
+
+
+@pytest.mark.parametrize(
+    "doc, lang, model",
+    [
+        ("function add(a, b) {\n  |\n}\n", "javascript", "return a + b"),
+        ("function add(a, b) {|\n}\n", "javascript", "return a + b"),
+        ("func add(a, b int) int {\r\n\t// TO|DO\r\n}\r\n", "go", "return a + b"),
+        ("int add(int a, int b) {\r\n    // TO|DO\r\n}\r\n", "java", "return a + b;"),
+    ],
+)
+def test_fill_hole_indents_a_fill_the_model_left_at_column_0(doc, lang, model):
+    text, cursor = split(doc)
+    plan = actions.plan_action("fillHole", text, lang, cursor, cursor)
+    ((s, e, new),) = actions.finish_action(plan, model)
+    after = text[:s] + new + text[e:]
+    body = after.splitlines()[1]
+    assert body.strip() == model and body[:1] in (" ", "\t"), repr(after)
+    assert after.rstrip().endswith("}") and after.count("}") == 1
+
+
+def test_balance_brackets_closes_what_it_opened_after_a_cut():
+    assert postprocess.balance_brackets("f([1)", "x = ", "\n", close_open=True) == "f([1])"
+    assert postprocess.balance_brackets("f([1", "x = ", "\n", close_open=True) == "f([1])"
+    assert postprocess.balance_brackets("f(1))", "x = ", "\n", close_open=True) == "f(1)"
+    assert postprocess.balance_brackets("a[0])", "y = g(", ")\n") == "a[0]"  # the suffix has it
+
+
+@pytest.mark.parametrize(
+    "doc, lang",
+    [
+        ("function f(xs) {\n  const out = [];\n|}\n", "javascript"),
+        ("int f(void) {\n    return 1;\n    |}\n", "c"),
+        ("x = [\n    1,\n|]\n", "python"),
+    ],
+)
+def test_a_cursor_before_closing_brackets_gets_one_new_line_above_them(doc, lang):
+    text, cursor = split(doc)
+    ctx = context.build_context(text, cursor, lang)
+    assert ctx.mode == "line" and ctx.opens_line
+
+
+def test_inside_word():
+    assert inline.inside_word("BUCKETS = 1", 4) and inline.inside_word("x_1", 2)
+    assert not inline.inside_word("BUCKETS = 1", 7) and not inline.inside_word("f(x)", 2)
+    assert not inline.inside_word("abc", 0) and not inline.inside_word("abc", 3)
