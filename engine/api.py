@@ -21,6 +21,9 @@ class FillCancelled(EngineError):
     """The caller's cancel flag was raised between two denoising steps."""
 
 
+RANKS = ("entropy", "likelihood")  # SamplerSettings.rank
+
+
 @dataclass(frozen=True)
 class SamplerSettings:
     """Denoising knobs. Defaults equal the released DiffusionGemma `generation_config.json`."""
@@ -36,6 +39,11 @@ class SamplerSettings:
     # Left-to-right window (0 = off, the released sampler): a step may accept only free positions before
     # the first one the previous step left undecided plus this many. See `order_window` in the sampler.
     window: int = 0
+    # How the candidates of one request are ranked (FillRequest.candidates > 1). "entropy": the mean entropy
+    # of their free text positions (the denoiser's own confidence). "likelihood": the encoder read as a
+    # causal LM (what training's context LM loss taught it) scores the prefix continued by each candidate
+    # and the head of the suffix; the most likely document wins. One short causal pass per candidate.
+    rank: str = "entropy"
 
 
 @dataclass(frozen=True)

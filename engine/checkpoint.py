@@ -84,7 +84,7 @@ def read_settings(folder: Path) -> SamplerSettings:
     extra = read_info(folder).get("sampler") or {}
     if not isinstance(extra, dict):
         raise CheckpointError(f'{folder / INFO_FILE}: bad sampler setting ("sampler" is not an object)')
-    known = {"window": int}  # keys a later dfim may add are ignored here, not refused
+    known = {"window": int, "rank": str}  # keys a later dfim may add are ignored here, not refused
     try:
         changes = {k: known[k](v) for k, v in extra.items() if k in known}
     except (TypeError, ValueError) as err:
@@ -315,8 +315,10 @@ def save_model(
     )
     if info is not None:  # the notes' sampler entry always says what `settings` says
         info = {k: v for k, v in info.items() if k != "sampler"}
-    if settings.window:  # no field for it in the released format: kept in our own notes
-        info = {**(info or {}), "sampler": {"window": settings.window}}
+    ours = {"window": settings.window, "rank": settings.rank}  # no field for these in the released format
+    ours = {k: v for k, v in ours.items() if v != getattr(SamplerSettings(), k)}
+    if ours:  # kept in our own notes
+        info = {**(info or {}), "sampler": ours}
     if info is not None:
         (folder / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return folder

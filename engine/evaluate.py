@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from engine import metrics, sandbox
-from engine.api import EngineError, FillRequest, SamplerSettings
+from engine.api import RANKS, EngineError, FillRequest, SamplerSettings
 
 PROBLEM_FIELDS = ("task_id", "prompt", "suffix", "canonical_solution", "test", "entry_point")
 DEFAULT_MAX_TOKENS = (
@@ -107,6 +107,12 @@ def _parse_bool(value: str) -> bool:
     raise ValueError(f"expected on/off, got {value!r}")
 
 
+def _parse_rank(value: str) -> str:
+    if value not in RANKS:
+        raise ValueError(f"rank must be one of {', '.join(RANKS)}, got {value!r}")
+    return value
+
+
 SWEEP_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "steps": ("max_steps", int),
     "max_steps": ("max_steps", int),
@@ -120,6 +126,8 @@ SWEEP_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "window": ("window", int),
     "max_tokens": ("max_tokens", int),  # the canvas bucket (rounded up by the engine)
     "bucket": ("max_tokens", int),
+    "candidates": ("candidates", int),  # canvases denoised per problem; the best-ranked one is scored
+    "rank": ("rank", _parse_rank),  # entropy | likelihood
 }
 
 
@@ -128,6 +136,7 @@ class EvalConfig:
     name: str
     settings: SamplerSettings
     max_tokens: int
+    candidates: int = 1
 
 
 def parse_sweep(spec: str) -> list[dict[str, Any]]:
@@ -150,7 +159,7 @@ def parse_sweep(spec: str) -> list[dict[str, Any]]:
                     f"bad sweep axis {part.strip()!r}: expected KEY=V1,V2 with KEY one of {known}"
                 )
             field, parse = SWEEP_KEYS[key]
-            parsed = [(field, parse(v)) for v in values.split(",") if v.strip()]
+            parsed = [(field, parse(v.strip())) for v in values.split(",") if v.strip()]
             if not parsed:
                 raise ValueError(f"sweep axis {key!r} has no values")
             axes.append(parsed)
@@ -180,9 +189,10 @@ def build_configs(
     for point in points:
         merged = {**overrides, **point}
         tokens = merged.pop("max_tokens", max_tokens)
+        candidates = merged.pop("candidates", 1)
         settings = dataclasses.replace(base, **merged)
         name = config_name(point) if sweep else config_name(overrides)
-        configs.append(EvalConfig(name=name, settings=settings, max_tokens=tokens))
+        configs.append(EvalConfig(name=name, settings=settings, max_tokens=tokens, candidates=candidates))
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise ValueError("the sweep names the same config twice")
@@ -256,6 +266,7 @@ def engine_filler(engine: Any) -> Filler:
             settings=config.settings,
             seed=seed,
             stop=("\n",),  # only the first line is scored (first_line): a causal model stops there
+            candidates=config.candidates,
         )
         start = time.perf_counter()
         result = engine.fill(request)

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from engine import autoregressive, sampler
-from engine.api import CheckpointError, EngineError, FillRequest, FillResult, SamplerSettings, StepInfo
+from engine.api import RANKS, CheckpointError, EngineError, FillRequest, FillResult, SamplerSettings, StepInfo
 from engine.cache import ContextCache, common_prefix_length
 from engine.canvas import (
     CanvasPlan,
@@ -38,6 +38,7 @@ from engine.checkpoint import DEFAULT_MODEL_DIR, load_model, read_info
 from engine.threads import AdaptiveThreads, limit_threads, usable_cores
 from engine.tokenizer import Tokenizer
 
+SUFFIX_HEAD_CHARS = 48  # suffix text a candidate's likelihood includes (the line break and code after it)
 MAX_CACHE_SLOTS = 4  # context caches an engine keeps (FillRequest.cache_slot); each holds one context's keys
 
 
@@ -69,6 +70,7 @@ class _Candidate:
     blocks: int = 0
     ended: bool = False
     stop_reason: str = "max_steps"
+    likelihood: float = 0.0  # log p of the document with this text (SamplerSettings.rank == "likelihood")
 
     @property
     def score(self) -> float:
@@ -220,6 +222,8 @@ class Engine:
             raise EngineError(f"max_tokens must be at least 1 (got {request.max_tokens})")
         if request.settings.max_steps < 1:
             raise EngineError(f"max_steps must be at least 1 (got {request.settings.max_steps})")
+        if request.settings.rank not in RANKS:
+            raise EngineError(f"rank must be one of {', '.join(RANKS)} (got {request.settings.rank!r})")
         with self._lock:
             slot = request.cache_slot
             if slot in self._busy_slots:  # a nested fill would overwrite the context the outer one reads
@@ -253,7 +257,11 @@ class Engine:
                     self._denoise(continuation_plan(length), [cand], request, generator, cache, block=block)
                     block += 1
 
-            ranked = sorted(candidates, key=lambda c: c.score)
+            if len(candidates) > 1 and request.settings.rank != "entropy":
+                self._score_likelihood(request, plan, candidates, cache)
+                ranked = sorted(candidates, key=lambda c: -c.likelihood)
+            else:
+                ranked = sorted(candidates, key=lambda c: c.score)
             best = ranked[0]
             text, scores = assemble_text(best.tokens, self.tokenizer, plan.heal_bytes)
             text = cut_at_stop(text, request.stop)
@@ -277,6 +285,30 @@ class Engine:
                 alternatives=alternatives,
                 threads=threads,
             )
+
+    def _score_likelihood(
+        self, request: FillRequest, plan: CanvasPlan, candidates: list[_Candidate], cache: ContextCache
+    ) -> None:
+        """Each candidate's log-likelihood under the encoder's causal LM, as the prefix's continuation
+        followed by the head of the suffix (which judges where the text ends). The context cache is cut
+        before the last prefix token (whose logits predict the first new token) and restored after."""
+        keep = len(plan.context_ids) - 2  # drop <fim_middle> and re-run the last prefix token
+        cache.prepare(plan.context_ids[:keep])
+        suffix_head = request.suffix[:SUFFIX_HEAD_CHARS]
+        heal = plan.heal_bytes.decode("utf-8", errors="replace")
+        for cand in candidates:
+            text, _ = assemble_text(cand.tokens, self.tokenizer, plan.heal_bytes)
+            text = cut_at_stop(text, request.stop)
+            ids = self.tokenizer.encode(heal + text + suffix_head)
+            if not text.strip() or not ids:  # an empty fill shows nothing: ranked last
+                cand.likelihood = float("-inf")
+                continue
+            batch = torch.tensor([[plan.context_ids[keep], *ids]], dtype=torch.long, device=self.device)
+            logits = self.model.context_lm(batch, cache.kv)[0, :-1]
+            cache.kv.truncate(keep)
+            logp = torch.log_softmax(logits, dim=-1).gather(1, batch[0, 1:, None])
+            cand.likelihood = float(logp.sum())
+        cache.prepare(plan.context_ids)
 
     def _fill_causal(
         self, request: FillRequest, plan: CanvasPlan, cache: ContextCache, start: float

@@ -262,3 +262,42 @@ def test_a_nested_fill_may_not_take_the_cache_slot_of_the_fill_it_runs_in(engine
     with pytest.raises(EngineError, match="slot 'main' is in use"):
         fill(engine, prefix="y = ", suffix="\n", between_steps=same_slot)
     assert fill(engine, prefix="y = ", suffix="\n").steps >= 1  # the engine is usable afterwards
+
+
+def test_likelihood_rank_picks_the_candidate_the_encoder_lm_prefers(engine):
+    import torch
+
+    from engine.canvas import build_canvas
+    from engine.model import KVCache
+
+    prefix, suffix = "def area(r):\n    return 3.14 *", "\n\nprint(area(2))\n"
+    kw = dict(prefix=prefix, suffix=suffix, stop=("\n",), candidates=4, seed=5, max_tokens=16)
+    ranked = fill(engine, **kw, settings=replace(FAST, rank="likelihood"))
+    texts = [ranked.text, *ranked.alternatives]
+    assert len(texts) >= 2  # a random model's candidates differ
+
+    plan = build_canvas(
+        FillRequest(prefix=prefix, suffix=suffix, max_tokens=16), engine.tokenizer, engine.table, 128
+    )
+    heal = plan.heal_bytes.decode()
+
+    def log_likelihood(text: str) -> float:  # from scratch: the whole context, then the text and suffix head
+        ids = plan.context_ids[:-1] + engine.tokenizer.encode(heal + text + suffix[:48])
+        n = len(plan.context_ids) - 1
+        with torch.inference_mode():
+            logits = engine.model.context_lm(torch.tensor([ids]), KVCache(len(engine.model.decoder.layers)))[
+                0
+            ]
+        logp = torch.log_softmax(logits[n - 1 : -1], dim=-1).gather(1, torch.tensor(ids[n:])[:, None])
+        return float(logp.sum()) if text.strip() else float("-inf")
+
+    scores = [log_likelihood(t) for t in texts]
+    assert scores[0] == pytest.approx(max(scores), abs=1e-3)
+    # the context cache is left holding exactly the context: the same fill again encodes nothing
+    again = fill(engine, **kw, settings=replace(FAST, rank="likelihood"))
+    assert again.encoded_tokens == 0 and again.text == ranked.text
+
+
+def test_an_unknown_rank_is_an_engine_error(engine):
+    with pytest.raises(EngineError, match="rank must be one of"):
+        fill(engine, prefix="x = ", suffix="\n", settings=replace(FAST, rank="loudest"))
