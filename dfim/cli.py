@@ -33,7 +33,9 @@ def package_version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `dfim` parser. With `command`, only that command's module is imported (its options are the only
+    ones parsed): `dfim eval` does not pay for importing torch through `dfim train`'s module."""
     parser = argparse.ArgumentParser(
         prog="dfim", description="Fill code in the middle with a diffusion model."
     )
@@ -42,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module_name, help_text) in COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         command_parser.set_defaults(_module=module_name)
+        if command in COMMANDS and name != command:
+            continue
         try:
             module = importlib.import_module(module_name)
         except ImportError as err:  # a dependency is missing: say which when the command is asked for
@@ -52,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The first word that is not an option names the command (dfim's own options take no value).
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()

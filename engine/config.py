@@ -207,5 +207,11 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
+        """The flat fields (`to_dict`'s form). A key that is not a field is an error (ValueError naming it):
+        a misspelt field would otherwise be dropped and its default used without a word."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
+        unknown = sorted(set(values) - known)
+        if unknown:
+            names = ", ".join(repr(k) for k in unknown)
+            raise ValueError(f"unknown model config key{'s' if len(unknown) > 1 else ''} {names}")
+        return cls(**values)

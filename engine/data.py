@@ -536,6 +536,10 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+class BuildError(Exception):
+    """Nothing to build from (no .py file under the roots, or none kept); the message is one line."""
+
+
 def build(
     out: Path,
     tokenizer_path: Path,
@@ -547,9 +551,6 @@ def build(
     log=print,
 ) -> dict:
     t0 = time.time()
-    out.mkdir(parents=True, exist_ok=True)
-    for old in list(out.glob("*.bin")) + list(out.glob("*_docs.npy")):
-        old.unlink()
     eval_filter = eval_filter if eval_filter is not None else EvalFilter.load(find_eval_dirs())
     if not eval_filter:
         log("warning: no evaluation set found; HumanEval exclusion is inactive")
@@ -566,6 +567,12 @@ def build(
             dist_maps.append(({}, {}))
         files += [(str(p), i, reason) for p, reason in iter_files(root)]
     log(f"{len(files)} .py files under {len(roots)} roots ({time.time() - t0:.1f}s)")
+    if not files:
+        raise BuildError(f"no .py files under {', '.join(str(r.path) for r in roots)}")
+    out.mkdir(parents=True, exist_ok=True)
+    # The old build goes first, meta.json included: a build that fails midway never looks built.
+    for old in list(out.glob("*.bin")) + list(out.glob("*_docs.npy")) + list(out.glob("meta.json")):
+        old.unlink()
 
     from engine.tokenizer import Tokenizer
 
@@ -639,6 +646,10 @@ def build(
 
     tokens = {s: w.tokens for s, w in writers.items()}
     kept = sum(len(w.docs) for w in writers.values())
+    if not kept:
+        raise BuildError(
+            f"none of the {len(files)} .py files was kept (dropped: {dict(drops.most_common())})"
+        )
     summary = {
         "roots": [{"path": str(r.path), "kind": r.kind} for r in roots],
         "files_seen": len(files),
@@ -730,21 +741,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--eval-data", type=Path, nargs="*", help="HumanEval-style folders to exclude")
     parser.add_argument("--skip-if-built", action="store_true", help="do nothing if DIR already matches")
     args = parser.parse_args(argv)
+    from engine.cli_checks import (
+        InputError,
+        at_least,
+        existing_dir,
+        existing_file,
+        fail,
+        output_folder,
+        within,
+    )
+
+    prog = "python -m engine.data"
+    try:
+        output_folder(args.out, "--out")
+        existing_file(args.tokenizer, "--tokenizer")
+        try:
+            from engine.tokenizer import Tokenizer
+
+            Tokenizer.from_file(args.tokenizer)
+        except Exception as err:  # tokenizers raises its own Exception subclass
+            raise InputError(f"--tokenizer {args.tokenizer}: not a usable tokenizer.json ({err})") from None
+        for flag, paths in (
+            ("--roots", args.roots),
+            ("--extra-roots", args.extra_roots),
+            ("--eval-data", args.eval_data),
+        ):
+            for path in paths or ():
+                existing_dir(path, flag)
+        at_least("--workers", args.workers, 1)
+        within("--val-fraction", args.val_fraction, 0, 1, open_low=True, open_high=True)
+        at_least("--max-shard-tokens", args.max_shard_tokens, 1)
+    except InputError as err:
+        return fail(prog, str(err))
     roots = [classify_root(r) for r in args.roots] if args.roots else default_roots()
     roots += [classify_root(r) for r in args.extra_roots]
     if args.skip_if_built and is_built(args.out, args.tokenizer, roots):
         print(f"{args.out}: already built for this tokenizer and these roots")
         return 0
     eval_dirs = args.eval_data if args.eval_data is not None else find_eval_dirs()
-    build(
-        args.out,
-        args.tokenizer,
-        roots,
-        workers=max(1, args.workers),
-        val_fraction=args.val_fraction,
-        max_shard_tokens=args.max_shard_tokens,
-        eval_filter=EvalFilter.load(eval_dirs),
-    )
+    try:
+        build(
+            args.out,
+            args.tokenizer,
+            roots,
+            workers=max(1, args.workers),
+            val_fraction=args.val_fraction,
+            max_shard_tokens=args.max_shard_tokens,
+            eval_filter=EvalFilter.load(eval_dirs),
+        )
+    except BuildError as err:
+        return fail(prog, str(err))
     return 0
 
 

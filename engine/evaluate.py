@@ -159,7 +159,10 @@ def parse_sweep(spec: str) -> list[dict[str, Any]]:
                     f"bad sweep axis {part.strip()!r}: expected KEY=V1,V2 with KEY one of {known}"
                 )
             field, parse = SWEEP_KEYS[key]
-            parsed = [(field, parse(v.strip())) for v in values.split(",") if v.strip()]
+            try:
+                parsed = [(field, parse(v.strip())) for v in values.split(",") if v.strip()]
+            except ValueError as err:
+                raise ValueError(f"sweep axis {key!r}: {err}") from None
             if not parsed:
                 raise ValueError(f"sweep axis {key!r} has no values")
             axes.append(parsed)
@@ -527,7 +530,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=10.0, help="wall-clock seconds per test (default: 10)"
     )
     parser.add_argument(
-        "--memory-mb", type=int, default=1024, help="address-space limit per test (default: 1024)"
+        "--memory-mb",
+        type=int,
+        default=1024,
+        help="address-space limit per test, at least 1 (default: 1024)",
     )
     parser.add_argument(
         "--sweep",
@@ -583,16 +589,33 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _validate(args: argparse.Namespace) -> str | None:
-    if args.limit is not None and args.limit < 1:
-        return "--limit must be at least 1"
-    if args.workers < 1:
-        return "--workers must be at least 1"
-    if args.timeout <= 0:
-        return "--timeout must be positive"
-    if args.steps is not None and args.steps < 1:
-        return "--steps must be at least 1"
-    if args.max_tokens < 1:
-        return "--max-tokens must be at least 1"
+    """The one line to print for bad options (checked before any model loads), or None."""
+    from engine.cli_checks import InputError, at_least, output_folder, positive
+
+    try:
+        at_least("--limit", args.limit, 1)
+        at_least("--workers", args.workers, 1)
+        positive("--timeout", args.timeout)
+        at_least("--steps", args.steps, 1)
+        at_least("--entropy-bound", args.entropy_bound, 0)
+        at_least("--max-tokens", args.max_tokens, 1)
+        # The sandbox reads 0 as "no limit"; the command keeps the memory-bomb guard: 1 MiB or more.
+        at_least("--memory-mb", args.memory_mb, 1)
+        if args.out:
+            output_folder(args.out, "--out")
+    except InputError as e:
+        return str(e)
+    if args.sweep:
+        try:
+            points = parse_sweep(args.sweep)
+        except ValueError as e:
+            return f"--sweep: {e}"
+        floors = {"max_steps": 1, "max_tokens": 1, "candidates": 1, "window": 0, "entropy_bound": 0}
+        for point in points:
+            for field, value in point.items():
+                if field in floors and value < floors[field]:
+                    name = "steps" if field == "max_steps" else field
+                    return f"--sweep: {name} must be at least {floors[field]} (got {value})"
     return None
 
 
@@ -607,6 +630,14 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     except DataError as e:
         print(f"dfim eval: {e}", file=sys.stderr)
         return 2
+    limits = sandbox.SandboxLimits(timeout_s=args.timeout, memory_bytes=args.memory_mb << 20)
+    if not args.reference:  # (a reference run is itself the harness check, reported below)
+        from engine.cli_checks import sandbox_problem
+
+        problem = sandbox_problem(limits)
+        if problem:
+            print(f"dfim eval: {problem}", file=sys.stderr)
+            return 2
 
     if args.reference:
         base, fill = SamplerSettings(), reference_filler
@@ -637,7 +668,6 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
 
     out = Path(args.out) if args.out else Path("runs/eval") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    limits = sandbox.SandboxLimits(timeout_s=args.timeout, memory_bytes=args.memory_mb << 20)
 
     if not args.reference:  # warm-up: the first call pays one-time costs (allocation, kernel selection)
         try:
@@ -702,6 +732,11 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     table = markdown_summary(meta, summary, checks)
     (out / "summary.md").write_text(table, encoding="utf-8")
     stdout.write(table + f"\nwritten: {out / 'results.json'}, {out / 'summary.md'}\n")
+    if args.reference:
+        from engine.cli_checks import reference_warning
+
+        passed = sum(row["passed"] for row in summary)
+        return reference_warning("dfim eval", passed, sum(row["n"] for row in summary), out / "results.json")
     return 0
 
 

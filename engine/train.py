@@ -77,14 +77,29 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def model_config(spec: str, vocab_size: int, canvas_length: int) -> ModelConfig:
-    """A preset name, a JSON file, or inline JSON (flat ModelConfig fields or an HF config.json)."""
+    """A preset name, a JSON file, or inline JSON (flat ModelConfig fields or an HF config.json).
+
+    ValueError (one line) for anything else, for JSON that is not an object and for unknown fields."""
     if spec in PRESETS:
         values: dict[str, Any] = dict(PRESETS[spec])
     else:
-        text = Path(spec).read_text() if Path(spec).is_file() else spec
-        values = json.loads(text)
+        text = spec
+        if not spec.lstrip().startswith("{"):
+            path = Path(spec)
+            if not path.is_file():
+                raise ValueError(f"{spec!r} is not a preset ({', '.join(PRESETS)}), a JSON file or JSON")
+            text = path.read_text(encoding="utf-8")
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"not valid JSON ({err})") from None
+        if not isinstance(values, dict):
+            raise ValueError("expected a JSON object of model config fields")
         if "text_config" in values:
-            return ModelConfig.from_hf(values)
+            try:
+                return ModelConfig.from_hf(values)
+            except (KeyError, TypeError) as err:
+                raise ValueError(f"incomplete HF config ({type(err).__name__}: {err})") from None
     values.setdefault("vocab_size", vocab_size)
     values.setdefault("canvas_length", canvas_length)
     return ModelConfig.from_dict(values)
@@ -595,6 +610,11 @@ def export(model, out_dir: Path, tok_path: Path, info: dict[str, Any], origin: s
     return out_dir
 
 
+def default_name(out: str | os.PathLike) -> str:
+    """The model name of a run without --name: its --out folder's name."""
+    return Path(out).resolve().name or "dfim-small"
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.time()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # data-loader workers fork this process
@@ -846,9 +866,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         final.update(validate(raw_model, fwd, val_batches, causal, config, tok.pad_id, device, autocast))
     save_state(out, raw_model, optimizer, scalars_now())
     log.write({"final": True, **final, "elapsed_s": round(time.time() - t_start, 1)})
+    if step == 0 and not origin:
+        print("warning: no training step ran: the export holds untrained (random) weights", flush=True)
     info = {
-        "name": args.name,
-        "random": False,
+        "name": args.name or default_name(args.out),
+        "random": step == 0 and not origin,
         "objective": args.objective,
         **({"context_lm_weight": args.context_lm_weight} if args.context_lm_weight > 0 else {}),
         **({"ordered_noise_p": args.ordered_noise_p} if args.ordered_noise_p > 0 else {}),
@@ -882,7 +904,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--init-from", help="start from the weights of this checkpoint folder")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/state if it exists")
     parser.add_argument("--export", help="export folder (default OUT/export)")
-    parser.add_argument("--name", default="dfim-small", help="model name written to dfim.json")
+    parser.add_argument(
+        "--name", default=None, help="model name written to dfim.json (default: the --out folder's name)"
+    )
     parser.add_argument("--minutes", type=float, default=0.0, help="wall-clock limit of this run (0 = none)")
     parser.add_argument(
         "--plan-minutes", type=float, default=0.0, help="training time planned over all chunks (lr schedule)"
@@ -954,10 +978,165 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
+# The encoder input holds the 4 FIM tokens and, on short-context examples, a budget drawn from [16, rest].
+MIN_CONTEXT_TOKENS = FIM_SPECIALS + 16
+MIN_DOC_TOKENS = 8  # shorter files are never drawn (FimExamples)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad options before any data or model is loaded: InputError, whose message is the one line
+    `dfim train` prints (exit 2). Reads the tokenizer, the shard index and the model config only."""
+    from engine.api import EngineError
+    from engine.checkpoint import read_config
+    from engine.cli_checks import (
+        InputError,
+        at_least,
+        existing_dir,
+        existing_file,
+        output_folder,
+        positive,
+        within,
+    )
+    from engine.infill import check_device
+    from engine.model import DiffusionGemma
+
+    at_least("--batch-size", args.batch_size, 1)
+    at_least("--steps", args.steps, 0)  # 0: no step limit
+    at_least("--total-steps", args.total_steps, 0)
+    at_least("--minutes", args.minutes, 0)  # 0: no time limit
+    at_least("--plan-minutes", args.plan_minutes, 0)
+    at_least("--reserve-seconds", args.reserve_seconds, 0)
+    if args.minutes and args.minutes * 60 <= args.reserve_seconds:
+        raise InputError(
+            f"--minutes {args.minutes} leaves no training time: {args.reserve_seconds:g} s of it are kept "
+            "for saving (--reserve-seconds)"
+        )
+    at_least("--context-tokens", args.context_tokens, MIN_CONTEXT_TOKENS)
+    positive("--lr", args.lr)
+    within("--min-lr-ratio", args.min_lr_ratio, 0, 1)
+    at_least("--warmup", args.warmup, 0)
+    within("--decay-share", args.decay_share, 0, 1)
+    at_least("--weight-decay", args.weight_decay, 0)
+    positive("--grad-clip", args.grad_clip)
+    at_least("--pad-weight", args.pad_weight, 0)
+    at_least("--context-lm-weight", args.context_lm_weight, 0)
+    within("--t-min", args.t_min, 0, 1, open_high=True)
+    within("--self-cond-p", args.self_cond_p, 0, 1)
+    within("--ordered-noise-p", args.ordered_noise_p, 0, 1)
+    at_least("--workers", args.workers, 0)
+    at_least("--log-every", args.log_every, 1)
+    at_least("--eval-every", args.eval_every, 1)
+    at_least("--val-batches", args.val_batches, 0)
+    at_least("--save-every-minutes", args.save_every_minutes, 0)
+    if args.objective == "causal" and args.context_lm_weight > 0:
+        raise InputError("--context-lm-weight is for the diffusion objective (a causal run's loss is all LM)")
+    if args.objective == "causal" and args.ordered_noise_p > 0:
+        raise InputError("--ordered-noise-p is for the diffusion objective")
+    mix = ExampleSettings()
+    if args.objective == "causal":
+        mix = replace(mix, pin_subset_p=0.0, pin_run_p=0.0)
+    try:
+        example_mix(args, mix)
+    except SystemExit as err:
+        raise InputError(str(err.code)) from None
+    try:
+        buckets = sorted({int(b) for b in args.buckets.split(",") if b.strip()})
+    except ValueError:
+        buckets = []
+    if not buckets or buckets[0] < 2:
+        raise InputError(
+            f"--buckets wants canvas lengths of at least 2, comma-separated (e.g. 16,32,64,128): {args.buckets!r}"
+        )
+    if args.device is not None:
+        try:
+            check_device(args.device)
+        except EngineError as err:
+            raise InputError(f"--device: {err}") from None
+
+    output_folder(args.out, "--out")
+    if args.export:
+        output_folder(args.export, "--export")
+    tok_path = existing_file(args.tokenizer, "--tokenizer")
+    try:
+        tok = Tokenizer.from_file(tok_path)
+    except Exception as err:  # tokenizers raises its own Exception subclass
+        raise InputError(f"--tokenizer {tok_path}: not a usable tokenizer.json ({err})") from None
+
+    data = existing_dir(args.data, "--data")
+    index = data / "train_docs.npy"
+    if not index.is_file():
+        raise InputError(
+            f"--data {data}: no token shards (train_docs.npy); build them with "
+            f"`python -m engine.data --out {data} --tokenizer ...`"
+        )
+    try:
+        docs = np.load(index)
+    except (OSError, ValueError, EOFError) as err:
+        raise InputError(f"--data {data}: unreadable shard index train_docs.npy ({err})") from None
+    if docs.ndim != 2 or docs.shape[1] != 3:
+        raise InputError(f"--data {data}: train_docs.npy is not a shard index (shape {docs.shape})")
+    if not (docs[:, 2] >= MIN_DOC_TOKENS).any():
+        raise InputError(
+            f"--data {data}: no training files ({len(docs)} in the train split, none of {MIN_DOC_TOKENS}+ tokens)"
+        )
+    for shard in sorted({int(i) for i in docs[:, 0]}):
+        if not (data / f"train_{shard:03d}.bin").is_file():
+            raise InputError(f"--data {data}: shard train_{shard:03d}.bin is missing")
+    try:
+        meta = json.loads((data / "meta.json").read_text()) if (data / "meta.json").is_file() else {}
+    except (OSError, ValueError):
+        meta = {}
+    if isinstance(meta, dict) and meta.get("vocab_size") not in (None, tok.vocab_size):
+        raise InputError(
+            f"--data {data} was tokenized with another vocabulary ({meta['vocab_size']} tokens, "
+            f"--tokenizer has {tok.vocab_size})"
+        )
+
+    resuming = args.resume and (Path(args.out) / "state" / "trainer.json").is_file()
+    if resuming:
+        return  # the model is the saved run's
+    if args.init_from:
+        folder = existing_dir(args.init_from, "--init-from")
+        try:
+            config = read_config(folder)
+        except EngineError as err:
+            raise InputError(f"--init-from: {err}") from None
+        what = f"--init-from {folder}"
+    else:
+        try:
+            config = model_config(args.model_config, tok.vocab_size, max(buckets))
+        except (ValueError, TypeError) as err:
+            raise InputError(f"--model-config: {err}") from None
+        what = "--model-config"
+    if config.vocab_size != tok.vocab_size:
+        raise InputError(
+            f"{what}: model vocabulary {config.vocab_size} != tokenizer vocabulary {tok.vocab_size}"
+        )
+    try:
+        with torch.device("meta"):  # shapes only: no memory, no time
+            DiffusionGemma(config)
+    except Exception as err:  # a config that names impossible shapes
+        raise InputError(f"{what}: cannot build this model ({type(err).__name__}: {err})") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    from engine.api import EngineError
+    from engine.cli_checks import InputError, fail
+
+    try:
+        check_args(args)
+    except InputError as err:
+        return fail("dfim train", str(err))
     if args.compile is None:
         args.compile = torch.cuda.is_available() and (args.device or "cuda") != "cpu"
-    train(args)
+    try:
+        train(args)
+    except EngineError as err:  # a checkpoint (--init-from) whose weights cannot be read
+        return fail("dfim train", str(err))
+    except SystemExit as err:  # train's own refusals (option combinations) carry their message
+        if isinstance(err.code, str):
+            return fail("dfim train", err.code)
+        raise
     return 0
 
 

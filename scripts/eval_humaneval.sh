@@ -18,7 +18,9 @@ model_args=()
 [[ -n "${MODEL:-}" ]] && model_args+=(--model "$MODEL")
 limit_args=()
 [[ -n "${LIMIT:-}" ]] && limit_args+=(--limit "$LIMIT")
-dfim=(python -m dfim.cli eval "$DATA" "${model_args[@]}" "${limit_args[@]}" --device "$DEVICE"
+# The repository's own environment when there is one (./install.sh makes .venv), else python3 on PATH.
+if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+dfim=("$PYTHON" -m dfim.cli eval "$DATA" "${model_args[@]}" "${limit_args[@]}" --device "$DEVICE"
       --workers "$WORKERS" --seed "$SEED" --max-tokens 32 --timeout 10)
 
 # 0. The harness itself: the canonical lines must all pass (100.0), or the sandbox is broken.

@@ -126,6 +126,10 @@ def test_tiny_training_loss_falls_and_resume_continues(data_dir: Path, tmp_path:
 
     model, _ = load_model(out / "export")
     assert isinstance(model, DiffusionGemma) and (out / "export" / "tokenizer.json").is_file()
+    from engine.checkpoint import read_info
+
+    info = read_info(out / "export")
+    assert info["name"] == "run" and info["random"] is False  # no --name: the --out folder's name
     assert all(p.stat().st_size <= 16 * 2**20 for p in (out / "export").glob("*.safetensors"))
     fresh = DiffusionGemma(model.config)
     optimizer = torch.optim.AdamW(

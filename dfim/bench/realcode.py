@@ -378,7 +378,11 @@ def build(
     problems: list[dict[str, Any]] = []
     stats: Counter[str] = Counter()
     for relative in source_files(project):
-        text = (project / relative).read_text(encoding="utf-8")
+        try:
+            text = (project / relative).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            log(f"{relative}: skipped ({'not UTF-8' if isinstance(e, UnicodeDecodeError) else e})")
+            continue
         lines_ran = set(ran.get(str(relative), ()))
         for span in find_spans(text, kinds):
             stats[f"candidates_{span.kind}"] += 1
@@ -421,6 +425,99 @@ def write_jsonl(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> None
 def load_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+PROBLEM_FIELDS = (
+    "task_id",
+    "prompt",
+    "suffix",
+    "canonical_solution",
+    "kind",
+    "project",
+    "path",
+    "test_command",
+)
+
+
+def read_problems(path: str | os.PathLike, limit: int | None = None) -> list[dict[str, Any]]:
+    """The problems `score` runs (the first `limit`), checked: a JSONL of `build`'s objects whose project
+    folders and files exist. InputError (the one line `dfim bench-realcode` prints) otherwise."""
+    from engine.cli_checks import InputError, existing_file
+
+    existing_file(path)
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text (expected the JSONL that `build` writes)") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
+    rows: list[tuple[int, dict[str, Any]]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}:{number}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{number}: not a JSON object")
+        missing = [k for k in PROBLEM_FIELDS if not isinstance(row.get(k), str)]
+        if missing:
+            hint = (
+                " (a `dfim eval` file? score reads what `dfim bench-realcode build` writes)"
+                if "test" in row
+                else ""
+            )
+            raise InputError(f"{path}:{number}: missing or non-string fields {', '.join(missing)}{hint}")
+        if row["kind"] not in KINDS:
+            raise InputError(f"{path}:{number}: unknown kind {row['kind']!r} (one of {', '.join(KINDS)})")
+        rows.append((number, row))
+    if not rows:
+        raise InputError(f"{path}: no problems")
+    rows = rows[:limit] if limit is not None else rows
+    for number, row in rows:
+        project = project_dir(row, path)
+        if not project.is_dir():
+            how = (
+                " (a relative project is read from the problems file's folder)"
+                if not Path(row["project"]).is_absolute()
+                else ""
+            )
+            raise InputError(f"{path}:{number}: project folder {project} does not exist{how}")
+        if not (project / row["path"]).is_file():
+            raise InputError(f"{path}:{number}: {row['path']}: no such file in the project {project}")
+        try:
+            parse_test_command(row["test_command"])
+        except RealcodeError as e:
+            raise InputError(f"{path}:{number}: {e}") from None
+    return [row for _, row in rows]
+
+
+def read_completions(path: str | os.PathLike) -> dict[str, str]:
+    """{task_id: completion} from a JSONL of {task_id, completion}; InputError when it is not one."""
+    from engine.cli_checks import InputError, existing_file
+
+    existing_file(path, "--completions")
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise InputError(f"--completions {path}: not UTF-8 text") from None
+    except OSError as e:
+        raise InputError(f"--completions {path}: cannot read ({e.strerror or e})") from None
+    out: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"--completions {path}:{number}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict) or not all(
+            isinstance(row.get(k), str) for k in ("task_id", "completion")
+        ):
+            raise InputError(f'--completions {path}:{number}: expected {{"task_id": ..., "completion": ...}}')
+        out[row["task_id"]] = row["completion"]
+    return out
 
 
 def project_dir(problem: dict[str, Any], problems_file: str | os.PathLike | None = None) -> Path:
@@ -604,8 +701,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--site-packages", action="store_true", help="let the tests import installed packages")
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad options before any test suite runs or model loads (InputError: the line to print)."""
+    from engine.cli_checks import at_least, existing_dir, output_file, output_folder, positive
+
+    positive("--timeout", args.timeout)
+    at_least("--memory-mb", args.memory_mb, 1)  # the sandbox reads 0 as "no limit": not from here
+    at_least("--workers", args.workers, 1)
+    if args.action == "build":
+        existing_dir(args.project, "project")
+        output_file(args.out, "--out")
+    else:
+        at_least("--limit", args.limit, 1)
+        at_least("--max-tokens", args.max_tokens, 1)
+        if args.out:
+            output_folder(args.out, "--out")
+
+
 def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
+    from engine.cli_checks import InputError, fail, reference_warning, sandbox_problem
+
     stdout = stdout or sys.stdout
+    prog = "dfim bench-realcode"
+    try:
+        check_args(args)
+    except InputError as e:
+        return fail(prog, str(e))
     limits = sandbox.SandboxLimits(timeout_s=args.timeout, memory_bytes=args.memory_mb << 20, open_files=256)
     extra = site_paths() if args.site_packages else []
     rest = sys.argv[sys.argv.index("bench-realcode") + 1 :] if "bench-realcode" in sys.argv else sys.argv[1:]
@@ -637,12 +758,19 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         stdout.write(json.dumps(info, indent=1) + f"\nwritten: {out}\n")
         return 0
 
-    problems = load_jsonl(args.problems)[: args.limit]
+    try:
+        problems = read_problems(args.problems, args.limit)
+        by_id = read_completions(args.completions) if args.completions else {}
+    except InputError as e:
+        return fail(prog, str(e))
+    if not args.reference:  # (a reference run is itself the harness check, reported below)
+        problem = sandbox_problem(limits)
+        if problem:
+            return fail(prog, problem)
     info: list[dict[str, Any]] = [{} for _ in problems]
     if args.reference:
         completions, source = [p["canonical_solution"] for p in problems], "reference"
     elif args.completions:
-        by_id = {r["task_id"]: r["completion"] for r in load_jsonl(args.completions)}
         missing = [p["task_id"] for p in problems if p["task_id"] not in by_id]
         if missing:
             print(
@@ -690,6 +818,10 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     table = markdown(rows, meta)
     (out / "summary.md").write_text(table, encoding="utf-8")
     stdout.write(table + f"\nwritten: {out / 'results.json'}, {out / 'summary.md'}\n")
+    if args.reference:
+        passed = sum(r["passed"] for r in records)
+        causes = "sandbox limits, the test command, or problems built from another version of the project"
+        return reference_warning(prog, passed, len(records), out / "results.json", causes)
     return 0
 
 

@@ -29,14 +29,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -97,8 +100,19 @@ def normalize(text: str) -> str:
 
 
 def file_region(path: str | os.PathLike) -> Region:
-    text = normalize(Path(path).read_text(encoding="utf-8"))
-    return Region(source=str(path), path=Path(path).name, before="", typed=text, after="")
+    """A file typed from an empty document. InputError (the line `dfim replay` prints) for a file `dfim fill`
+    would refuse: missing, empty, binary, not UTF-8, or of an unknown language."""
+    from engine.cli_checks import InputError, read_text_file
+    from engine.fill_command import LANGUAGES
+    from server.context import language_for
+
+    path = Path(path)
+    text = normalize(read_text_file(path, "dfim replay"))
+    if path.suffix.lower() not in LANGUAGES and language_for(None, path.name) is None:
+        kind = f"'{path.suffix}'" if path.suffix else "without an extension"
+        known = " ".join(sorted(LANGUAGES))
+        raise InputError(f"{path}: unknown file type {kind} (dfim replay types source files: {known})")
+    return Region(source=str(path), path=path.name, before="", typed=text, after="")
 
 
 def _runs(numbers: list[int]) -> list[tuple[int, int]]:
@@ -147,6 +161,27 @@ def git(repo: str, *args: str) -> str:
     return subprocess.run(
         ["git", "-C", repo, *args], check=True, capture_output=True, text=True, errors="replace"
     ).stdout
+
+
+def check_git(repo: str, rev: str) -> None:
+    """`repo` is a git work tree (or repository) and `rev` names a commit in it; InputError otherwise."""
+    from engine.cli_checks import InputError, existing_dir
+
+    existing_dir(repo, "--git")
+
+    def ok(*args: str) -> bool:
+        try:
+            done = subprocess.run(
+                ["git", "-C", repo, *args], capture_output=True, text=True, errors="replace"
+            )
+        except FileNotFoundError:
+            raise InputError("--git: the `git` command is not installed") from None
+        return done.returncode == 0
+
+    if not ok("rev-parse", "--git-dir"):
+        raise InputError(f"--git {repo}: not a git repository")
+    if not ok("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"):
+        raise InputError(f"--rev {rev}: unknown revision in {repo} (or a repository without commits)")
 
 
 def git_regions(repo: str, commits: int, rev: str, max_chars: int) -> list[Region]:
@@ -204,7 +239,7 @@ def judge(doc: str, cursor: int, start: int, end: int, insert: str, remaining: s
         if core and remaining.startswith(core):
             return "full", len(core)
     common = len(os.path.commonprefix([proposal, remaining]))
-    if common >= min_partial:
+    if common >= max(1, min_partial):  # an empty accept would resend the same request forever
         return "partial", common
     return "rejected", 0
 
@@ -323,11 +358,24 @@ class Client:
         return await self.lsp.protocol.send_request_async("dfim/stats", {})
 
     async def stop(self) -> None:
+        """Shut the server down as an editor does (shutdown, exit); kill it if it does not go in 10 s."""
         try:
             await asyncio.wait_for(self.lsp.shutdown_async(None), 10)
             self.lsp.exit(None)
-        finally:
             await asyncio.wait_for(self.lsp.stop(), 10)
+        except Exception:  # the report is complete: a server that will not stop cleanly is killed
+            pass
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        """Stop the server process now, if it runs (synchronous: safe in any `finally`)."""
+        server = getattr(self.lsp, "_server", None)
+        if server is not None and server.returncode is None:
+            try:
+                server.kill()
+            except ProcessLookupError:
+                pass
 
 
 # ----------------------------------------------------------------------------- the replay
@@ -443,8 +491,8 @@ async def replay(
     init = {"telemetry": {"enabled": False}, **(server_settings or {})}
     client = Client()
     with tempfile.TemporaryDirectory(prefix="dfim-replay-") as data_dir:
-        ready = await client.start(model, device, init, data_dir)
         try:
+            ready = await client.start(model, device, init, data_dir)
             if _get(ready, "state") != "ready":
                 raise RuntimeError(f"the server could not load the model: {_get(ready, 'message')}")
             results = []
@@ -458,8 +506,9 @@ async def replay(
                         f"{s.accepted} accepted, {s.accepted_chars}/{s.chars} chars\n"
                     )
             server = await client.stats()
-        finally:
             await client.stop()
+        finally:
+            client.kill()  # any way out (an error, Ctrl-C, SIGTERM) leaves no `dfim serve` behind
     rows = []
     for r in results:
         row = asdict(r)
@@ -538,16 +587,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no per-region progress lines")
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad options before a server starts (InputError: the line `dfim replay` prints). The sampling
+    overrides are checked against the server's own bounds: it would refuse them and keep its defaults."""
+    from engine.cli_checks import at_least, existing_dir, output_folder, within
+    from server.options import SamplingOptions
+
+    at_least("--min-partial", args.min_partial, 1)
+    at_least("--every", args.every, 1)
+    at_least("--max-chars", args.max_chars, 1)
+    at_least("--commits", args.commits, 1)
+    bounds = {f.name: f.metadata for f in dataclasses.fields(SamplingOptions)}
+    for flag, value, name in (
+        ("--steps", args.steps, "max_steps"),
+        ("--max-canvas", args.max_canvas, "max_canvas"),
+    ):
+        within(flag, value, bounds[name]["min"], bounds[name]["max"])
+    if args.model:
+        existing_dir(args.model, "--model")
+    if args.out:
+        output_folder(args.out, "--out")
+    if args.git:
+        check_git(args.git, args.rev)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: the server child is stopped on the way out
+
+
 def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
+    from engine.cli_checks import InputError, fail
+
     stdout = stdout or sys.stdout
     options = ReplayOptions(args.trigger, args.every, args.min_partial, args.max_chars)
     try:
+        check_args(args)
         regions = [file_region(p) for p in args.paths]
         if args.git:
             regions += git_regions(args.git, args.commits, args.rev, args.max_chars)
-    except (OSError, UnicodeDecodeError, subprocess.CalledProcessError) as e:
-        print(f"dfim replay: {e}", file=sys.stderr)
-        return 2
+    except InputError as e:
+        return fail("dfim replay", str(e))
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = (getattr(e, "stderr", None) or "").strip().splitlines()
+        return fail("dfim replay", detail[-1] if detail else str(e))
     for r in regions:
         r.typed = r.typed[: args.max_chars]
     regions = [r for r in regions if r.typed]
@@ -556,6 +638,8 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         return 2
     sampling = {k: v for k, v in (("maxSteps", args.steps), ("maxCanvas", args.max_canvas)) if v is not None}
     started = time.perf_counter()
+    on_term = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if on_term else None
     try:
         report = asyncio.run(
             replay(
@@ -567,9 +651,15 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
                 progress=None if args.quiet else sys.stderr,
             )
         )
+    except KeyboardInterrupt:
+        print("dfim replay: interrupted", file=sys.stderr)
+        return 130
     except (RuntimeError, TimeoutError) as e:
         print(f"dfim replay: {e}", file=sys.stderr)
         return 2
+    finally:
+        if on_term:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     rest = sys.argv[sys.argv.index("replay") + 1 :] if "replay" in sys.argv else sys.argv[1:]
     report["meta"] = {
         "command": "dfim replay " + " ".join(shlex.quote(a) for a in rest),

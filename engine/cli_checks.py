@@ -1,0 +1,180 @@
+"""Checks of command-line input shared by the `dfim` commands (and `python -m engine.data`).
+
+Every command answers bad input as `dfim fill` does (engine/fill_command.py): one line on stderr,
+`dfim COMMAND: what is wrong`, naming the flag or the file, and exit status 2; never a traceback, a
+hang, or a run that does nothing and exits 0. The checks raise `InputError` (the class `dfim fill`
+uses) with that line; a command's `run` catches it and returns `fail(prog, str(err))`.
+
+No torch here: a command refuses bad options before it loads a model or reads its data.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+from engine.fill_command import InputError, read_source
+
+__all__ = [
+    "InputError",
+    "at_least",
+    "existing_dir",
+    "existing_file",
+    "fail",
+    "output_file",
+    "output_folder",
+    "positive",
+    "read_text_file",
+    "within",
+]
+
+
+def fail(prog: str, message: str) -> int:
+    """Print `prog: message` on stderr; the exit status of bad input (2)."""
+    print(f"{prog}: {message}", file=sys.stderr)
+    return 2
+
+
+def _number(value: float) -> bool:
+    return not (isinstance(value, float) and math.isnan(value))
+
+
+def at_least(flag: str, value: float | None, minimum: float) -> None:
+    """`flag` is unset (None) or >= minimum."""
+    if value is not None and not (_number(value) and value >= minimum):
+        raise InputError(f"{flag} must be at least {minimum} (got {value})")
+
+
+def positive(flag: str, value: float | None) -> None:
+    """`flag` is unset (None) or > 0."""
+    if value is not None and not (_number(value) and value > 0):
+        raise InputError(f"{flag} must be greater than 0 (got {value})")
+
+
+def within(
+    flag: str,
+    value: float | None,
+    low: float,
+    high: float,
+    *,
+    open_low: bool = False,
+    open_high: bool = False,
+) -> None:
+    """`flag` is unset (None) or in the interval [low, high] (either end open if asked)."""
+    if value is None:
+        return
+    above = value > low if open_low else value >= low
+    below = value < high if open_high else value <= high
+    if not (_number(value) and above and below):
+        interval = f"{'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+        raise InputError(f"{flag} must be in {interval} (got {value})")
+
+
+def _label(path: str | os.PathLike, flag: str | None) -> str:
+    return f"{flag} {path}" if flag else str(path)
+
+
+def existing_file(path: str | os.PathLike, flag: str | None = None) -> Path:
+    """A file that exists (not a folder)."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{_label(path, flag)}: no such file")
+    if p.is_dir():
+        raise InputError(f"{_label(path, flag)}: is a folder, not a file")
+    return p
+
+
+def existing_dir(path: str | os.PathLike, flag: str | None = None) -> Path:
+    """A folder that exists."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{_label(path, flag)}: no such folder")
+    if not p.is_dir():
+        raise InputError(f"{_label(path, flag)}: is a file, not a folder")
+    return p
+
+
+def _creatable(p: Path, label: str) -> None:
+    """The first existing folder above `p` is a folder this process may write into."""
+    ancestor = p.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InputError(f"{label}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise InputError(f"{label}: cannot write in {ancestor} (permission denied)")
+
+
+def output_folder(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """A run folder to create (or write into): refused when it is a file or cannot be made."""
+    p = Path(path)
+    label = _label(path, flag)
+    if p.exists():
+        if not p.is_dir():
+            raise InputError(f"{label}: exists and is not a folder (name a folder to write into)")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise InputError(f"{label}: cannot write in this folder (permission denied)")
+        return p
+    _creatable(p, label)
+    return p
+
+
+def output_file(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """A file to (over)write: refused when it is a folder or its folder cannot be made."""
+    p = Path(path)
+    label = _label(path, flag)
+    if p.is_dir():
+        raise InputError(f"{label}: is a folder (name the file to write)")
+    if p.exists():
+        if not os.access(p, os.W_OK):
+            raise InputError(f"{label}: cannot overwrite this file (permission denied)")
+        return p
+    _creatable(p, label)
+    return p
+
+
+def read_text_file(path: str | os.PathLike, prog: str) -> str:
+    """A UTF-8 source file's text; missing, empty, binary (NUL bytes) and non-UTF-8 files are refused with
+    `dfim fill`'s messages (`prog` names the command in them)."""
+    p = Path(path)
+    if p.is_file() and p.stat().st_size == 0:
+        raise InputError(f"{path}: empty file")
+    try:
+        return read_source(p)
+    except InputError as err:
+        raise InputError(str(err).replace("dfim fill", prog)) from None
+
+
+def sandbox_problem(limits) -> str | None:
+    """Why the test sandbox (engine.sandbox) cannot run even an empty program under `limits`, or None.
+
+    Every test would fail the same way, so a benchmark would report pass@1 0 for a broken harness."""
+    from engine import sandbox
+
+    result = sandbox.run_program("pass\n", limits)
+    if result.passed:
+        return None
+    how = "timed out" if result.timed_out else f"exit status {result.returncode}"
+    last = (result.stderr.strip().splitlines() or [""])[-1][:200]
+    return (
+        f"the test sandbox cannot run an empty program under these limits ({how}"
+        f"{': ' + last if last else ''}); raise --memory-mb or --timeout"
+    )
+
+
+def reference_warning(
+    prog: str, passed: int, total: int, results: str | os.PathLike, causes: str = "sandbox limits or bad data"
+) -> int:
+    """The exit status of a `--reference` run: 0 when every canonical solution passed; otherwise a warning
+    line (the harness or the data is broken: the numbers mean nothing) and 1."""
+    if total and passed == total:
+        return 0
+    share = 100.0 * passed / total if total else 0.0
+    print(
+        f"{prog}: warning: only {passed}/{total} reference solutions pass ({share:.1f}%, expected 100%): "
+        f"the test harness is broken ({causes}); see {results}",
+        file=sys.stderr,
+    )
+    return 1

@@ -1,0 +1,354 @@
+"""Bad command-line input, command by command, run as real subprocesses: one line on stderr naming the
+option or file, exit status 2, no traceback, no hang (every run has a timeout), nothing done silently."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER = ROOT / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+EVAL_FIXTURE = ROOT / "fixtures" / "eval" / "tiny-infilling.jsonl"
+REALCODE = ROOT / "fixtures" / "realcode" / "problems.jsonl"
+
+
+def cli(*args: object, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`python -m dfim ARGS` (or `python -m engine.data ARGS` when the first word is `engine.data`)."""
+    module = ["engine.data"] if args and args[0] == "engine.data" else ["dfim"]
+    words = [str(a) for a in (args[1:] if module == ["engine.data"] else args)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", *module, *words],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_refused(proc: subprocess.CompletedProcess, prog: str, *needles: str) -> None:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Inputs shared by the tests: a plain file, a source file, a binary one, shards, checkpoints."""
+    tmp = tmp_path_factory.mktemp("inputs")
+    made = {"tmp": tmp, "file": tmp / "a_file", "empty_dir": tmp / "empty"}
+    made["file"].write_text("not a folder\n")
+    made["empty_dir"].mkdir()
+    made["source"] = tmp / "ok.py"
+    made["source"].write_text("x = 1\ny = x\n")
+    made["binary"] = tmp / "bin.py"
+    made["binary"].write_bytes(b"x = 1\x00\x01\n")
+    made["latin1"] = tmp / "latin.py"
+    made["latin1"].write_bytes(b'x = "\xe9"\n')
+    made["unknown"] = tmp / "notes.xyz"
+    made["unknown"].write_text("hello\n")
+    # Shards as `python -m engine.data` leaves them for a root without files: an empty index.
+    made["no_docs"] = tmp / "no_docs"
+    made["no_docs"].mkdir()
+    np.save(made["no_docs"] / "train_docs.npy", np.zeros((0, 3), dtype=np.int64))
+    # A checkpoint whose config reads but whose weights are garbage.
+    made["corrupt"] = tmp / "corrupt"
+    made["corrupt"].mkdir()
+    config = (ROOT / "engine" / "weights" / "dfim-small" / "config.json").read_text()
+    (made["corrupt"] / "config.json").write_text(config)
+    (made["corrupt"] / "model.safetensors").write_bytes(os.urandom(64))
+    return made
+
+
+# ----------------------------------------------------------------------------- dfim train
+
+
+@pytest.fixture(scope="module")
+def shards(files: dict[str, Path]) -> Path:
+    """Token shards that pass the data checks: one file of 50 tokens."""
+    data = files["tmp"] / "shards"
+    data.mkdir()
+    np.save(data / "train_docs.npy", np.array([[0, 0, 50]], dtype=np.int64))
+    np.zeros(51, dtype=np.uint16).tofile(data / "train_000.bin")
+    return data
+
+
+def expand(args: list[str], files: dict[str, Path]) -> list[str]:
+    """`@name` and `@name/rest` stand for the paths of the `files` fixture."""
+    out = []
+    for a in args:
+        if a.startswith("@"):
+            key, _, rest = a[1:].partition("/")
+            a = str(files[key] / rest) if rest else str(files[key])
+        out.append(a)
+    return out
+
+
+# case: (arguments after --data SHARDS --out RUN, words the message must hold). As subprocesses (each
+# pays torch's import, about 2 s): the findings of the review.
+TRAIN_CASES = {
+    "data_missing": (["--data", "@tmp/absent"], ("--data", "no such folder")),
+    "data_empty": (["--data", "@no_docs"], ("--data", "no training files")),  # was an IndexError
+    "batch_size_0": (["--batch-size", "0"], ("--batch-size", "at least 1")),  # waited forever for a batch
+    "steps_negative": (["--steps", "-1"], ("--steps",)),  # exported an untrained model, "random": false
+    "unknown_config_key": (["--model-config", '{"bad": 1}'], ("--model-config", "'bad'")),  # was dropped
+    "corrupt_init": (["--init-from", "@corrupt", "--device", "cpu", "--workers", "0"], ("corrupt",)),
+}
+# The same checks in-process, through the command's own entry point (dfim.cli.main).
+MORE_TRAIN_CASES = {
+    "out_is_file": (["--out", "@file"], ("--out", "not a folder")),
+    "data_is_file": (["--data", "@file"], ("--data", "not a folder")),
+    "data_without_shards": (["--data", "@empty_dir"], ("--data", "train_docs.npy")),
+    "bogus_config": (["--model-config", "bogus"], ("--model-config", "bogus")),
+    "bad_json_config": (["--model-config", "{nope"], ("--model-config", "JSON")),
+    "device_gpu": (["--device", "gpu"], ("--device", "gpu")),
+    "init_missing": (["--init-from", "@tmp/absent"], ("--init-from", "no such folder")),
+    "tokenizer_missing": (["--tokenizer", "@tmp/absent.json"], ("--tokenizer", "no such file")),
+    "buckets_abc": (["--buckets", "abc"], ("--buckets", "abc")),
+    "lr_0": (["--lr", "0"], ("--lr",)),
+    "context_tokens_0": (["--context-tokens", "0"], ("--context-tokens",)),
+    "minutes_negative": (["--minutes", "-1"], ("--minutes",)),
+    "minutes_within_reserve": (["--minutes", "0.1"], ("--minutes", "--reserve-seconds")),
+    "span_mix": (["--span-mix", "1,2"], ("--span-mix",)),
+}
+
+
+@pytest.mark.parametrize("case", TRAIN_CASES)
+def test_train_refuses(case: str, files: dict[str, Path], shards: Path) -> None:
+    extra, needles = TRAIN_CASES[case]
+    run = files["tmp"] / f"run-{case}"
+    args = ["--data", shards, "--out", run, *expand(extra, files)]
+    assert_refused(cli("train", *args, cwd=files["tmp"], timeout=120), "dfim train", *needles)
+    if case != "corrupt_init":  # (that one is only found when the weights are read)
+        assert not run.exists()  # refused before anything was written
+
+
+def test_train_refuses_more(files: dict[str, Path], shards: Path, capsys: pytest.CaptureFixture) -> None:
+    import torch
+
+    from dfim.cli import main
+
+    cases = dict(MORE_TRAIN_CASES)
+    if not torch.cuda.is_available():
+        cases["device_cuda"] = (["--device", "cuda"], ("--device", "CUDA is not available"))
+    for case, (extra, needles) in cases.items():
+        run = files["tmp"] / f"run-{case}"
+        code = main(["train", "--data", str(shards), "--out", str(run), *expand(extra, files)])
+        err = capsys.readouterr().err
+        assert_refused(subprocess.CompletedProcess([], code, "", err), "dfim train", *needles)
+        assert not run.exists(), case
+
+
+def test_model_config_names_unknown_keys() -> None:
+    from engine.config import ModelConfig
+
+    with pytest.raises(ValueError, match="'colour'"):
+        ModelConfig.from_dict({"hidden_size": 64, "colour": "red"})
+
+
+# ----------------------------------------------------------------------------- dfim replay
+
+
+def test_replay_refuses_bad_options_and_files(files: dict[str, Path]) -> None:
+    tmp, source = files["tmp"], files["source"]
+    cases = [
+        ([source, "--min-partial", "0"], ("--min-partial", "at least 1")),  # looped forever
+        ([source, "--min-partial", "-2"], ("--min-partial",)),
+        ([source, "--steps", "0"], ("--steps",)),
+        ([source, "--max-canvas", "8"], ("--max-canvas", "[16, 256]")),  # the server's own bounds
+        ([source, "--every", "0"], ("--every",)),
+        ([source, "--max-chars", "0"], ("--max-chars",)),
+        ([files["binary"]], ("bin.py", "binary")),
+        ([files["latin1"]], ("latin.py", "not UTF-8")),
+        ([files["unknown"]], ("notes.xyz", "unknown file type")),
+        ([tmp / "absent.py"], ("absent.py", "no such file")),
+        (["--git", tmp / "absent"], ("--git", "no such folder")),
+        (["--git", files["empty_dir"]], ("--git", "not a git repository")),
+        (["--git", ROOT, "--rev", "no-such-revision-xyz"], ("no-such-revision-xyz", "unknown revision")),
+        ([source, "--out", files["file"]], ("--out", "not a folder")),
+        ([source, "--model", tmp / "no-model"], ("--model", "no such folder")),
+    ]
+    for args, needles in cases:
+        assert_refused(cli("replay", *args, cwd=tmp), "dfim replay", *needles)
+
+
+def test_replay_partial_accepts_are_never_empty() -> None:
+    from dfim.bench.replay import judge
+
+    # a suggestion sharing nothing with what comes next: rejected even with min_partial 0
+    assert judge("x = \n", 4, 4, 4, "abc", "zzz\n", 0) == ("rejected", 0)
+
+
+def test_replay_stops_its_server_when_terminated(files: dict[str, Path]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dfim", "replay", str(ROOT / "engine" / "metrics.py"), "--quiet"]
+        + ["--out", str(files["tmp"] / "replay-out")],
+        cwd=files["tmp"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def children() -> list[int]:
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == proc.pid:
+                found.append(int(stat.parent.name))
+        return found
+
+    try:
+        deadline = time.monotonic() + 30
+        while not (server := children()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server, "the replay never started its server"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    time.sleep(0.2)
+    for pid in server:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # gone
+        assert state == "Z", f"dfim serve {pid} still running after the replay was terminated"
+
+
+# ----------------------------------------------------------------------------- dfim bench-realcode
+
+
+def test_realcode_score_refuses_bad_input(files: dict[str, Path]) -> None:
+    tmp = files["tmp"]
+    moved = tmp / "moved.jsonl"  # relative `project` paths that no longer resolve
+    moved.write_text(REALCODE.read_text())
+    (tmp / "not.json").write_text("nope\n")
+    (tmp / "empty.jsonl").write_text("\n")
+    (tmp / "completions.jsonl").write_text('{"task_id": 1}\n')
+    cases = [
+        ([moved, "--reference"], ("moved.jsonl:1", "project folder", "does not exist")),
+        ([tmp / "absent.jsonl", "--reference"], ("absent.jsonl", "no such file")),
+        ([tmp / "not.json", "--reference"], ("not.json:1", "not JSON")),
+        ([EVAL_FIXTURE, "--reference"], ("project", "dfim eval")),
+        ([tmp / "empty.jsonl", "--reference"], ("no problems",)),
+        ([REALCODE, "--completions", tmp / "absent.jsonl"], ("--completions", "no such file")),
+        ([REALCODE, "--completions", tmp / "completions.jsonl"], ("--completions", "task_id")),
+        ([REALCODE, "--reference", "--out", files["file"]], ("--out", "not a folder")),
+        ([REALCODE, "--reference", "--limit", "0"], ("--limit",)),
+        ([REALCODE, "--reference", "--limit", "-2"], ("--limit",)),  # a slice: scored 89 problems
+        ([REALCODE, "--model", "default", "--max-tokens", "0"], ("--max-tokens",)),
+    ]
+    for args, needles in cases:
+        assert_refused(cli("bench-realcode", "score", *args, cwd=tmp), "dfim bench-realcode", *needles)
+    build = cli("bench-realcode", "build", ROOT / "fixtures" / "realcode" / "project", "--out", tmp, cwd=tmp)
+    assert_refused(build, "dfim bench-realcode", "--out", "is a folder")
+
+
+def test_realcode_reference_below_100_is_a_warning_and_exit_1(files: dict[str, Path]) -> None:
+    out = files["tmp"] / "realcode-ref"
+    proc = cli(
+        "bench-realcode", "score", REALCODE, "--reference", "--limit", "1", "--memory-mb", "5", "--out", out,
+        cwd=files["tmp"],
+    )  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "warning" in line and "0/1" in line and "harness" in line
+    assert (out / "results.json").is_file()
+
+
+# ----------------------------------------------------------------------------- dfim eval
+
+
+def test_eval_refuses_bad_options_before_loading_a_model(files: dict[str, Path]) -> None:
+    tmp = files["tmp"]
+    absent_model = ["--model", tmp / "no-model"]  # loading it would fail: the option is refused first
+    cases = [
+        (["--memory-mb", "0"], ("--memory-mb",)),
+        (["--memory-mb", "-5"], ("--memory-mb",)),
+        (["--entropy-bound", "-0.5"], ("--entropy-bound",)),
+        (["--out", files["file"]], ("--out", "not a folder")),
+        (["--sweep", "steps=abc"], ("--sweep", "'steps'", "abc")),
+        (["--sweep", "early_stop=maybe"], ("--sweep", "'early_stop'")),
+        (["--memory-mb", "5"], ("sandbox", "--memory-mb")),  # every test would die: pass@1 0 of nothing
+    ]
+    for args, needles in cases:
+        assert_refused(cli("eval", EVAL_FIXTURE, *absent_model, *args, cwd=tmp), "dfim eval", *needles)
+
+
+def test_eval_reference_below_100_is_a_warning_and_exit_1(files: dict[str, Path]) -> None:
+    out = files["tmp"] / "eval-ref"
+    proc = cli(
+        "eval", EVAL_FIXTURE, "--reference", "--memory-mb", "5", "--quiet", "--workers", "1", "--out", out,
+        cwd=files["tmp"],
+    )  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("dfim eval: warning") and "0/3" in line and "harness" in line
+    assert json.loads((out / "results.json").read_text())["summary"][0]["pass_at_1"] == 0.0
+
+
+def test_eval_script_uses_the_repository_environment() -> None:
+    script = (ROOT / "scripts" / "eval_humaneval.sh").read_text()
+    assert ".venv/bin/python" in script and 'dfim=("$PYTHON" -m dfim.cli eval' in script
+    assert "dfim=(python " not in script
+
+
+# ----------------------------------------------------------------------------- dfim serve
+
+
+def test_serve_refuses_bad_tcp_and_log_file(files: dict[str, Path]) -> None:
+    tmp = files["tmp"]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        in_use = cli("serve", "--tcp", f"127.0.0.1:{port}", cwd=tmp)
+    assert_refused(in_use, "dfim serve", "--tcp", str(port), "in use")
+    assert_refused(cli("serve", "--tcp", "999.1.1.1:4000", cwd=tmp), "dfim serve", "--tcp", "999.1.1.1")
+    assert_refused(
+        cli("serve", "--log-file", tmp / "absent" / "log.txt", cwd=tmp), "dfim serve", "--log-file", "No such"
+    )
+    assert_refused(cli("serve", "--log-file", tmp, cwd=tmp), "dfim serve", "--log-file", "directory")
+
+
+# ----------------------------------------------------------------------------- python -m engine.data
+
+
+def test_data_builder_refuses_bad_input(files: dict[str, Path]) -> None:
+    tmp = files["tmp"]
+    out = tmp / "built"
+    common = ["--out", out, "--tokenizer", TOKENIZER, "--workers", "1", "--eval-data"]
+    cases = [
+        ([*common, "--roots", tmp / "absent"], ("--roots", "no such folder")),  # reported 0 files, exit 0
+        ([*common, "--roots", files["empty_dir"]], ("no .py files",)),
+        ([*common, "--roots", files["empty_dir"], "--val-fraction", "0"], ("--val-fraction",)),
+        ([*common, "--roots", files["empty_dir"], "--val-fraction", "1.5"], ("--val-fraction",)),
+        (["--out", out, "--tokenizer", tmp / "absent.json", "--roots", tmp], ("--tokenizer", "no such file")),
+        (["--out", files["file"], "--tokenizer", TOKENIZER, "--roots", tmp], ("--out", "not a folder")),
+    ]
+    for args, needles in cases:
+        assert_refused(cli("engine.data", *args, cwd=tmp), "python -m engine.data", *needles)
+    assert not (out / "meta.json").exists()
