@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import socket
 import sys
 
 
@@ -33,24 +32,6 @@ def parse_address(value: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def listen_problem(host: str, port: int) -> str | None:
-    """Why a TCP server could not listen on host:port (unknown host, port in use, no permission), or None.
-
-    Checked before the server is built, so a bad --tcp is one line and exit 2, not a traceback."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (socket.gaierror, UnicodeError) as exc:
-        return f"--tcp: unknown host {host!r} ({getattr(exc, 'strerror', None) or exc})"
-    for family, kind, proto, _, address in infos:
-        try:
-            with socket.socket(family, kind, proto) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's server does
-                probe.bind(address)
-        except OSError as exc:
-            return f"--tcp: cannot listen on {host}:{port} ({exc.strerror or exc})"
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     def fail(message: str) -> int:
         print(f"dfim serve: {message}", file=sys.stderr)
@@ -64,9 +45,6 @@ def run(args: argparse.Namespace) -> int:
             address = parse_address(args.tcp)
         except ValueError as exc:
             return fail(str(exc))
-        problem = listen_problem(*address)
-        if problem:
-            return fail(problem)
     level = logging.DEBUG if args.verbose else logging.WARNING
     try:
         handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)
@@ -81,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if address:
         try:
             ls.start_tcp(*address)
-        except OSError as exc:  # taken between the check and now
+        except OSError as exc:  # in use, no permission, unknown host (socket.gaierror is an OSError)
             return fail(f"--tcp: cannot listen on {address[0]}:{address[1]} ({exc.strerror or exc})")
     else:
         ls.start_io()
