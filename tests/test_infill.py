@@ -45,10 +45,11 @@ def test_checkpoint_sampler_notes_round_trip(tmp_path):
     from engine.checkpoint import load_model, read_settings, save_model
 
     model, _ = load_model(write_random_checkpoint(tmp_path / "a", TOKENIZER_JSON, seed=1))
-    save_model(model, tmp_path / "b", SamplerSettings(window=8), info={"name": "b"})
-    assert read_settings(tmp_path / "b") == SamplerSettings(window=8)
+    ours = SamplerSettings(window=8, rank="likelihood")
+    save_model(model, tmp_path / "b", ours, info={"name": "b"})
+    assert read_settings(tmp_path / "b") == ours
     info = json.loads((tmp_path / "b" / "dfim.json").read_text())
-    assert info == {"name": "b", "sampler": {"window": 8}}
+    assert info == {"name": "b", "sampler": {"window": 8, "rank": "likelihood"}}
     # Saving with the released sampler drops a stale entry the notes were copied with.
     save_model(model, tmp_path / "c", SamplerSettings(), info=info)
     assert "sampler" not in json.loads((tmp_path / "c" / "dfim.json").read_text())
