@@ -290,25 +290,33 @@ class Engine:
         self, request: FillRequest, plan: CanvasPlan, candidates: list[_Candidate], cache: ContextCache
     ) -> None:
         """Each candidate's log-likelihood under the encoder's causal LM, as the prefix's continuation
-        followed by the head of the suffix (which judges where the text ends). The context cache is cut
-        before the last prefix token (whose logits predict the first new token) and restored after."""
-        keep = len(plan.context_ids) - 2  # drop <fim_middle> and re-run the last prefix token
-        cache.prepare(plan.context_ids[:keep])
+        followed by the head of the suffix (which judges where the text ends). One batched causal pass
+        over a view of the context cache cut before the last prefix token (whose logits predict the first
+        new token); the cache itself is left as it is."""
+        cache.prepare(plan.context_ids)  # a continued fill left its blocks there
+        keep = len(plan.context_ids) - 2  # without <fim_middle>, and the last prefix token runs again
         suffix_head = request.suffix[:SUFFIX_HEAD_CHARS]
         heal = plan.heal_bytes.decode("utf-8", errors="replace")
+        rows: list[tuple[_Candidate, list[int]]] = []
         for cand in candidates:
             text, _ = assemble_text(cand.tokens, self.tokenizer, plan.heal_bytes)
             text = cut_at_stop(text, request.stop)
             ids = self.tokenizer.encode(heal + text + suffix_head)
-            if not text.strip() or not ids:  # an empty fill shows nothing: ranked last
-                cand.likelihood = float("-inf")
-                continue
-            batch = torch.tensor([[plan.context_ids[keep], *ids]], dtype=torch.long, device=self.device)
-            logits = self.model.context_lm(batch, cache.kv)[0, :-1]
-            cache.kv.truncate(keep)
-            logp = torch.log_softmax(logits, dim=-1).gather(1, batch[0, 1:, None])
-            cand.likelihood = float(logp.sum())
-        cache.prepare(plan.context_ids)
+            cand.likelihood = float("-inf")  # an empty fill shows nothing: ranked last
+            if text.strip() and ids:
+                rows.append((cand, ids))
+        if not rows:
+            return
+        width = 1 + max(len(ids) for _, ids in rows)
+        batch = torch.full((len(rows), width), self.tokenizer.pad_id, dtype=torch.long, device=self.device)
+        batch[:, 0] = plan.context_ids[keep]
+        for r, (_, ids) in enumerate(rows):
+            batch[r, 1 : 1 + len(ids)] = torch.tensor(ids, dtype=torch.long, device=self.device)
+        # right padding: a row's padding comes after its tokens, so no real token attends to it
+        logits = self.model.context_lm(batch, cache.kv.shared_prefix(keep, len(rows)))[:, :-1]
+        logp = torch.log_softmax(logits, dim=-1).gather(2, batch[:, 1:, None])[..., 0]  # [rows, width - 1]
+        for r, (cand, ids) in enumerate(rows):
+            cand.likelihood = float(logp[r, : len(ids)].sum())
 
     def _fill_causal(
         self, request: FillRequest, plan: CanvasPlan, cache: ContextCache, start: float

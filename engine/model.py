@@ -414,6 +414,17 @@ class KVCache:
     def get(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
         return self.keys[layer], self.values[layer]
 
+    def shared_prefix(self, length: int, batch: int) -> KVCache:
+        """A new cache over this one's first `length` tokens, repeated for `batch` rows without a copy (rows
+        appended to it go to the new cache only: scoring several continuations of one context at once)."""
+        view = KVCache(len(self.keys))
+        for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+            if k is not None and v is not None:
+                view.keys[i] = k[:, :, :length].expand(batch, -1, -1, -1)
+                view.values[i] = v[:, :, :length].expand(batch, -1, -1, -1)
+        view.length = min(length, self.length)
+        return view
+
     def truncate(self, length: int) -> None:
         """Forget everything after the first `length` context tokens."""
         if length >= self.length:
