@@ -102,6 +102,10 @@ class FillRequest:
     # Which context KV cache the fill reuses. Requests that follow each other (keystrokes) should share a
     # slot; unrelated streams (inline fills, code actions) keep their own so neither evicts the other.
     cache_slot: str = "main"
+    # The text after the fill in the finished document, where it is not `suffix`: a fill shown as a new line
+    # above the code after the cursor is followed by a line break, not glued to that code. Likelihood
+    # ranking (SamplerSettings.rank) scores candidates against it; the denoiser still sees `suffix`.
+    scored_suffix: str | None = None
 
 
 @dataclass

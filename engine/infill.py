@@ -295,7 +295,8 @@ class Engine:
         new token); the cache itself is left as it is."""
         cache.prepare(plan.context_ids)  # a continued fill left its blocks there
         keep = len(plan.context_ids) - 2  # without <fim_middle>, and the last prefix token runs again
-        suffix_head = request.suffix[:SUFFIX_HEAD_CHARS]
+        after = request.suffix if request.scored_suffix is None else request.scored_suffix
+        suffix_head = after[:SUFFIX_HEAD_CHARS]
         heal = plan.heal_bytes.decode("utf-8", errors="replace")
         rows: list[tuple[_Candidate, list[int]]] = []
         for cand in candidates:

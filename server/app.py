@@ -46,6 +46,7 @@ class DfimProtocol(LanguageServerProtocol):
         # and pygls reported the failed write with a message that failed to write too, in a loop (megabytes
         # of tracebacks on stderr). After `exit` nothing more is sent.
         self.exiting = True
+        self.exit_code = 0 if self._shutdown else 1  # LSP: `exit` without `shutdown` exits 1
         return (yield from super().lsp_exit(*args))
 
     def _send_data(self, data) -> None:
@@ -156,6 +157,7 @@ class DfimServer(LanguageServer):
             self.status.update(
                 state="ready",
                 message=f"still using {getattr(engine, 'model_name', 'the previous model')}: {self.host.error}",
+                device=str(getattr(engine, "device", device)),
             )
             self.show_errors([f"dfim: {self.host.error} (still using the model loaded before)"])
         elif self.host.ready:

@@ -58,6 +58,7 @@ class EngineHost:
         self._queue: dict[Future, threading.Event] = {}  # fills handed to the worker that have not left it
         self._urgent: deque[tuple[Callable[[], FillResult], Future]] = deque()  # urgent fills not started yet
         self.preempted = 0  # urgent fills run at a step boundary of another fill (tests read this)
+        self._nested = 0  # > 0 while such a fill runs (in the worker thread)
         self.oom_retries = 0
         self._last_trim = 0.0
         self.fell_back_to_cpu = False  # set when CUDA ran out of memory and the model moved to the CPU
@@ -143,17 +144,23 @@ class EngineHost:
             flag.set()
 
     def _run_urgent(self, nested: bool = False) -> None:
-        """Run the urgent fills waiting, oldest first (in the worker thread)."""
-        while self._urgent:
+        """Run the urgent fills waiting, oldest first (in the worker thread). Nested in a code action's step,
+        only those already waiting: the action takes a step between batches, however fast the user types."""
+        budget = len(self._urgent) if nested else float("inf")
+        while self._urgent and budget > 0:
+            budget -= 1
             job, work = self._urgent.popleft()
             if not work.set_running_or_notify_cancel():  # its request was cancelled while it waited
                 continue
             if nested:
                 self.preempted += 1
+            self._nested += nested
             try:
                 work.set_result(job())
             except Exception as exc:  # the fill's own failure goes to its caller, never to the outer fill
                 work.set_exception(exc)
+            finally:
+                self._nested -= nested
 
     def _between_steps(self, previous: Callable[[], None] | None) -> None:
         if previous is not None:
@@ -199,6 +206,8 @@ class EngineHost:
                 _free_memory(engine)
         if engine.device.type != "cuda":
             raise EngineError("out of memory, even on a smaller canvas")
+        if self._nested:  # the code action it interrupts holds memory it will give back: fail this fill only
+            raise EngineError("out of GPU memory while a code action runs")
         log.warning("out of GPU memory twice: moving the model to the CPU")
         cpu = _load(str(engine.path), "cpu")
         self._moved[engine] = cpu  # fills already queued for the GPU engine run on the CPU one

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from engine.api import FillRequest, FillResult
 from server.context import FillContext, line_end, line_start
-from server.postprocess import fit_whitespace, rank_candidates
+from server.postprocess import fit_whitespace, rank_candidates, split_lines
 
 log = logging.getLogger("dfim.server")
 
@@ -356,6 +356,8 @@ async def complete(ls, params):
         seed=options.sampling.seed,
         stop=("\n",) if ctx.mode == "line" else (),
         candidates=options.inline.candidates,
+        # shown as a new line above the code (postprocess.clean): ranked as the document the user gets
+        scored_suffix=ctx.newline + split_lines(ctx.prefix)[-1] + suffix if ctx.opens_line else None,
     )
 
     async def fill_once(request: FillRequest):

@@ -63,4 +63,4 @@ def run(args: argparse.Namespace) -> int:
             return fail(f"--tcp: cannot listen on {address[0]}:{address[1]} ({exc.strerror or exc})")
     else:
         ls.start_io()
-    return 0 if getattr(ls.protocol, "_shutdown", True) else 1  # LSP: `exit` without `shutdown` exits 1
+    return getattr(ls.protocol, "exit_code", 0)  # 1 after `exit` without `shutdown`; 0 when the input closes

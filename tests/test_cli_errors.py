@@ -352,3 +352,10 @@ def test_data_builder_refuses_bad_input(files: dict[str, Path]) -> None:
     for args, needles in cases:
         assert_refused(cli("engine.data", *args, cwd=tmp), "python -m engine.data", *needles)
     assert not (out / "meta.json").exists()
+
+
+def test_serve_exits_0_when_its_input_closes():
+    done = subprocess.run(
+        [sys.executable, "-m", "dfim", "serve"], stdin=subprocess.DEVNULL, capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-500:]

@@ -54,7 +54,7 @@ def test_checkpoint_sampler_notes_round_trip(tmp_path):
     save_model(model, tmp_path / "c", SamplerSettings(), info=info)
     assert "sampler" not in json.loads((tmp_path / "c" / "dfim.json").read_text())
     assert read_settings(tmp_path / "c") == SamplerSettings()
-    for bad in ({"window": "wide"}, [8]):
+    for bad in ({"window": "wide"}, [8], {"rank": "Likelihood"}, {"rank": None}):
         (tmp_path / "b" / "dfim.json").write_text(json.dumps({"sampler": bad}))
         with pytest.raises(CheckpointError, match="bad sampler setting"):
             read_settings(tmp_path / "b")
@@ -282,8 +282,8 @@ def test_likelihood_rank_picks_the_candidate_the_encoder_lm_prefers(engine):
     )
     heal = plan.heal_bytes.decode()
 
-    def log_likelihood(text: str) -> float:  # from scratch: the whole context, then the text and suffix head
-        ids = plan.context_ids[:-1] + engine.tokenizer.encode(heal + text + suffix[:48])
+    def log_likelihood(text: str, after: str = suffix) -> float:  # from scratch: context, text, what follows
+        ids = plan.context_ids[:-1] + engine.tokenizer.encode(heal + text + after[:48])
         n = len(plan.context_ids) - 1
         with torch.inference_mode():
             logits = engine.model.context_lm(torch.tensor([ids]), KVCache(len(engine.model.decoder.layers)))[
@@ -294,6 +294,11 @@ def test_likelihood_rank_picks_the_candidate_the_encoder_lm_prefers(engine):
 
     scores = [log_likelihood(t) for t in texts]
     assert scores[0] == pytest.approx(max(scores), abs=1e-3)
+    # a fill shown as a new line above the code is scored against the document the user gets
+    after = "\n    " + suffix
+    other = fill(engine, **kw, settings=replace(FAST, rank="likelihood"), scored_suffix=after)
+    rescored = {t: log_likelihood(t, after) for t in [other.text, *other.alternatives]}
+    assert rescored[other.text] == pytest.approx(max(rescored.values()), abs=1e-3)
     # the context cache is left holding exactly the context: the same fill again encodes nothing
     again = fill(engine, **kw, settings=replace(FAST, rank="likelihood"))
     assert again.encoded_tokens == 0 and again.text == ranked.text

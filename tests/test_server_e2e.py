@@ -420,6 +420,14 @@ async def test_a_model_path_that_fails_keeps_the_loaded_model_and_is_reported_on
         result = await s.inline("file:///work/keep.py", 1, 11)  # the model loaded before still answers
         assert result is None or result.items
         assert (await s.stats()).engine_fills_completed >= 1
+        # a device that fails: the status names the device the model still runs on
+        count = len(s.statuses)
+        s.configure({"model": {"path": str(checkpoint), "device": "cuda"}})
+        for _ in range(200):
+            if any("still using" in getattr(x, "message", "") for x in s.statuses[count:]):
+                break
+            await asyncio.sleep(0.05)
+        assert "still using" in s.statuses[-1].message and s.statuses[-1].device == "cpu"
     finally:
         await s.stop()
 

@@ -801,3 +801,48 @@ def test_inside_word():
     assert inline.inside_word("BUCKETS = 1", 4) and inline.inside_word("x_1", 2)
     assert not inline.inside_word("BUCKETS = 1", 7) and not inline.inside_word("f(x)", 2)
     assert not inline.inside_word("abc", 0) and not inline.inside_word("abc", 3)
+
+
+def test_nested_urgent_fills_leave_the_action_a_step_and_never_move_the_model():
+    from concurrent.futures import Future
+
+    import torch
+
+    from engine.api import EngineError, FillRequest
+    from server.engine_host import EngineHost
+
+    host = EngineHost()
+    ran: list[str] = []
+
+    def job(name: str, then=None):
+        def run():
+            ran.append(name)
+            if then is not None:  # a keystroke arriving while this fill runs
+                host._urgent.append((job(then), Future()))
+
+        return run
+
+    host._urgent.append((job("a", then="b"), Future()))
+    host._run_urgent(nested=True)
+    assert ran == ["a"] and len(host._urgent) == 1  # "b" waits for the action's next step
+    host._run_urgent()
+    assert ran == ["a", "b"] and not host._urgent  # on an idle worker, everything waiting runs
+
+    class OutOfMemoryOnGpu:  # a CUDA engine whose fills always run out of memory (no GPU here)
+        device = torch.device("cuda")
+        caches: dict = {}
+
+        def fill(self, request):
+            raise torch.OutOfMemoryError("injected")
+
+        def drop_idle_caches(self):
+            pass
+
+    engine = OutOfMemoryOnGpu()
+    host.engine = engine
+    work: Future = Future()
+    host._urgent.append((lambda: host._fill(engine, FillRequest(prefix="x", suffix="")), work))
+    host._run_urgent(nested=True)
+    with pytest.raises(EngineError, match="while a code action runs"):
+        work.result()
+    assert host.engine is engine and not host.fell_back_to_cpu  # no move to the CPU for good
