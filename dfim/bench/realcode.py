@@ -445,20 +445,8 @@ def read_problems(path: str | os.PathLike, limit: int | None = None) -> list[dic
     from engine.cli_checks import InputError, existing_file
 
     existing_file(path)
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text (expected the JSONL that `build` writes)") from None
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
     rows: list[tuple[int, dict[str, Any]]] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{number}: not JSON ({e.msg})") from None
+    for number, row in _jsonl(path, f"{path}", "expected the JSONL that `build` writes"):
         if not isinstance(row, dict):
             raise InputError(f"{path}:{number}: not a JSON object")
         missing = [k for k in PROBLEM_FIELDS if not isinstance(row.get(k), str)]
@@ -498,26 +486,35 @@ def read_completions(path: str | os.PathLike) -> dict[str, str]:
     from engine.cli_checks import InputError, existing_file
 
     existing_file(path, "--completions")
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise InputError(f"--completions {path}: not UTF-8 text") from None
-    except OSError as e:
-        raise InputError(f"--completions {path}: cannot read ({e.strerror or e})") from None
     out: dict[str, str] = {}
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"--completions {path}:{number}: not JSON ({e.msg})") from None
+    for number, row in _jsonl(path, f"--completions {path}"):
         if not isinstance(row, dict) or not all(
             isinstance(row.get(k), str) for k in ("task_id", "completion")
         ):
             raise InputError(f'--completions {path}:{number}: expected {{"task_id": ..., "completion": ...}}')
         out[row["task_id"]] = row["completion"]
     return out
+
+
+def _jsonl(path: str | os.PathLike, label: str, expected: str = "") -> list[tuple[int, Any]]:
+    """(line number, parsed value) of every non-blank line; InputError naming `label` when unreadable."""
+    from engine.cli_checks import InputError
+
+    hint = f" ({expected})" if expected else ""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise InputError(f"{label}: not UTF-8 text{hint}") from None
+    except OSError as e:
+        raise InputError(f"{label}: cannot read ({e.strerror or e})") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                rows.append((number, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise InputError(f"{label}:{number}: not JSON ({e.msg})") from None
+    return rows
 
 
 def project_dir(problem: dict[str, Any], problems_file: str | os.PathLike | None = None) -> Path:

@@ -139,23 +139,23 @@ more_checks = function(dfim, ghost)
   lines = vim.api.nvim_buf_get_lines(main_buf, 0, -1, false)
   check('no mapping before: a plain Tab', lines[#lines]:match('^%s*\tx$'), lines[#lines]) -- after autoindent
 
+  -- Tab typed in a new attached buffer (the fallback is captured when a buffer attaches): its first line
+  local function tab_in_new_buffer(name, keys)
+    write(dir .. '/' .. name, '\n')
+    vim.cmd('edit ' .. vim.fn.fnameescape(dir .. '/' .. name))
+    local buf = vim.api.nvim_get_current_buf()
+    check(name .. ' attached', vim.wait(10000, function() return attached(buf) and our_tab(buf) end, 20))
+    vim.api.nvim_feedkeys(t(keys), 'x', false)
+    return vim.api.nvim_buf_get_lines(buf, 0, 1, false)
+  end
+
   vim.keymap.set('i', '<Tab>', function() return 'EXPR<Left>' end, { expr = true }) -- global, expr, Lua
-  write(dir .. '/tab_expr.py', '\n')
-  vim.cmd('edit ' .. vim.fn.fnameescape(dir .. '/tab_expr.py'))
-  local ebuf = vim.api.nvim_get_current_buf()
-  check('expr buffer attached', vim.wait(10000, function() return attached(ebuf) and our_tab(ebuf) end, 20))
-  vim.api.nvim_feedkeys(t('i<Tab>z<Esc>'), 'x', false)
-  lines = vim.api.nvim_buf_get_lines(ebuf, 0, 1, false)
+  lines = tab_in_new_buffer('tab_expr.py', 'i<Tab>z<Esc>')
   check('global expr mapping before', lines[1] == 'EXPzR', lines)
 
   vim.cmd('inoremap <Plug>(e2e-plug) PLUG')
   vim.cmd('imap <Tab> <Plug>(e2e-plug)') -- global, recursive
-  write(dir .. '/tab_remap.py', '\n')
-  vim.cmd('edit ' .. vim.fn.fnameescape(dir .. '/tab_remap.py'))
-  local rbuf = vim.api.nvim_get_current_buf()
-  check('remap buffer attached', vim.wait(10000, function() return attached(rbuf) and our_tab(rbuf) end, 20))
-  vim.api.nvim_feedkeys(t('i<Tab><Esc>'), 'x', false)
-  lines = vim.api.nvim_buf_get_lines(rbuf, 0, 1, false)
+  lines = tab_in_new_buffer('tab_remap.py', 'i<Tab><Esc>')
   check('recursive mapping before', lines[1] == 'PLUG', lines)
   vim.cmd('iunmap <Tab>')
 
