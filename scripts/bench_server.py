@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import glob
+import json
 import os
 import statistics
 import sys
@@ -62,6 +63,8 @@ async def main(args: argparse.Namespace) -> int:
         "telemetry": {"enabled": False},
         "inline": {"cacheSize": 0},
     }
+    for section, values in json.loads(args.settings).items():  # e.g. {"inline": {"candidates": 1}}
+        settings[section] = {**settings.get(section, {}), **values}
     session = Session()
     start = time.perf_counter()
     await session.start(model or "", tmp, init_options=settings)
@@ -162,5 +165,6 @@ if __name__ == "__main__":
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=16)
     parser.add_argument("--files", nargs="+", default=[str(ROOT / "fixtures" / "example.*")])
+    parser.add_argument("--settings", default="{}", help="server settings merged over the benchmark's (JSON)")
     parser.add_argument("--during-action", action="store_true", help="keep a code action running meanwhile")
     sys.exit(asyncio.run(main(parser.parse_args())))

@@ -82,14 +82,6 @@ class ResultCache:
         self._items.clear()
 
 
-def inside_word(text: str, cursor: int) -> bool:
-    """Whether the cursor sits between two characters of one identifier or number."""
-    if not 0 < cursor < len(text):
-        return False
-    before, after = text[cursor - 1], text[cursor]
-    return (before.isalnum() or before == "_") and (after.isalnum() or after == "_")
-
-
 def one_line_edit(text: str, start: int, end: int, fill: str, cursor: int) -> tuple[int, int, str] | None:
     """(range start, range end, insert) of an edit whose range stays on the cursor's line, contains the
     cursor, and whose result equals replacing text[start:end] with `fill`; None if no such edit exists."""
@@ -288,8 +280,6 @@ async def complete(ls, params):
             ]
         )
     ls.shown.pop(uri, None)
-    if inside_word(text, cursor):  # `BUCK▮ETS`: any text here changes the name; the model rewrote the line
-        return None
 
     # 2. the context, and the cache keyed by exactly what the model would see
     count_tokens = ls.host.count_tokens if ls.host.ready else None

@@ -95,6 +95,25 @@ def remove_suffix_overlap(completion: str, suffix: str) -> str:
     return completion
 
 
+def is_word_char(c: str) -> bool:
+    return len(c) == 1 and (c.isalnum() or c == "_")
+
+
+def cut_repeated_line_end(completion: str, rest_of_line: str) -> str:
+    """Inside a word (`BUCK▮ETS = len(values)`) the model tends to write the line again: `S = len(values)`
+    would give `BUCKS = len(values)ETS = len(values)`. Cut a tail of the completion that repeats the end of
+    the line from a point after the word (4+ characters)."""
+    rest = rest_of_line.rstrip()
+    stripped = completion.rstrip()
+    for j in range(len(rest)):
+        if is_word_char(rest[j]):
+            continue  # the rest of the word the cursor is in, or a later word: cut only at a boundary
+        tail = rest[j:]
+        if len(tail.strip()) >= 4 and stripped.endswith(tail):
+            return stripped[: len(stripped) - len(tail)]
+    return completion
+
+
 def unescaped(text: str, quote: str) -> int:
     """How many times `quote` occurs in `text` unescaped (after an even number of backslashes)."""
     return len(re.findall(r"(?<!\\)(?:\\\\)*" + re.escape(quote), text))
@@ -224,6 +243,10 @@ def clean(raw: str, ctx: FillContext) -> str | None:
     text = remove_suffix_overlap(text, ctx.suffix)
     if ctx.mode == "line":
         text = drop_duplicate_quote(text, ctx.rest_of_line)
+        if is_word_char(ctx.prefix[-1:]) and is_word_char(
+            ctx.rest_of_line[:1]
+        ):  # the cursor is inside a word
+            text = cut_repeated_line_end(text, ctx.rest_of_line)
     ends_line = ctx.mode == "line" and (ctx.opens_line or not ctx.rest_of_line.strip())
     text = balance_brackets(text, ctx.prefix, ctx.suffix, close_open=ends_line)
     if ctx.mode != "line" or ends_line:

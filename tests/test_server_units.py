@@ -797,10 +797,15 @@ def test_a_cursor_before_closing_brackets_gets_one_new_line_above_them(doc, lang
     assert ctx.mode == "line" and ctx.opens_line
 
 
-def test_inside_word():
-    assert inline.inside_word("BUCKETS = 1", 4) and inline.inside_word("x_1", 2)
-    assert not inline.inside_word("BUCKETS = 1", 7) and not inline.inside_word("f(x)", 2)
-    assert not inline.inside_word("abc", 0) and not inline.inside_word("abc", 3)
+def test_a_fill_inside_a_word_does_not_write_the_line_again():
+    cut = postprocess.cut_repeated_line_end
+    assert cut("S = len(values)", "ETS = len(values)") == "S"
+    assert cut("S = len(values)\n", "ETS = len(values)\n") == "S"
+    assert cut("S", "ETS = len(values)") == "S"  # nothing repeated
+    assert cut("ETS", "ETS = 1") == "ETS"  # the word itself is not a tail to cut (and " = 1" is short)
+    text, cursor = split("values = [1]\nBUCK|ETS = len(values)\n")
+    ctx = context.build_context(text, cursor, "python")
+    assert postprocess.clean("S = len(values)", ctx) == "S"
 
 
 def test_nested_urgent_fills_leave_the_action_a_step_and_never_move_the_model():
