@@ -11,7 +11,7 @@ version-stamped `WorkspaceEdit`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from engine.api import Hole, TokenScore
@@ -327,11 +327,14 @@ def unsure_skeleton(
     return middle
 
 
-def finish_action(plan: ActionPlan, result_text: str) -> list[tuple[int, int, str]]:
-    """The document edits (start, end, new text) for an engine result; raises ActionError if unusable."""
+def finish_action(
+    plan: ActionPlan, result_text: str, token_scores: Sequence[TokenScore] = ()
+) -> list[tuple[int, int, str]]:
+    """The document edits (start, end, new text) for an engine result; raises ActionError if unusable.
+    `token_scores` (the result's, with each token's pinned flag) split a holes fill exactly."""
     ctx = plan.ctx
     if plan.action == "fillSelectionHoles":
-        return _split_holes(plan, result_text)
+        return _split_holes(plan, result_text, token_scores)
     if plan.action in ("rewriteSelection", "regenerateUnsure"):
         text = normalize_newlines(result_text, ctx.newline)
         if not text.strip():
@@ -363,9 +366,41 @@ def _keep_outer_ws(new: str, old: str) -> str:
     return lead + new.strip() + trail if new.strip() else old
 
 
-def _split_holes(plan: ActionPlan, result_text: str) -> list[tuple[int, int, str]]:
-    """One edit per hole: the result is the selection with each hole filled; find the pinned pieces in order
-    and take what lies between them."""
+def _fills_by_pins(middle: Sequence[str | Hole], token_scores: Sequence[TokenScore]) -> list[str] | None:
+    """Each hole's fill, read off the engine's tokens: pinned tokens spell the pieces between the holes, free
+    ones the fills. None when the runs do not line up with the skeleton (then the text is searched)."""
+    runs: list[list] = []  # [pinned, text]
+    for score in token_scores:
+        if runs and runs[-1][0] == score.pinned:
+            runs[-1][1] += score.text
+        else:
+            runs.append([score.pinned, score.text])
+    fills: list[str] = []
+    for piece in middle:
+        run = runs.pop(0) if runs else None
+        if isinstance(piece, str):
+            if run is None or not run[0] or run[1] != piece:
+                return None
+        elif run is None or run[0]:  # a hole with no free token (the last one may end at once)
+            if run is not None:
+                runs.insert(0, run)
+            fills.append("")
+        else:
+            fills.append(run[1])
+    return None if runs else fills
+
+
+def _split_holes(
+    plan: ActionPlan, result_text: str, token_scores: Sequence[TokenScore] = ()
+) -> list[tuple[int, int, str]]:
+    """One edit per hole: the result is the selection with each hole filled. The engine's tokens say which
+    text was pinned; without them (or if they do not line up), find the pinned pieces in order and take
+    what lies between them."""
+    fills = _fills_by_pins(plan.middle, token_scores) if token_scores else None
+    if fills is not None:
+        edits = [(hole.start, hole.end, fill) for hole, fill in zip(plan.holes, fills, strict=True)]
+        edits[-1] = (*edits[-1][:2], edits[-1][2].rstrip())
+        return _finish_hole_edits(plan, edits)
     pieces = [m for m in plan.middle]
     edits: list[tuple[int, int, str]] = []
     pos = 0
@@ -392,6 +427,10 @@ def _split_holes(plan: ActionPlan, result_text: str) -> list[tuple[int, int, str
     if pending_fill_start is not None:
         hole = plan.holes[hole_index - 1]
         edits.append((hole.start, hole.end, result_text[pending_fill_start:].rstrip()))
+    return _finish_hole_edits(plan, edits)
+
+
+def _finish_hole_edits(plan: ActionPlan, edits: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
     for _s, _e, fill in edits:
         if not fill.strip():
             raise ActionError("the model left a hole empty")
@@ -619,7 +658,7 @@ async def run_action(ls, data: dict):
             on_step=on_step,
         )
         result = await ls.host.fill(request, flag)
-        edits = finish_action(plan, result.text)
+        edits = finish_action(plan, result.text, result.token_scores)
     except ActionError as exc:
         raise JsonRpcInvalidParams(f"dfim: {exc}") from None
     except FillCancelled:

@@ -851,3 +851,27 @@ def test_nested_urgent_fills_leave_the_action_a_step_and_never_move_the_model():
     with pytest.raises(EngineError, match="while a code action runs"):
         work.result()
     assert host.engine is engine and not host.fell_back_to_cpu  # no move to the CPU for good
+
+
+def test_hole_fills_split_by_the_engines_pinned_tokens():
+    text = "def f(x):\n    pass\n\ndef g():\n    ...\n"
+    plan = actions.plan_action("fillSelectionHoles", text, "python", 0, len(text))
+    first, _, middle, _, last = plan.middle
+    # the first fill writes the text of the next pinned piece itself: a text search would split there
+    fill_1, fill_2 = "return g()\n\ndef g():\n    return x", "return 2"
+    tokens = [
+        TokenScore(first, 1.0, True),
+        TokenScore(fill_1[:10], 0.5),
+        TokenScore(fill_1[10:], 0.5),
+        TokenScore(middle, 1.0, True),
+        TokenScore(fill_2, 0.5),
+        TokenScore(last, 1.0, True),
+    ]
+    result = "".join(t.text for t in tokens)
+    edits = actions.finish_action(plan, result, tokens)
+    assert [(text[s:e], new) for s, e, new in edits][1] == ("...", "return 2")
+    assert edits[0][2].startswith("return g()")
+    searched = actions.finish_action(plan, result)  # without the tokens: split at the first "def g()"
+    assert [new for _, _, new in searched] != [new for _, _, new in edits]
+    # tokens that do not line up with the skeleton fall back to the text search
+    assert actions.finish_action(plan, result, [TokenScore(result, 0.5)]) == searched
