@@ -80,6 +80,13 @@ def add_fill_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_fill_arguments(parser)
+    parser.add_argument(
+        "--candidates",
+        type=int,
+        default=1,
+        help="canvases denoised at once; the model's ranking picks one (dfim-small: by likelihood; "
+        "the editor asks for 2)",
+    )
     parser.add_argument("--json", action="store_true", help="print text, steps, tokens, latency ... as JSON")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
 
@@ -176,6 +183,7 @@ def fill_request(
         seed=args.seed,
         settings=settings,
         stop=() if several else ("\n",),
+        candidates=getattr(args, "candidates", 1),  # `dfim trace` draws one canvas
     )
 
 
@@ -197,6 +205,8 @@ def read_fill_input(args: argparse.Namespace) -> tuple[str, str, str]:
         raise InputError(f"--max-tokens must be at least 1 (got {args.max_tokens})")
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps must be at least 1 (got {args.steps})")
+    if not 1 <= getattr(args, "candidates", 1) <= 16:
+        raise InputError(f"--candidates must be between 1 and 16 (got {args.candidates})")
     path = Path(args.file)
     # The model reads and writes "\n"; a CRLF file would leave a stray "\r" before every stop.
     text = read_source(path).replace("\r\n", "\n")

@@ -257,3 +257,30 @@ def test_the_windows_fit_the_context_the_model_was_trained_with():
     assert prefix.endswith(fitted_prefix) and fitted_prefix.startswith("value_")
     assert suffix.startswith(fitted_suffix) and fitted_suffix.endswith("\n")
     assert fit_to_model("x = 1\n", "y = 2\n", engine) == ("x = 1\n", "y = 2\n")
+
+
+def test_fill_with_candidates_answers_the_engines_best_and_refuses_bad_counts(capsys, checkpoint):
+    from engine import Engine, FillRequest, SamplerSettings
+
+    args = (EXAMPLE, "--line", 5, "--col", 1, "--model", checkpoint, "--steps", 2, "--seed", 3)
+    code, out, _ = dfim_fill(capsys, *args, "--candidates", 3, "--json")
+    assert code == 0
+    # the same request to the engine: the printed text is its best-ranked candidate, not row 0 alone
+    engine = Engine.load(checkpoint)
+    lines = EXAMPLE.read_text().split("\n")
+    head = "\n".join(lines[:4]) + "\n"
+    alone = engine.fill(
+        FillRequest(
+            prefix=head,
+            suffix=EXAMPLE.read_text()[len(head) :],
+            max_tokens=32,
+            seed=3,
+            settings=SamplerSettings(max_steps=2),
+            stop=("\n",),
+            candidates=3,
+        )
+    )
+    assert json.loads(out)["text"] in [alone.text, *alone.alternatives]
+    for bad in (0, 17):
+        code, _, err = dfim_fill(capsys, *args, "--candidates", bad)
+        assert_one_line_error(code, err, "--candidates")
