@@ -24,6 +24,13 @@ class FillCancelled(EngineError):
 RANKS = ("entropy", "likelihood")  # SamplerSettings.rank
 
 
+def parse_rank(value: object) -> str:
+    """A SamplerSettings.rank from a config file or the command line; ValueError when it is not one."""
+    if value not in RANKS:
+        raise ValueError(f"rank must be one of {', '.join(RANKS)}, got {value!r}")
+    return str(value)
+
+
 @dataclass(frozen=True)
 class SamplerSettings:
     """Denoising knobs. Defaults equal the released DiffusionGemma `generation_config.json`."""

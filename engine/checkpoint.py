@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from engine.api import RANKS, CheckpointError, SamplerSettings
+from engine.api import CheckpointError, SamplerSettings, parse_rank
 from engine.config import ModelConfig
 from engine.fp8 import (
     Quantization,
@@ -84,15 +84,11 @@ def read_settings(folder: Path) -> SamplerSettings:
     extra = read_info(folder).get("sampler") or {}
     if not isinstance(extra, dict):
         raise CheckpointError(f'{folder / INFO_FILE}: bad sampler setting ("sampler" is not an object)')
-    known = {"window": int, "rank": str}  # keys a later dfim may add are ignored here, not refused
+    known = {"window": int, "rank": parse_rank}  # keys a later dfim may add are ignored here, not refused
     try:
         changes = {k: known[k](v) for k, v in extra.items() if k in known}
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"{folder / INFO_FILE}: bad sampler setting ({err})") from None
-    if "rank" in extra and extra["rank"] not in RANKS:
-        raise CheckpointError(
-            f"{folder / INFO_FILE}: bad sampler setting (rank must be one of {', '.join(RANKS)}, got {extra['rank']!r})"
-        )
     return replace(settings, **changes)
 
 

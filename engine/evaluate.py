@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from engine import metrics, sandbox
-from engine.api import RANKS, EngineError, FillRequest, SamplerSettings
+from engine.api import EngineError, FillRequest, SamplerSettings, parse_rank
 
 PROBLEM_FIELDS = ("task_id", "prompt", "suffix", "canonical_solution", "test", "entry_point")
 DEFAULT_MAX_TOKENS = (
@@ -107,12 +107,6 @@ def _parse_bool(value: str) -> bool:
     raise ValueError(f"expected on/off, got {value!r}")
 
 
-def _parse_rank(value: str) -> str:
-    if value not in RANKS:
-        raise ValueError(f"rank must be one of {', '.join(RANKS)}, got {value!r}")
-    return value
-
-
 SWEEP_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "steps": ("max_steps", int),
     "max_steps": ("max_steps", int),
@@ -127,7 +121,7 @@ SWEEP_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "max_tokens": ("max_tokens", int),  # the canvas bucket (rounded up by the engine)
     "bucket": ("max_tokens", int),
     "candidates": ("candidates", int),  # canvases denoised per problem; the best-ranked one is scored
-    "rank": ("rank", _parse_rank),  # entropy | likelihood
+    "rank": ("rank", parse_rank),  # entropy | likelihood
 }
 
 

@@ -23,7 +23,15 @@ from pathlib import Path
 import torch
 
 from engine import autoregressive, sampler
-from engine.api import RANKS, CheckpointError, EngineError, FillRequest, FillResult, SamplerSettings, StepInfo
+from engine.api import (
+    CheckpointError,
+    EngineError,
+    FillRequest,
+    FillResult,
+    SamplerSettings,
+    StepInfo,
+    parse_rank,
+)
 from engine.cache import ContextCache, common_prefix_length
 from engine.canvas import (
     CanvasPlan,
@@ -222,8 +230,10 @@ class Engine:
             raise EngineError(f"max_tokens must be at least 1 (got {request.max_tokens})")
         if request.settings.max_steps < 1:
             raise EngineError(f"max_steps must be at least 1 (got {request.settings.max_steps})")
-        if request.settings.rank not in RANKS:
-            raise EngineError(f"rank must be one of {', '.join(RANKS)} (got {request.settings.rank!r})")
+        try:
+            parse_rank(request.settings.rank)
+        except ValueError as err:
+            raise EngineError(str(err)) from None
         with self._lock:
             slot = request.cache_slot
             if slot in self._busy_slots:  # a nested fill would overwrite the context the outer one reads

@@ -269,10 +269,7 @@ def _register_lifecycle(ls: DfimServer) -> None:
 
     @ls.feature(types.EXIT)
     def exit_(ls: DfimServer, *args) -> None:
-        # `exit` without `shutdown` (or right after it): stop every fill now, and send nothing more, because
-        # pygls closes the output next and a fill finishing later would report into a closed pipe.
-        ls.stop_fills()
-        ls.status.closed = True
+        ls.stop_fills()  # `exit` without `shutdown`: nothing may denoise on (DfimProtocol sends nothing more)
 
     @ls.feature(types.SHUTDOWN)
     def shutdown(ls: DfimServer, *args) -> None:

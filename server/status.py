@@ -41,7 +41,6 @@ class StatusReporter:
         self._send = send
         self.status = Status()
         self.busy = 0  # fills in flight (a worker runs one at a time, others wait)
-        self.closed = False  # set on `exit`: the output is about to close, nothing more is sent
 
     def update(self, **changes) -> None:
         for key, value in changes.items():
@@ -50,8 +49,6 @@ class StatusReporter:
             if key == "state" and value not in STATES:
                 raise ValueError(value)
             setattr(self.status, key, value)
-        if self.closed:
-            return
         try:
             self._send(STATUS_METHOD, self.status.to_json())
         except Exception:  # no transport yet (tests, shutdown): the status is still kept

@@ -148,6 +148,20 @@ class Session:
             )
         )
 
+    async def until_a_fill_starts(self, before) -> None:
+        """Wait until the engine has started a fill since the `stats()` snapshot `before` (at most 5 s)."""
+        for _ in range(500):
+            if (await self.stats()).engine_fills_started > before.engine_fills_started:
+                return
+            await asyncio.sleep(0.01)
+
+    async def open_slowly(self, uri: str, text: str):
+        """Open `uri` with fills set to run long (64 steps); returns the stats before any fill on it."""
+        self.open(uri, text)
+        self.configure({"sampling": {"maxSteps": 64}})
+        await asyncio.sleep(0.1)
+        return await self.stats()
+
     async def stats(self):
         return await self.client.protocol.send_request_async("dfim/stats", {})
 

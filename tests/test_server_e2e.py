@@ -267,10 +267,7 @@ async def test_burst_of_requests_leaves_only_the_last_running(session):
 
 async def test_cancel_request_stops_the_engine(session):
     uri = "file:///work/cancel.py"
-    session.open(uri, "def slow(n):\n    total = \n")
-    session.configure({"sampling": {"maxSteps": 64}})
-    await asyncio.sleep(0.1)
-    before = await session.stats()
+    before = await session.open_slowly(uri, "def slow(n):\n    total = \n")
     future = session.client.protocol.send_request(
         types.TEXT_DOCUMENT_INLINE_COMPLETION,
         types.InlineCompletionParams(
@@ -294,10 +291,7 @@ async def test_cancel_request_stops_the_engine(session):
 
 async def test_a_change_while_a_fill_runs_cancels_its_stale_answer(session):
     uri = "file:///work/stale.py"
-    session.open(uri, "def slow(n):\n    return n * \n")
-    session.configure({"sampling": {"maxSteps": 64}})
-    await asyncio.sleep(0.1)
-    before = await session.stats()
+    before = await session.open_slowly(uri, "def slow(n):\n    return n * \n")
     pending = asyncio.ensure_future(session.inline(uri, 1, 15))
     await asyncio.sleep(0.3)
     # a line inserted above: an answer for line 1, column 15 would now land in `    y = 1`
@@ -363,10 +357,7 @@ async def test_an_inline_request_does_not_wait_for_a_running_code_action(session
             types.ExecuteCommandParams(command="dfim.rewriteSelection", arguments=[uri, rng])
         )
     )
-    for _ in range(500):  # until the action is in the engine
-        if (await session.stats()).engine_fills_started > before.engine_fills_started:
-            break
-        await asyncio.sleep(0.01)
+    await session.until_a_fill_starts(before)  # the action is in the engine
     result = await asyncio.wait_for(session.inline("file:///work/quick.py", 1, 11), 30)
     assert not action.done()  # answered while the action still denoised
     assert result is None or result.items
@@ -447,10 +438,7 @@ async def test_exit_without_shutdown_while_a_fill_runs_exits_at_once(checkpoint,
     s.open("file:///work/exit.py", "def f(a):\n    x = 1\n    \n")
     before = await s.stats()
     pending = asyncio.ensure_future(s.inline("file:///work/exit.py", 2, 4))
-    for _ in range(500):
-        if (await s.stats()).engine_fills_started > before.engine_fills_started:
-            break
-        await asyncio.sleep(0.01)
+    await s.until_a_fill_starts(before)
     s.client.exit(None)
     process = s.client._server
     await asyncio.wait_for(process.wait(), 10)  # used to write tracebacks into a full stderr pipe for ever
