@@ -13,6 +13,10 @@ prompt and suffix, and the problem's tests run on the result in the sandbox.
 code, the cursor after the line's indentation; scored by EM and ES only, there are no tests): the set to
 choose server settings on. `--kind midline` puts the cursor after a random part of the line's code
 (the rest of the line is missing), as when a user has typed some of it.
+
+`--action fillHole` asks the code action instead of an inline completion: the missing line is written as
+`pass` (indented as the line it replaces, as a user marks a hole) and `dfim.fillHole` runs on it; the
+completion is what the action's edit put in its place.
 """
 
 from __future__ import annotations
@@ -51,7 +55,37 @@ def completion_of(problem: Problem, doc: str, item) -> str | None:
     return new[len(p) : len(new) - len(s)]
 
 
-async def fill_all(problems: list[Problem], model: str, settings: dict) -> list[dict]:
+def with_hole(problem: Problem) -> tuple[str, int, int]:
+    """The document with the missing line written as an indented `pass`, and that statement's span."""
+    want = problem.canonical_solution
+    indent = want[: len(want) - len(want.lstrip(" \t"))]
+    start = len(problem.prompt) + len(indent)
+    doc = problem.prompt + indent + "pass" + ("\n" if want.endswith("\n") else "") + problem.suffix
+    return doc, start, start + len("pass")
+
+
+def apply_workspace_edit(doc: str, reply) -> str:
+    """`doc` with the edits of an action's reply ({applied, edit}) applied, last edit first."""
+    edits = []
+    for change in _get(_get(reply, "edit"), "documentChanges") or []:
+        for edit in _get(change, "edits") or []:
+            rng = _get(edit, "range")
+            start = utf16_offset(doc, rng["start"]["line"], rng["start"]["character"])
+            end = utf16_offset(doc, rng["end"]["line"], rng["end"]["character"])
+            edits.append((start, end, _get(edit, "newText")))
+    for start, end, text in sorted(edits, reverse=True):
+        doc = doc[:start] + text + doc[end:]
+    return doc
+
+
+def action_completion(problem: Problem, new: str) -> str | None:
+    p, s = problem.prompt, problem.suffix
+    if not (new.startswith(p) and new.endswith(s)) or len(new) < len(p) + len(s):
+        return None
+    return new[len(p) : len(new) - len(s)]
+
+
+async def fill_all(problems: list[Problem], model: str, settings: dict, action: str = "") -> list[dict]:
     client = Client()
     rows = []
     with tempfile.TemporaryDirectory() as data_dir:
@@ -61,17 +95,28 @@ async def fill_all(problems: list[Problem], model: str, settings: dict) -> list[
         try:
             for i, problem in enumerate(problems):
                 uri = f"file:///eval/problem_{i}.py"
-                doc = problem.prompt + problem.suffix
+                if action:
+                    doc, start, end = with_hole(problem)
+                else:
+                    doc = problem.prompt + problem.suffix
                 client.open(uri, doc, "python")
                 started = time.perf_counter()
-                result = await client.inline(uri, doc, len(problem.prompt))
+                if action:
+                    try:
+                        reply = await client.action(uri, doc, action, start, end)
+                    except Exception as exc:  # the server refused (e.g. nothing to fill): nothing shown
+                        print(f"{problem.task_id}: {exc}", file=sys.stderr)
+                        reply = None
+                    shown = reply is not None
+                    completion = action_completion(problem, apply_workspace_edit(doc, reply)) if shown else ""
+                else:
+                    result = await client.inline(uri, doc, len(problem.prompt))
+                    items = list(_get(result, "items") or []) if result is not None else []
+                    shown = bool(items)
+                    completion = completion_of(problem, doc, items[0] if items else None)
                 ms = (time.perf_counter() - started) * 1000.0
                 client.close(uri)
-                items = list(_get(result, "items") or []) if result is not None else []
-                completion = completion_of(problem, doc, items[0] if items else None)
-                rows.append(
-                    {"task_id": problem.task_id, "shown": bool(items), "completion": completion, "ms": ms}
-                )
+                rows.append({"task_id": problem.task_id, "shown": shown, "completion": completion, "ms": ms})
         finally:
             await client.stop()
     return rows
@@ -88,6 +133,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--model", default="", help="checkpoint folder (default: the shipped model)")
     parser.add_argument("--settings", default="{}", help="server settings (JSON, as initializationOptions)")
+    parser.add_argument("--action", default="", choices=("", "fillHole"), help="run this code action instead")
     parser.add_argument("--out", type=Path, help="write per-problem results here (JSONL)")
     args = parser.parse_args()
     if args.dev:
@@ -102,7 +148,7 @@ def main() -> None:
         problems = load_problems(args.data, args.limit)
     else:
         parser.error("give a HumanEval-infilling file or --dev")
-    rows = asyncio.run(fill_all(problems, args.model, json.loads(args.settings)))
+    rows = asyncio.run(fill_all(problems, args.model, json.loads(args.settings), args.action))
     for problem, row in zip(problems, rows, strict=True):
         completion = row["completion"]
         if completion is None:  # an edit outside the hole: counts as a wrong answer

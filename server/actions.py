@@ -33,7 +33,15 @@ from server.context import (
     open_brackets,
     region,
 )
-from server.postprocess import clean, code_of, fit_whitespace, limit_scope, normalize_newlines
+from server.postprocess import (
+    clean,
+    code_of,
+    cut_loop,
+    cut_to_parsing_lines,
+    fit_whitespace,
+    limit_scope,
+    normalize_newlines,
+)
 
 KIND = "refactor.rewrite.dfim"
 TITLES = {
@@ -345,6 +353,7 @@ def finish_action(
         text = clean(result_text, ctx)
     else:
         text = limit_scope(result_text, ctx, max_lines=200)
+        text = cut_to_parsing_lines(cut_loop(text, ctx.lang), ctx)
         text = normalize_newlines(text, ctx.newline)
         if not text.strip():
             text = None
@@ -454,7 +463,7 @@ def _fit_hole_fill(fill: str, ctx: FillContext, block_indent: str | None) -> str
     scope = (
         replace(ctx, mode="line") if block_indent is None else replace(ctx, mode="block", indent=block_indent)
     )
-    return limit_scope(body, scope, max_lines=200).rstrip()
+    return cut_loop(limit_scope(body, scope, max_lines=200), ctx.lang).rstrip()
 
 
 # ---- the LSP feature -----------------------------------------------------------------------------------

@@ -185,6 +185,51 @@ def cut_stutter(completion: str, lang: str | None = None) -> str:
     return completion
 
 
+# statements a block may legitimately repeat (each branch returns, breaks, ...): never taken for a loop
+_FLOW = re.compile(r"(return|break|continue|pass|raise|yield|else|elif|except|finally|try|case|default)\b")
+
+
+def cut_loop(completion: str, lang: str | None = None) -> str:
+    """Keep the lines before the first statement the fill already wrote (`distance = abs(elem)` again a few
+    lines on): a small model that loops over its own lines. Control flow (`return False` in two branches) and
+    closing brackets may repeat. A block opener left without its body at the end goes too."""
+    lines = split_lines(completion)
+    seen: set[str] = set()
+    in_docstring = False
+    for i, line in enumerate(lines):
+        code = code_of(line, lang).strip()
+        if (
+            not in_docstring
+            and code in seen
+            and len(code) >= 4
+            and not _FLOW.match(code)
+            and code[0] not in ")]}@"  # closers, decorators (`@property` above each method)
+        ):
+            kept = lines[:i]
+            while kept and (not kept[-1].strip() or code_of(kept[-1], lang).endswith((":", "{"))):
+                kept.pop()
+            return "\n".join(kept)
+        if code and not in_docstring:
+            seen.add(code)
+        if (line.count('"""') + line.count("'''")) % 2 == 1:
+            in_docstring = not in_docstring
+    return completion
+
+
+def cut_to_parsing_lines(completion: str, ctx: FillContext, max_lines: int = 40) -> str:
+    """A several-line fill's most lines, from the top, that leave the code without a syntax error it did not
+    already have (a small model's tail is often half a statement); the fill as it is if no cut parses."""
+    lines = split_lines(completion)
+    if ctx.lang is None or len(lines) < 2 or len(lines) > max_lines:
+        return completion
+    base = error_count(ctx.prefix + ctx.suffix, ctx.lang)
+    for k in range(len(lines), 0, -1):
+        head = "\n".join(lines[:k])
+        if head.strip() and error_count(ctx.prefix + head + ctx.suffix, ctx.lang) <= base:
+            return head
+    return completion
+
+
 def is_repetitive(completion: str) -> bool:
     """Degenerate output: one line repeated three times in a row, or a short unit repeated to fill most of
     the text."""
@@ -240,6 +285,8 @@ def clean(raw: str, ctx: FillContext) -> str | None:
     if "\ufffd" in text and "\ufffd" not in ctx.prefix + ctx.suffix:
         text = text.replace("\ufffd", "")  # a broken byte sequence from a backend, never the user's text
     text = cut_stutter(limit_scope(text, ctx), ctx.lang)
+    if ctx.mode != "line":
+        text = cut_to_parsing_lines(cut_loop(text, ctx.lang), ctx)
     text = remove_suffix_overlap(text, ctx.suffix)
     if ctx.mode == "line":
         text = drop_duplicate_quote(text, ctx.rest_of_line)

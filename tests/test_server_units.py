@@ -238,6 +238,44 @@ def test_a_fill_stops_before_the_model_stutters():
     assert postprocess.cut_stutter('x = """\nfoo foo foo foo\n"""\ny') == 'x = """\nfoo foo foo foo\n"""\ny'
 
 
+def test_a_block_fill_stops_where_the_model_loops_over_its_own_lines():
+    cut = postprocess.cut_loop
+    looping = (
+        "        if isinstance(elem, float):\n"
+        "            distance = abs(elem)\n"
+        "            if distance < threshold:\n"
+        "                distance = abs(elem)\n"
+    )
+    # the repeat goes, and so does the `if` it would have been the body of
+    assert cut(looping, "python") == "        if isinstance(elem, float):\n            distance = abs(elem)"
+    assert cut("x = [x]\nx = [x]\nx = [x]", "python") == "x = [x]"
+    # control flow, closers and decorators repeat in real code; a docstring's prose is not code
+    for legit in (
+        "if a:\n    return False\nelif b:\n    return False\nreturn True",
+        "for x in xs:\n    if x:\n        continue\n    if -x:\n        continue",
+        "@property\ndef a(self):\n    return 1\n@property\ndef b(self):\n    return 2",
+        'def f():\n    """Sum.\n\n    Sum the values.\n    Sum the values.\n    """\n    return 1',
+        "if (a) {\n  f(a);\n}\nif (b) {\n  g(b);\n}",
+    ):
+        assert cut(legit, "python") == legit
+    # only several-line fills: a single line is never cut
+    ctx = ctx_for("def f(xs):\n    |\n")
+    assert ctx.mode != "line"
+    assert postprocess.clean("total = 0\n    x = 1\n    total = 0", ctx) == "total = 0\n    x = 1"
+
+
+def test_a_block_fill_loses_a_tail_that_does_not_parse():
+    ctx = ctx_for("def f(xs):\n    total = 0\n    |\n    return total\n")
+    assert ctx.mode != "line"
+    broken = "for x in xs:\n        total += x\n    numbersbers len(num(num)"
+    assert postprocess.cut_to_parsing_lines(broken, ctx) == "for x in xs:\n        total += x"
+    # lines that parse only together stay together; a fill that never parses is left as it is
+    whole = "for x in xs:\n        if x:\n            total += x"
+    assert postprocess.cut_to_parsing_lines(whole, ctx) == whole
+    assert postprocess.cut_to_parsing_lines("x = (\n    1 +", ctx) == "x = (\n    1 +"
+    assert postprocess.clean(broken, ctx) == "for x in xs:\n        total += x"
+
+
 def test_an_empty_brace_body_fill_stays_on_the_cursors_line():
     from server.inline import fit_body_fill, one_line_edit
 
@@ -485,6 +523,17 @@ def test_complete_function_adds_lines_below_the_cursors_line_never_into_it():
     blank = text.index("    \n") + 4
     assert "completeFunction" in actions.available_actions(text, "python", blank, blank)
     assert "completeFunction" not in actions.available_actions(text, "python", blank + 2, blank + 2)
+
+
+def test_fill_hole_keeps_neither_a_loop_nor_a_tail_that_does_not_parse():
+    text = "def close(xs, t):\n    for x in xs:\n        pass\n    return False\n"
+    at = text.index("pass")
+    plan = actions.plan_action("fillHole", text, "python", at, at)
+    looping = "if abs(x) < t:\n            d = abs(x)\n            d = abs(x)\n            return True"
+    ((s, e, new),) = actions.finish_action(plan, looping)
+    assert text[:s] + new + text[e:] == text.replace("pass", "if abs(x) < t:\n            d = abs(x)")
+    ((s, e, new),) = actions.finish_action(plan, "if x < t:\n            return True\n        x = (x +")
+    assert text[:s] + new + text[e:] == text.replace("pass", "if x < t:\n            return True")
 
 
 def complete_function(text: str, cursor: int, lang: str, fill: str) -> str:

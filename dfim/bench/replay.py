@@ -287,6 +287,10 @@ class Client:
         def status(params: Any) -> None:
             self.statuses.append(params)
 
+        @self.lsp.feature(types.WORKSPACE_APPLY_EDIT)
+        def apply_edit(params: Any) -> Any:  # a code action's edit: the caller reads it from the reply
+            return types.ApplyWorkspaceEditResult(applied=True)
+
     async def start(self, model: str, device: str, init_options: dict, data_dir: str) -> Any:
         t = self.types
         env = {**os.environ, "DFIM_DATA_DIR": data_dir, "PYTHONPATH": str(ROOT)}
@@ -298,7 +302,8 @@ class Client:
                 capabilities=t.ClientCapabilities(
                     text_document=t.TextDocumentClientCapabilities(
                         inline_completion=t.InlineCompletionClientCapabilities()
-                    )
+                    ),
+                    workspace=t.WorkspaceClientCapabilities(apply_edit=True),
                 ),
                 initialization_options=init_options,
             )
@@ -353,6 +358,17 @@ class Client:
                 context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic),
             )
         )
+
+    async def action(self, uri: str, doc: str, name: str, start: int, end: int) -> Any:
+        """Run code action `name` (`dfim.<name>`) on [start, end); the server's reply: {applied, edit}."""
+        t = self.types
+        rng = t.Range(
+            start=t.Position(*utf16_position(doc, start)), end=t.Position(*utf16_position(doc, end))
+        )
+        params = t.ExecuteCommandParams(
+            command=f"dfim.{name}", arguments=[uri, self.lsp.protocol._converter.unstructure(rng)]
+        )
+        return await self.lsp.workspace_execute_command_async(params)
 
     async def stats(self) -> Any:
         return await self.lsp.protocol.send_request_async("dfim/stats", {})
