@@ -387,10 +387,31 @@ class Client:
     def kill(self) -> None:
         """Stop the server process now, if it runs (synchronous: safe in any `finally`)."""
         server = getattr(self.lsp, "_server", None)
-        if server is not None and server.returncode is None:
+        if server is None:
+            return
+        if server.returncode is None:
             try:
                 server.kill()
             except ProcessLookupError:
+                pass
+        # Close its pipes now, while the event loop runs: left to the garbage collector, the transport would
+        # close them after `asyncio.run` closed the loop and print a traceback (seen on SIGTERM under load).
+        transport = getattr(server, "_transport", None)
+        if transport is not None:
+            try:
+                transport.close()
+            except RuntimeError:  # called after the loop was closed: nothing left to do
+                pass
+
+    async def reap(self, timeout: float = 5.0) -> None:
+        """`kill`, then wait for the process to exit while the event loop runs (else the loop's child watcher
+        reports the exit to a closed loop)."""
+        self.kill()
+        server = getattr(self.lsp, "_server", None)
+        if server is not None:
+            try:
+                await asyncio.wait_for(server.wait(), timeout)
+            except (TimeoutError, asyncio.TimeoutError, ProcessLookupError):
                 pass
 
 
@@ -524,7 +545,7 @@ async def replay(
             server = await client.stats()
             await client.stop()
         finally:
-            client.kill()  # any way out (an error, Ctrl-C, SIGTERM) leaves no `dfim serve` behind
+            await client.reap()  # any way out (an error, Ctrl-C, SIGTERM) leaves no `dfim serve` behind
     rows = []
     for r in results:
         row = asdict(r)
