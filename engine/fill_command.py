@@ -83,9 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--candidates",
         type=int,
-        default=1,
-        help="canvases denoised at once; the model's ranking picks one (dfim-small: by likelihood; "
-        "the editor asks for 2)",
+        default=2,
+        help="canvases denoised at once; the model's ranking picks one (dfim-small: by likelihood). "
+        "Default 2, as the editor asks",
     )
     parser.add_argument("--json", action="store_true", help="print text, steps, tokens, latency ... as JSON")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")

@@ -206,9 +206,9 @@ def test_real_process_exit_status(tmp_path):
 
 
 def test_a_fill_is_one_line_unless_multiline(capsys, checkpoint):
-    # fixtures/demo.py line 7 is `    return sum(values) / `: the README's spot, after code; line 8 is blank
+    # fixtures/demo.py line 7 is `        result += `: the README's spot, after code; line 8 is blank
     demo = ROOT / "fixtures" / "demo.py"
-    for line, col in ((7, 26), (8, 1)):
+    for line, col in ((7, 19), (8, 1)):
         for seed in range(3):
             args = [demo, "--line", line, "--col", col, "--model", checkpoint, "--steps", 2, "--seed", seed]
             code, out, _ = dfim_fill(capsys, *args, "--json")
@@ -219,7 +219,7 @@ def test_a_fill_is_one_line_unless_multiline(capsys, checkpoint):
     assert code == 0 and json.loads(out)["canvas_length"] == 64
     # at the end of a line that opens a block the fill is the lines below it, as the server's
     code, out, _ = dfim_fill(
-        capsys, demo, "--line", 4, "--col", 18, "--model", checkpoint, "--steps", 2, "--json"
+        capsys, demo, "--line", 4, "--col", 19, "--model", checkpoint, "--steps", 2, "--json"
     )
     assert code == 0 and json.loads(out)["canvas_length"] == 64
 

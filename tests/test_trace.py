@@ -185,7 +185,7 @@ def test_cli_traces_the_same_single_line_fill_as_dfim_fill(tmp_path):
         "--line",
         "7",
         "--col",
-        "26",
+        "19",
         "--max-tokens",
         "16",
         "--seed",
@@ -194,7 +194,7 @@ def test_cli_traces_the_same_single_line_fill_as_dfim_fill(tmp_path):
     run = lambda *argv: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "dfim.cli", *argv], capture_output=True, text=True, cwd=ROOT, check=True
     )
-    printed = run("fill", *spot).stdout
+    printed = run("fill", *spot, "--candidates", "1").stdout  # a trace draws one canvas
     run("trace", *spot, "--out", str(tmp_path / "t.html"))
     page = (tmp_path / "t.html").read_text(encoding="utf-8")
     final = page.split('<pre id="final" class="code">', 1)[1].split("</pre>", 1)[0]
