@@ -428,11 +428,24 @@ def run(
             between_steps()
         if cancel is not None and cancel():
             raise FillCancelled("fill cancelled")
-        logits = denoiser(state.canvas, state.self_cond)
+        logits = active_rows_logits(state, denoiser)
         denoise_step(state, settings, logits, chain)
         if on_step is not None:
             on_step(state)
     return commit(state)
+
+
+def active_rows_logits(state: DenoiseState, denoiser: Denoiser) -> Tensor:
+    """The decoder's logits [B, L, V] for the rows still denoising; a finished row (a candidate that stopped
+    before the others) costs no decoder pass and gets zeros, which `denoise_step` never keeps."""
+    if not bool(state.finished.any()):
+        return denoiser(state.canvas, state.self_cond)
+    rows = (~state.finished).nonzero().squeeze(1)
+    self_cond = None if state.self_cond is None else state.self_cond[rows]
+    out = denoiser(state.canvas[rows], self_cond)
+    logits = out.new_zeros((state.canvas.shape[0], *out.shape[1:]))
+    logits[rows] = out
+    return logits
 
 
 def commit(state: DenoiseState) -> Tensor:

@@ -387,9 +387,17 @@ def test_finished_rows_are_frozen_while_others_continue():
     logits[1] = torch.randn(4, V)  # row 1 never gets confident
     state = make_state(length=4, batch=2, settings=settings)
     snapshots = []
-    sampler.run(state, settings, constant(logits), on_step=lambda s: snapshots.append(s.canvas[0].clone()))
+    rows_seen = []
+
+    def denoiser(canvas, self_cond):  # once row 0 has finished, the decoder is asked for row 1 only
+        rows_seen.append(canvas.shape[0])
+        assert self_cond is None or self_cond.shape[0] == canvas.shape[0]
+        return logits[-canvas.shape[0] :].clone()
+
+    sampler.run(state, settings, denoiser, on_step=lambda s: snapshots.append(s.canvas[0].clone()))
     assert state.stop_reason == ["stable", "max_steps"]
     assert state.steps.tolist() == [2, 6]
+    assert rows_seen == [2, 2, 1, 1, 1, 1]  # a finished candidate costs no decoder pass
     for canvas in snapshots[2:]:
         assert torch.equal(canvas, snapshots[1])
     assert state.argmax[0].tolist() == [5, 6, 7, 8]
