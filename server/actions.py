@@ -36,11 +36,10 @@ from server.context import (
 from server.postprocess import (
     clean,
     code_of,
-    cut_loop,
-    cut_to_parsing_lines,
     fit_whitespace,
     limit_scope,
     normalize_newlines,
+    trim_block_fill,
 )
 
 KIND = "refactor.rewrite.dfim"
@@ -353,7 +352,7 @@ def finish_action(
         text = clean(result_text, ctx)
     else:
         text = limit_scope(result_text, ctx, max_lines=200)
-        text = cut_to_parsing_lines(cut_loop(text, ctx.lang), ctx)
+        text = trim_block_fill(text, ctx, max_lines=200)
         text = normalize_newlines(text, ctx.newline)
         if not text.strip():
             text = None
@@ -463,7 +462,7 @@ def _fit_hole_fill(fill: str, ctx: FillContext, block_indent: str | None) -> str
     scope = (
         replace(ctx, mode="line") if block_indent is None else replace(ctx, mode="block", indent=block_indent)
     )
-    return cut_loop(limit_scope(body, scope, max_lines=200), ctx.lang).rstrip()
+    return limit_scope(body, scope, max_lines=200).rstrip()
 
 
 # ---- the LSP feature -----------------------------------------------------------------------------------

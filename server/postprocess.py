@@ -185,49 +185,94 @@ def cut_stutter(completion: str, lang: str | None = None) -> str:
     return completion
 
 
-# statements a block may legitimately repeat (each branch returns, breaks, ...): never taken for a loop
-_FLOW = re.compile(r"(return|break|continue|pass|raise|yield|else|elif|except|finally|try|case|default)\b")
-
-
 def cut_loop(completion: str, lang: str | None = None) -> str:
-    """Keep the lines before the first statement the fill already wrote (`distance = abs(elem)` again a few
-    lines on): a small model that loops over its own lines. Control flow (`return False` in two branches) and
-    closing brackets may repeat. A block opener left without its body at the end goes too."""
+    """Keep the lines before the point where the fill starts repeating itself: a line written twice in a row,
+    or a run of two or three lines written again right after itself (a small model looping over its own
+    lines). Only exact repeats at the same indentation count, so real code that says the same thing in two
+    branches (`i += 1`, `if err != nil {`) is left alone; a closing bracket or markup line may repeat. A
+    block opener left without its body at the end goes too."""
     lines = split_lines(completion)
-    seen: set[str] = set()
-    in_docstring = False
-    for i, line in enumerate(lines):
-        code = code_of(line, lang).strip()
-        if (
-            not in_docstring
-            and code in seen
-            and len(code) >= 4
-            and not _FLOW.match(code)
-            and code[0] not in ")]}@"  # closers, decorators (`@property` above each method)
-        ):
-            kept = lines[:i]
+    code = [i for i, line in enumerate(lines) if line.strip()]  # indexes of the non-blank lines
+    same = [lines[i].rstrip() for i in code]
+    for j in range(1, len(code)):
+        for n in (1, 2, 3):
+            if j < 2 * n - 1 or same[j - n + 1 : j + 1] != same[j - 2 * n + 1 : j - n + 1]:
+                continue
+            if all(line.strip()[0] in ")]}<" for line in same[j - n + 1 : j + 1]):
+                continue
+            kept = lines[: code[j - n + 1]]
             while kept and (not kept[-1].strip() or code_of(kept[-1], lang).endswith((":", "{"))):
                 kept.pop()
             return "\n".join(kept)
-        if code and not in_docstring:
-            seen.add(code)
-        if (line.count('"""') + line.count("'''")) % 2 == 1:
-            in_docstring = not in_docstring
     return completion
+
+
+_HEADER = re.compile(r"(if|elif|else|for|while|with|try|except|finally|def|class|switch|do)\b")
+
+
+def parse_window(prefix: str, suffix: str, before: int = 4000, after: int = 2000) -> tuple[str, str]:
+    """The end of `prefix` from a line that starts at column 0 (a top-level statement) and the start of
+    `suffix` to a line end: enough code around a fill to parse, at a bounded cost."""
+    if len(prefix) > before:
+        cut = prefix.find("\n", len(prefix) - before) + 1
+        top = re.compile(r"^\S", re.M).search(prefix, cut)
+        prefix = prefix[top.start() if top else cut :]
+    if len(suffix) > after:
+        end = suffix.find("\n", after)
+        suffix = suffix if end < 0 else suffix[:end]
+    return prefix, suffix
+
+
+def _dangling_header(line: str, following: str, lang: str | None) -> bool:
+    """A last line that opens a block (`if x > 3:`, `for (...) {`, a brace-less `if (t > 10)`) whose body is
+    not the code after it (that is not indented deeper)."""
+    code = code_of(line, lang)
+    body = indent_width(following) > indent_width(line) if following.strip() else False
+    if body:
+        return False
+    stripped = code.strip()
+    return code.endswith((":", "{")) or (bool(_HEADER.match(stripped)) and not stripped.endswith((";", "}")))
 
 
 def cut_to_parsing_lines(completion: str, ctx: FillContext, max_lines: int = 40) -> str:
-    """A several-line fill's most lines, from the top, that leave the code without a syntax error it did not
-    already have (a small model's tail is often half a statement); the fill as it is if no cut parses."""
+    """A several-line fill cut after the line that leaves the fewest syntax errors (the longest such cut; a
+    small model's tail is often half a statement), without a block header left bodiless at its end. Errors
+    the document already has count the same for every cut, so an unfinished line above the cursor changes
+    nothing. The fill as it is when no cut has fewer errors."""
     lines = split_lines(completion)
     if ctx.lang is None or len(lines) < 2 or len(lines) > max_lines:
         return completion
-    base = error_count(ctx.prefix + ctx.suffix, ctx.lang)
-    for k in range(len(lines), 0, -1):
-        head = "\n".join(lines[:k])
-        if head.strip() and error_count(ctx.prefix + head + ctx.suffix, ctx.lang) <= base:
-            return head
-    return completion
+    before, after = parse_window(ctx.prefix, ctx.suffix)
+    best, fewest = len(lines), error_count(before + completion + after, ctx.lang)
+    if fewest > error_count(before + after, ctx.lang):  # the whole fill adds an error: try shorter cuts
+        for k in range(len(lines) - 1, 0, -1):
+            head = "\n".join(lines[:k])
+            if not head.strip():
+                break
+            errors = error_count(before + head + after, ctx.lang)
+            if errors < fewest:
+                best, fewest = k, errors
+    kept = lines[:best]
+    following = next((line for line in split_lines(ctx.suffix) if line.strip()), "")
+    while len(kept) > 1 and (
+        not kept[-1].strip()
+        or (_dangling_header(kept[-1], following, ctx.lang) and kept[-1].strip()[0] not in ")]}")
+    ):
+        kept.pop()
+    if len(kept) < best and error_count(before + "\n".join(kept) + after, ctx.lang) > fewest:
+        kept = lines[:best]  # dropping the header would unbalance something: leave it
+    return completion if kept == lines else "\n".join(kept)
+
+
+def trim_block_fill(text: str, ctx: FillContext, max_lines: int = 40) -> str:
+    """A several-line fill without its loop (`cut_loop`, kept only if it adds no syntax error) and without a
+    tail that does not parse (`cut_to_parsing_lines`)."""
+    looped = cut_loop(text, ctx.lang)
+    if looped != text and looped.strip() and ctx.lang is not None:
+        before, after = parse_window(ctx.prefix, ctx.suffix)
+        if error_count(before + looped + after, ctx.lang) > error_count(before + text + after, ctx.lang):
+            looped = text  # the cut would leave a bracket open
+    return cut_to_parsing_lines(looped or text, ctx, max_lines)
 
 
 def is_repetitive(completion: str) -> bool:
@@ -286,7 +331,7 @@ def clean(raw: str, ctx: FillContext) -> str | None:
         text = text.replace("\ufffd", "")  # a broken byte sequence from a backend, never the user's text
     text = cut_stutter(limit_scope(text, ctx), ctx.lang)
     if ctx.mode != "line":
-        text = cut_to_parsing_lines(cut_loop(text, ctx.lang), ctx)
+        text = trim_block_fill(text, ctx)
     text = remove_suffix_overlap(text, ctx.suffix)
     if ctx.mode == "line":
         text = drop_duplicate_quote(text, ctx.rest_of_line)

@@ -240,28 +240,29 @@ def test_a_fill_stops_before_the_model_stutters():
 
 def test_a_block_fill_stops_where_the_model_loops_over_its_own_lines():
     cut = postprocess.cut_loop
-    looping = (
-        "        if isinstance(elem, float):\n"
-        "            distance = abs(elem)\n"
-        "            if distance < threshold:\n"
-        "                distance = abs(elem)\n"
-    )
-    # the repeat goes, and so does the `if` it would have been the body of
-    assert cut(looping, "python") == "        if isinstance(elem, float):\n            distance = abs(elem)"
+    # a line twice in a row, or a run of lines written again right after itself
     assert cut("x = [x]\nx = [x]\nx = [x]", "python") == "x = [x]"
-    # control flow, closers and decorators repeat in real code; a docstring's prose is not code
+    run = "if a:\n    d = abs(a)\n    print(d)\n    d = abs(a)\n    print(d)\n    return d"
+    assert cut(run, "python") == "if a:\n    d = abs(a)\n    print(d)"
+    # the `if` whose body was the repeat goes too
+    assert cut("total = 0\nif x:\nif x:\n    y = 1", "python") == "total = 0"
+    # real code says the same thing in two places; strings make lines differ; closers and markup repeat
     for legit in (
+        "while i < len(s):\n    if s[i] == ' ':\n        i += 1\n        continue\n    out.append(s[i])\n    i += 1",
+        "if c == '(':\n    cur.append(c)\nelif c == ')':\n    cur.append(c)",
+        "a, err := f()\nif err != nil {\n\treturn err\n}\nb, err := g(a)\nif err != nil {\n\treturn err\n}",
+        'print("start")\nprint("done")',
+        'assert upper("a") == "A"\nassert upper("b") == "B"',
         "if a:\n    return False\nelif b:\n    return False\nreturn True",
-        "for x in xs:\n    if x:\n        continue\n    if -x:\n        continue",
-        "@property\ndef a(self):\n    return 1\n@property\ndef b(self):\n    return 2",
-        'def f():\n    """Sum.\n\n    Sum the values.\n    Sum the values.\n    """\n    return 1',
+        "        }\n    }\n}",
+        "<div>\n  <p>x</p>\n</div>\n</div>",
         "if (a) {\n  f(a);\n}\nif (b) {\n  g(b);\n}",
     ):
         assert cut(legit, "python") == legit
     # only several-line fills: a single line is never cut
     ctx = ctx_for("def f(xs):\n    |\n")
     assert ctx.mode != "line"
-    assert postprocess.clean("total = 0\n    x = 1\n    total = 0", ctx) == "total = 0\n    x = 1"
+    assert postprocess.clean("total = 0\n    x = 1\n    x = 1", ctx) == "total = 0\n    x = 1"
 
 
 def test_a_block_fill_loses_a_tail_that_does_not_parse():
@@ -274,6 +275,22 @@ def test_a_block_fill_loses_a_tail_that_does_not_parse():
     assert postprocess.cut_to_parsing_lines(whole, ctx) == whole
     assert postprocess.cut_to_parsing_lines("x = (\n    1 +", ctx) == "x = (\n    1 +"
     assert postprocess.clean(broken, ctx) == "for x in xs:\n        total += x"
+    # a block header left without its body at the end goes with the broken tail
+    headed = "for x in xs:\n        total += x\n    if x > 3:\n        total -= (x"
+    assert postprocess.cut_to_parsing_lines(headed, ctx) == "for x in xs:\n        total += x"
+    # an unfinished line above the cursor (as while typing) does not turn the cut off
+    ctx = ctx_for("def f(xs):\n    total = foo(xs,\n    |\n    return total\n")
+    assert postprocess.cut_to_parsing_lines(broken, ctx) == "for x in xs:\n        total += x"
+    # a loop cut that would leave a bracket open is not made
+    ctx = ctx_for("def f():\n    |\n    return m\n")
+    table = 'm = {\n        "a": 1,\n        "a": 1,\n    }'
+    assert postprocess.clean(table, ctx) == table
+
+
+def test_a_brace_fill_does_not_end_in_a_braceless_header():
+    ctx = ctx_for("function f(t) {\n  let n = 0;\n  |\n  return t;\n}\n", "javascript")
+    fill = "n += 1;\n  if (t > 10)\n  t = (t +"
+    assert postprocess.cut_to_parsing_lines(fill, ctx) == "n += 1;"
 
 
 def test_an_empty_brace_body_fill_stays_on_the_cursors_line():
