@@ -287,6 +287,15 @@ def test_a_block_fill_loses_a_tail_that_does_not_parse():
     assert postprocess.clean(table, ctx) == table
 
 
+def test_the_parse_window_starts_at_a_top_level_line_and_ends_at_a_line_end():
+    prefix = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(400)) + "def g(xs):\n    "
+    suffix = "\n    return xs\n" + "x = 1\n" * 1000
+    before, after = postprocess.parse_window(prefix, suffix, before=4000, after=2000)
+    assert prefix.endswith(before) and before.startswith("def f") and len(before) <= 4000
+    assert suffix.startswith(after) and after.endswith("x = 1") and 2000 <= len(after) <= 2010
+    assert postprocess.parse_window("x = 1\n", "y\n") == ("x = 1\n", "y\n")  # short text stays whole
+
+
 def test_a_brace_fill_does_not_end_in_a_braceless_header():
     ctx = ctx_for("function f(t) {\n  let n = 0;\n  |\n  return t;\n}\n", "javascript")
     fill = "n += 1;\n  if (t > 10)\n  t = (t +"
