@@ -52,7 +52,7 @@ class InlineOptions:
     enabled: bool = True
     debounce_ms: int = field(default=0, metadata=_bounds(0, 2000))  # editors already debounce; 0 = none
     # Canvases denoised in one batch; the model ranks them (dfim-small: by the encoder's likelihood) and the
-    # best that parses is shown. Two lift pass@1 through the server from 12% to 16% for ~1.4x the latency on
+    # best that parses is shown. Two lift pass@1 through the server from 12% to 17% for ~1.4x the latency on
     # a 2-core CPU (decision 33); on a GPU more cost little (8: 15.0% of all HumanEval at the engine).
     candidates: int = field(default=2, metadata=_bounds(1, 8))
     # Several lines on a blank line. Off: one line at a time there, as on any other line (the shipped small
