@@ -466,6 +466,15 @@ class FillContext:
     # (joining two statements on one line is never what a fill there means), so the suggestion ends with a
     # line break and the indentation the code had.
     opens_line: bool = False
+    # Indentation dfim typed for the user (`with_lead`): the model sees it at the end of the prefix and the
+    # suggestion starts with it.
+    lead: str = ""
+
+    @property
+    def before_on_line(self) -> str:
+        """The cursor's line before the cursor, as the document has it (without `lead`)."""
+        head = self.prefix[line_start(self.prefix, len(self.prefix)) :]
+        return head[: len(head) - len(self.lead)]
 
 
 def decide_mode(source: Source, cursor: int) -> tuple[str, int, int, str]:
@@ -568,6 +577,39 @@ def _build_context(text, cursor, lang, prefix_tokens, suffix_tokens, max_canvas,
         newline="\n",
         opens_line=opens_line(text, start, end, decided),
     )
+
+
+def guess_indent(text: str, at: int) -> str:
+    """The indentation a new line at line start `at` most likely has: the previous non-blank line's, one unit
+    deeper after a line that opens a block (`:`, `{`, `(`, `[`)."""
+    end = at
+    while end > 0:
+        start = line_start(text, end - 1)
+        line = text[start:end].rstrip("\r\n")
+        if line.strip():
+            deeper = line.split("#", 1)[0].split("//", 1)[0].rstrip().endswith((":", "{", "(", "["))
+            return leading_ws(line) + (indent_unit(text) if deeper else "")
+        end = start
+    return ""
+
+
+def with_lead(ctx: FillContext, text: str) -> FillContext | None:
+    """The context with the indentation typed for the user, for a cursor at column 0 of a blank line (where a
+    FIM harness cuts; an editor would have indented); None elsewhere or when the guess is no indentation.
+    Only a last try (decision 37): the model, seeing the code after the cursor, chooses the indentation
+    better than this guess, but there it sometimes writes nothing or a copy of the next line."""
+    if (
+        ctx.mode not in ("line", "multiline")
+        or ctx.start != ctx.end
+        or ctx.start != line_start(text, ctx.start)
+        or ctx.rest_of_line.strip()
+    ):
+        return None
+    lead = guess_indent(text, ctx.start)
+    if not lead:
+        return None
+    indent = lead if ctx.mode == "multiline" else ctx.indent
+    return replace(ctx, prefix=ctx.prefix + lead, lead=lead, indent=indent)
 
 
 def one_line(ctx: FillContext) -> FillContext:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from engine.api import FillRequest, FillResult
 from server.context import FillContext, line_end, line_start
-from server.postprocess import fit_whitespace, rank_candidates, split_lines
+from server.postprocess import fit_whitespace, rank_candidates
 
 log = logging.getLogger("dfim.server")
 
@@ -119,14 +119,20 @@ async def fill_until_shown(
     pinned: str,
     retries: int,
     cancelled: Callable[[], bool],
+    last_try: tuple[FillRequest, FillContext] | None = None,
 ) -> tuple[list[str], int, int] | None:
     """(cleaned candidates, steps, fills) of up to 1 + `retries` fills, each with the next seed, stopping at
     the first that leaves something worth showing; None if a fill was cancelled. When post-processing drops
-    everything (the model copied the line below, or wrote nothing), another draw often has a line to offer."""
+    everything (the model copied the line below, or wrote nothing), another draw often has a line to offer.
+    `last_try` (a request and its context) replaces the last retry: the indentation typed for a column-0
+    cursor (`context.with_lead`)."""
     ranked: list[str] = []
     steps = attempt = 0
-    for attempt in range(1 + max(0, retries)):
+    tries = 1 + max(0, retries)
+    for attempt in range(tries):
         seed = None if request.seed is None else request.seed + attempt
+        if last_try is not None and attempt == tries - 1 and attempt > 0:
+            request, ctx = last_try
         result = await fill_once(replace(request, seed=seed))
         if result is None:
             return None
@@ -204,7 +210,7 @@ async def complete(ls, params):
     from pygls.exceptions import JsonRpcInternalError, JsonRpcInvalidParams
 
     from engine.api import EngineError, FillCancelled, Hole
-    from server.context import build_context, language_for, one_line
+    from server.context import build_context, language_for, one_line, with_lead
     from server.documents import Document, PositionError
     from server.options import language_enabled
     from server.telemetry import Shown
@@ -347,7 +353,7 @@ async def complete(ls, params):
         stop=("\n",) if ctx.mode == "line" else (),
         candidates=options.inline.candidates,
         # shown as a new line above the code (postprocess.clean): ranked as the document the user gets
-        scored_suffix=ctx.newline + split_lines(ctx.prefix)[-1] + suffix if ctx.opens_line else None,
+        scored_suffix=ctx.newline + ctx.before_on_line + suffix if ctx.opens_line else None,
     )
 
     async def fill_once(request: FillRequest):
@@ -378,7 +384,11 @@ async def complete(ls, params):
         ls.note_fallback()
         return result
 
-    outcome = await fill_until_shown(fill_once, request, ctx, pinned, options.inline.retries, flag.is_set)
+    led = with_lead(ctx, text) if not pinned else None
+    last_try = (replace(request, prefix=led.prefix), led) if led is not None else None
+    outcome = await fill_until_shown(
+        fill_once, request, ctx, pinned, options.inline.retries, flag.is_set, last_try=last_try
+    )
     if outcome is None:
         return None
     ranked, steps, attempts = outcome

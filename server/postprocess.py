@@ -347,7 +347,9 @@ def clean(raw: str, ctx: FillContext) -> str | None:
     if is_useless(text, ctx.prefix, ctx.suffix) or repeats_what_follows(text, ctx):
         return None
     if ctx.opens_line:  # the code after the cursor moves down a line, keeping its indentation
-        text += ctx.newline + split_lines(ctx.prefix)[-1]
+        text += ctx.newline + ctx.before_on_line
+    if ctx.lead:  # the model wrote after the indentation dfim typed: the suggestion starts with it
+        text = ctx.lead + text.lstrip(" \t")
     return text
 
 

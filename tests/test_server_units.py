@@ -496,6 +496,44 @@ def test_fill_until_shown_asks_again_with_the_next_seed_only_when_nothing_is_lef
     assert run([None], retries=1) == (None, [7])
 
 
+def test_a_column_0_cursor_on_a_blank_line_gets_its_indentation_typed_on_the_last_try():
+    import asyncio
+
+    from engine.api import FillRequest, FillResult
+
+    src = "def f(xs):\n    out = []\n    for x in xs:\n|\n\n    return out\n"
+    text, cursor = split(src)
+    assert context.guess_indent(text, cursor) == "        "  # one deeper than the `for` line
+    ctx = context.one_line(context.build_context(text, cursor, "python"))
+    led = context.with_lead(ctx, text)
+    assert led is not None and led.lead == "        " and led.prefix == ctx.prefix + "        "
+    assert led.before_on_line == "" and ctx.lead == ""
+    # the suggestion starts with the typed indentation, however the model began
+    assert postprocess.clean("out.append(x)", led) == "        out.append(x)"
+    assert postprocess.clean("  out.append(x)", led) == "        out.append(x)"
+    # not after indentation the user typed, nor before code on the cursor's line
+    for other in ("def f(xs):\n    for x in xs:\n    |\n", "def f(xs):\n    for x in xs:\n|out.append(x)\n"):
+        t, c = split(other)
+        assert context.with_lead(context.one_line(context.build_context(t, c, "python")), t) is None
+    assert context.guess_indent("x = 1\n", 6) == ""  # top level: nothing to type
+
+    asked: list[str] = []
+
+    async def fill_once(request: FillRequest) -> FillResult:
+        asked.append(request.prefix[len(ctx.prefix) :])
+        text = "" if len(asked) == 1 else "out.append(x)"  # the plain try writes nothing
+        return FillResult(
+            text, 5, 32, 3, encoded_tokens=0, context_tokens=0, latency_ms=1.0, stop_reason="stable"
+        )
+
+    request = FillRequest(prefix=ctx.prefix, suffix=ctx.suffix, seed=7)
+    last_try = (FillRequest(prefix=led.prefix, suffix=ctx.suffix, seed=7), led)
+    out = asyncio.run(
+        inline.fill_until_shown(fill_once, request, ctx, "", 1, lambda: False, last_try=last_try)
+    )
+    assert out == (["        out.append(x)"], 10, 2) and asked == ["", "        "]
+
+
 def test_typed_ahead_serves_the_rest():
     shown = inline.ShownSuggestion("id", "x = fo", ")\n", "o(a, b")
     assert inline.typed_ahead(shown, "x = foo(", ")\n") == "a, b"
