@@ -39,6 +39,14 @@ from engine.evaluate import Problem, load_problems  # noqa: E402
 from engine.metrics import edit_similarity, exact_match  # noqa: E402
 
 
+def between(problem: Problem, new: str) -> str | None:
+    """What the edited document `new` holds between prompt and suffix, or None if the edit reached into either."""
+    p, s = problem.prompt, problem.suffix
+    if not (new.startswith(p) and new.endswith(s)) or len(new) < len(p) + len(s):
+        return None
+    return new[len(p) : len(new) - len(s)]
+
+
 def completion_of(problem: Problem, doc: str, item) -> str | None:
     """What the item inserts between prompt and suffix, or None if its edit reaches into either."""
     if item is None:
@@ -48,11 +56,7 @@ def completion_of(problem: Problem, doc: str, item) -> str | None:
     insert = insert if isinstance(insert, str) else _get(insert, "value")
     start = utf16_offset(doc, rng.start.line, rng.start.character)
     end = utf16_offset(doc, rng.end.line, rng.end.character)
-    new = doc[:start] + insert + doc[end:]
-    p, s = problem.prompt, problem.suffix
-    if not (new.startswith(p) and new.endswith(s)) or len(new) < len(p) + len(s):
-        return None
-    return new[len(p) : len(new) - len(s)]
+    return between(problem, doc[:start] + insert + doc[end:])
 
 
 def with_hole(problem: Problem) -> tuple[str, int, int]:
@@ -78,13 +82,6 @@ def apply_workspace_edit(doc: str, reply) -> str:
     return doc
 
 
-def action_completion(problem: Problem, new: str) -> str | None:
-    p, s = problem.prompt, problem.suffix
-    if not (new.startswith(p) and new.endswith(s)) or len(new) < len(p) + len(s):
-        return None
-    return new[len(p) : len(new) - len(s)]
-
-
 async def fill_all(problems: list[Problem], model: str, settings: dict, action: str = "") -> list[dict]:
     client = Client()
     rows = []
@@ -108,7 +105,7 @@ async def fill_all(problems: list[Problem], model: str, settings: dict, action: 
                         print(f"{problem.task_id}: {exc}", file=sys.stderr)
                         reply = None
                     shown = reply is not None
-                    completion = action_completion(problem, apply_workspace_edit(doc, reply)) if shown else ""
+                    completion = between(problem, apply_workspace_edit(doc, reply)) if shown else ""
                 else:
                     result = await client.inline(uri, doc, len(problem.prompt))
                     items = list(_get(result, "items") or []) if result is not None else []

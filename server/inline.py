@@ -384,7 +384,7 @@ async def complete(ls, params):
         ls.note_fallback()
         return result
 
-    led = with_lead(ctx, text) if not pinned else None
+    led = with_lead(ctx, text)  # only on a blank line, so never with a pinned rest of line
     last_try = (replace(request, prefix=led.prefix), led) if led is not None else None
     outcome = await fill_until_shown(
         fill_once, request, ctx, pinned, options.inline.retries, flag.is_set, last_try=last_try

@@ -7,7 +7,9 @@ returns None when nothing useful is left.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 
 from server.context import (
     MATCH,
@@ -226,15 +228,28 @@ def parse_window(prefix: str, suffix: str, before: int = 4000, after: int = 2000
 def _dangling_header(line: str, following: str, lang: str | None) -> bool:
     """A last line that opens a block (`if x > 3:`, `for (...) {`, a brace-less `if (t > 10)`) whose body is
     not the code after it (that is not indented deeper)."""
-    code = code_of(line, lang)
-    body = indent_width(following) > indent_width(line) if following.strip() else False
-    if body:
+    if following.strip() and indent_width(following) > indent_width(line):
         return False
+    code = code_of(line, lang)
     stripped = code.strip()
     return code.endswith((":", "{")) or (bool(_HEADER.match(stripped)) and not stripped.endswith((";", "}")))
 
 
-def cut_to_parsing_lines(completion: str, ctx: FillContext, max_lines: int = 40) -> str:
+def error_counter(ctx: FillContext) -> Callable[[str], int]:
+    """Syntax errors of the code with a given fill in the fill's place, parsed in `parse_window` around it;
+    remembered per fill text, so the trims below never parse the same document twice."""
+    before, after = parse_window(ctx.prefix, ctx.suffix)
+
+    @functools.cache
+    def errors(fill: str) -> int:
+        return error_count(before + fill + after, ctx.lang)
+
+    return errors
+
+
+def cut_to_parsing_lines(
+    completion: str, ctx: FillContext, max_lines: int = 40, errors: Callable[[str], int] | None = None
+) -> str:
     """A several-line fill cut after the line that leaves the fewest syntax errors (the longest such cut; a
     small model's tail is often half a statement), without a block header left bodiless at its end. Errors
     the document already has count the same for every cut, so an unfinished line above the cursor changes
@@ -242,16 +257,15 @@ def cut_to_parsing_lines(completion: str, ctx: FillContext, max_lines: int = 40)
     lines = split_lines(completion)
     if ctx.lang is None or len(lines) < 2 or len(lines) > max_lines:
         return completion
-    before, after = parse_window(ctx.prefix, ctx.suffix)
-    best, fewest = len(lines), error_count(before + completion + after, ctx.lang)
-    if fewest > error_count(before + after, ctx.lang):  # the whole fill adds an error: try shorter cuts
+    errors = errors or error_counter(ctx)
+    best, fewest = len(lines), errors(completion)
+    if fewest > errors(""):  # the whole fill adds an error: try shorter cuts
         for k in range(len(lines) - 1, 0, -1):
             head = "\n".join(lines[:k])
             if not head.strip():
                 break
-            errors = error_count(before + head + after, ctx.lang)
-            if errors < fewest:
-                best, fewest = k, errors
+            if errors(head) < fewest:
+                best, fewest = k, errors(head)
     kept = lines[:best]
     following = next((line for line in split_lines(ctx.suffix) if line.strip()), "")
     while len(kept) > 1 and (
@@ -259,7 +273,7 @@ def cut_to_parsing_lines(completion: str, ctx: FillContext, max_lines: int = 40)
         or (_dangling_header(kept[-1], following, ctx.lang) and kept[-1].strip()[0] not in ")]}")
     ):
         kept.pop()
-    if len(kept) < best and error_count(before + "\n".join(kept) + after, ctx.lang) > fewest:
+    if len(kept) < best and errors("\n".join(kept)) > fewest:
         kept = lines[:best]  # dropping the header would unbalance something: leave it
     return completion if kept == lines else "\n".join(kept)
 
@@ -267,12 +281,11 @@ def cut_to_parsing_lines(completion: str, ctx: FillContext, max_lines: int = 40)
 def trim_block_fill(text: str, ctx: FillContext, max_lines: int = 40) -> str:
     """A several-line fill without its loop (`cut_loop`, kept only if it adds no syntax error) and without a
     tail that does not parse (`cut_to_parsing_lines`)."""
+    errors = error_counter(ctx)
     looped = cut_loop(text, ctx.lang)
-    if looped != text and looped.strip() and ctx.lang is not None:
-        before, after = parse_window(ctx.prefix, ctx.suffix)
-        if error_count(before + looped + after, ctx.lang) > error_count(before + text + after, ctx.lang):
-            looped = text  # the cut would leave a bracket open
-    return cut_to_parsing_lines(looped or text, ctx, max_lines)
+    if looped != text and looped.strip() and ctx.lang is not None and errors(looped) > errors(text):
+        looped = text  # the cut would leave a bracket open
+    return cut_to_parsing_lines(looped or text, ctx, max_lines, errors)
 
 
 def is_repetitive(completion: str) -> bool:
