@@ -51,6 +51,12 @@ class SamplerSettings:
     # causal LM (what training's context LM loss taught it) scores the prefix continued by each candidate
     # and the head of the suffix; the most likely document wins. One short causal pass per candidate.
     rank: str = "entropy"
+    # Encoder draft (off: the released sampler). The encoder, read as a causal LM (what training's context LM
+    # loss taught it), continues the prefix greedily, a cheap pass per token; its text seeds the first
+    # candidate's canvas instead of noise. The denoiser then reads that canvas whole, with the suffix, and
+    # the usual rules decide: it stops at once where its argmax reproduces the draft and is confident, and
+    # otherwise keeps or renoises each position as for any canvas. See `engine/draft.py`.
+    draft: bool = False
 
 
 @dataclass(frozen=True)

@@ -52,13 +52,15 @@ def decode(
     request: FillRequest,
     banned: torch.Tensor,
     tokenizer: Tokenizer,
+    budget: int | None = None,
 ) -> Decoded:
-    """Greedy decoding of the middle after `plan.context_ids`; the cache holds the context again after."""
+    """Greedy decoding of the middle after `plan.context_ids`; the cache holds the context again after.
+    `budget`: at most this many tokens (default: the request's `max_tokens`, or the plan if longer)."""
     eos_id, pad_id = tokenizer.eos_id, tokenizer.pad_id
     context = plan.context_ids
     cache.prepare(context[:-1])
     logits = cache.step(context[-1:])
-    budget = max(request.max_tokens, plan.length)
+    budget = max(request.max_tokens, plan.length) if budget is None else budget
     allowed0 = None
     if plan.heal_allowed:
         allowed0 = torch.zeros_like(banned)

@@ -56,10 +56,10 @@ class ContextCache:
         return len(ids)
 
     def step(self, ids: Sequence[int]) -> torch.Tensor:
-        """Causal models: append `ids` and return the next-token logits after them ([V], fp32)."""
-        if not self.causal:
-            raise TypeError("step() needs a causal model")
-        logits = self._encode([int(i) for i in ids])
+        """Append `ids` and return the next-token logits after them ([V], fp32): the causal LM of a causal
+        checkpoint, the encoder read as a causal LM (its context LM) of a diffusion one. The keys and values
+        appended are the ones `prepare` would have written."""
+        logits = self._encode([int(i) for i in ids], want_logits=True)
         assert logits is not None
         return logits[0, -1]
 
@@ -67,12 +67,15 @@ class ContextCache:
         self.kv = self.model.new_cache()
         self.ids = []
 
-    def _encode(self, ids: list[int]) -> torch.Tensor | None:
-        """Run `ids` after the cache's tokens; a causal model also returns their last logits [1, 1, V]."""
+    def _encode(self, ids: list[int], want_logits: bool = False) -> torch.Tensor | None:
+        """Run `ids` after the cache's tokens; returns their last logits [1, 1, V] for a causal model, or
+        where asked for."""
         batch = torch.tensor([ids], dtype=torch.long, device=self.device)
         try:
             if self.causal:
                 logits = self.model.causal_lm(batch, self.kv, last_only=True)
+            elif want_logits:
+                logits = self.model.context_lm(batch, self.kv, last_only=True)
             else:
                 self.model.encode(batch, self.kv)
                 logits = None

@@ -122,6 +122,7 @@ SWEEP_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "bucket": ("max_tokens", int),
     "candidates": ("candidates", int),  # canvases denoised per problem; the best-ranked one is scored
     "rank": ("rank", parse_rank),  # entropy | likelihood
+    "draft": ("draft", _parse_bool),  # the encoder's greedy draft seeds the first candidate's canvas
 }
 
 

@@ -83,9 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--candidates",
         type=int,
-        default=2,
+        default=None,
         help="canvases denoised at once; the model's ranking picks one (dfim-small: by likelihood). "
-        "Default 2, as the editor asks",
+        "Default as the editor asks: 1 for a line the model drafts (dfim-small), else 2",
     )
     parser.add_argument("--json", action="store_true", help="print text, steps, tokens, latency ... as JSON")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
@@ -176,6 +176,9 @@ def fill_request(
     right, and often repeat; after `def f(x):` the fill is the lines below, which a stop would cut to nothing."""
     settings = defaults if args.steps is None else replace(defaults, max_steps=args.steps)
     several = args.multiline or opens_block(prefix, suffix)
+    candidates = getattr(args, "candidates", 1)  # `dfim trace` draws one canvas
+    if candidates is None:  # the server's inline choice: a drafted line is one canvas (decision 38)
+        candidates = 1 if settings.draft and not several else 2
     return FillRequest(
         prefix=prefix,
         suffix=suffix,
@@ -183,7 +186,7 @@ def fill_request(
         seed=args.seed,
         settings=settings,
         stop=() if several else ("\n",),
-        candidates=getattr(args, "candidates", 1),  # `dfim trace` draws one canvas
+        candidates=candidates,
     )
 
 
@@ -205,7 +208,8 @@ def read_fill_input(args: argparse.Namespace) -> tuple[str, str, str]:
         raise InputError(f"--max-tokens must be at least 1 (got {args.max_tokens})")
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps must be at least 1 (got {args.steps})")
-    if not 1 <= getattr(args, "candidates", 1) <= 16:
+    candidates = getattr(args, "candidates", 1)
+    if candidates is not None and not 1 <= candidates <= 16:
         raise InputError(f"--candidates must be between 1 and 16 (got {args.candidates})")
     path = Path(args.file)
     # The model reads and writes "\n"; a CRLF file would leave a stray "\r" before every stop.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from engine import autoregressive, sampler
+from engine import autoregressive, draft, sampler
 from engine.api import (
     CheckpointError,
     EngineError,
@@ -250,7 +250,11 @@ class Engine:
             plan = build_canvas(request, self.tokenizer, self.table, self.canvas_limit)
             if self.objective == "causal":
                 return dataclasses.replace(self._fill_causal(request, plan, cache, start), threads=threads)
-            encoded = cache.prepare(plan.context_ids)
+            encoded = len(plan.context_ids) - common_prefix_length(cache.ids, plan.context_ids)
+            seed_ids = None
+            if request.settings.draft and draft.can_draft(plan, request):
+                seed_ids = draft.draft_canvas(cache, plan, request, self.banned, self.tokenizer)
+            cache.prepare(plan.context_ids)
             generator = torch.Generator(device=self.device)
             if request.seed is None:
                 generator.seed()  # fresh entropy from the OS, never the global RNG
@@ -258,7 +262,7 @@ class Engine:
                 generator.manual_seed(int(request.seed))
 
             candidates = [_Candidate() for _ in range(request.candidates)]
-            self._denoise(plan, candidates, request, generator, cache, block=0)
+            self._denoise(plan, candidates, request, generator, cache, block=0, seed_ids=seed_ids)
             for cand in candidates:
                 block = 1
                 while plan.can_continue and not cand.ended and len(cand.block_ids) < request.max_tokens:
@@ -356,9 +360,10 @@ class Engine:
         generator: torch.Generator,
         cache: ContextCache,
         block: int,
+        seed_ids: list[int] | None = None,
     ) -> None:
         """Denoise one canvas for `candidates` (a batch over the cache's current context) and append
-        the committed tokens to each."""
+        the committed tokens to each. `seed_ids` [L]: the encoder's draft, the first candidate's start."""
         dev = self.device
         settings = request.settings
         pinned = torch.tensor(plan.pinned, dtype=torch.bool, device=dev)
@@ -368,6 +373,14 @@ class Engine:
             allowed[plan.heal_allowed] = True
             allowed_at[0] = allowed
         warm = plan.warm_ids is not None
+        init_ids = init_mask = None
+        if warm:
+            init_ids = torch.tensor(plan.warm_ids, dtype=torch.long, device=dev)
+            init_mask = torch.tensor(plan.warm_mask, dtype=torch.bool, device=dev)
+        elif seed_ids is not None:
+            init_ids = torch.tensor(seed_ids, dtype=torch.long, device=dev)[None]
+            init_mask = torch.zeros((len(candidates), plan.length), dtype=torch.bool, device=dev)
+            init_mask[0] = True
         heal = plan.heal_bytes if block == 0 else b""
         stop_tokens = self._stop_tokens(tuple(request.stop), heal)
         state = sampler.new_state(
@@ -379,9 +392,9 @@ class Engine:
             pad_id=self.tokenizer.pad_id,
             settings=settings,
             generator=generator,
-            init_ids=torch.tensor(plan.warm_ids, dtype=torch.long, device=dev) if warm else None,
-            init_mask=torch.tensor(plan.warm_mask, dtype=torch.bool, device=dev) if warm else None,
-            init_noise=request.warm_start_noise,
+            init_ids=init_ids,
+            init_mask=init_mask,
+            init_noise=request.warm_start_noise if warm else 0.0,
             banned=self.banned,
             no_end=torch.tensor(plan.no_end, dtype=torch.bool, device=dev),
             allowed_at=allowed_at,

@@ -518,11 +518,12 @@ class DiffusionGemma(nn.Module):
         # The last layer's feed-forward only shapes hidden states nobody reads: skipped.
         self._causal_pass(input_ids, cache, scalars, last_feed_forward=False)
 
-    def context_lm(self, input_ids: Tensor, cache: KVCache) -> Tensor:
+    def context_lm(self, input_ids: Tensor, cache: KVCache, last_only: bool = False) -> Tensor:
         """The diffusion encoder read as a causal LM (its training's context LM loss): input_ids [B, T] run
-        after what `cache` holds, keys/values appended -> next-token logits [B, T, V]."""
+        after what `cache` holds, keys/values appended -> next-token logits [B, T, V] ([B, 1, V] if last_only)."""
         scalars = [layer.layer_scalar for layer in self.model.encoder.language_model.layers]
-        return self.logits(self._causal_pass(input_ids, cache, scalars, last_feed_forward=True))
+        x = self._causal_pass(input_ids, cache, scalars, last_feed_forward=True)
+        return self.logits(x[:, -1:] if last_only else x)
 
     def _causal_pass(
         self, input_ids: Tensor, cache: KVCache, scalars: list[Tensor], last_feed_forward: bool

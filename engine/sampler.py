@@ -111,7 +111,10 @@ def new_state(
     """A fresh canvas batch: uniform random tokens, pins in place.
 
     Warm start: where `init_mask` is set, the canvas starts from `init_ids` instead, and a fraction
-    `init_noise` of those positions is renoised again (so the model can revise them).
+    `init_noise` of those positions is renoised again (so the model can revise them). Both are [L] (every
+    row) or [B, L] (per row: the encoder's draft seeds one candidate and leaves the others to noise).
+    A canvas that starts from text with nothing renoised counts as the previous argmax canvas: a first step
+    that reproduces it, confidently, has nothing left to change and stops (`stable_and_confident`).
     """
     length = pinned.shape[0]
     device = pinned.device
@@ -124,14 +127,15 @@ def new_state(
         no_end = inner if no_end is None else (no_end | inner)
     canvas = uniform_tokens((batch, length), vocab_size, generator, device)
     if init_ids is not None and init_mask is not None:
-        keep = init_mask[None].expand(batch, length).clone()
+        keep = init_mask.expand(batch, length).clone()
         if init_noise > 0:
             coin = torch.rand((batch, length), generator=generator, device=device)
             keep &= coin >= init_noise
-        canvas = torch.where(keep, init_ids[None].expand(batch, length), canvas)
+        canvas = torch.where(keep, init_ids.expand(batch, length), canvas)
     else:
         keep = None
     canvas = torch.where(pinned[None], pin_ids[None], canvas)
+    history = [canvas.clone()] if keep is not None and init_noise == 0 else []
     return DenoiseState(
         canvas=canvas,
         pinned=pinned,
@@ -146,6 +150,7 @@ def new_state(
         allowed_at=dict(allowed_at or {}),
         stop_tokens=stop_tokens,
         seeded=keep,
+        history=history,
     )
 
 

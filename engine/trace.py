@@ -60,6 +60,10 @@ class Trace:
     cut: str = ""
 
 
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def text_after_stop(fill: str, canvas_text: str, stop: tuple[str, ...]) -> str:
     """The part of `canvas_text` that `stop` cut off `fill` ("" when nothing was cut)."""
     if not stop or not canvas_text.startswith(fill) or len(canvas_text) == len(fill):
@@ -163,7 +167,7 @@ def build_html(trace: Trace, nonce: str | None = None) -> str:
     data["suffix"] = context_head(trace.suffix)
     # JSON inside <script>: escape "<" so no "</script>" or "<!--" in the text can end the block.
     payload = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
-    title = f"dfim trace: {trace.steps} steps, {trace.latency_ms:.0f} ms"
+    title = f"dfim trace: {plural(trace.steps, 'step')}, {trace.latency_ms:.0f} ms"
     note = " (untrained random checkpoint: its fills are noise)" if trace.random_model else ""
     if nonce is None:
         csp, attr = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'", ""
@@ -363,5 +367,5 @@ def run(args: argparse.Namespace) -> int:
         out.write_text(build_html(trace), encoding="utf-8")
     except OSError as err:
         return fail(f"{out}: cannot write ({err.strerror or err})")
-    print(f"{out}: {len(trace.frames)} steps, {trace.latency_ms:.0f} ms, stop: {trace.stop_reason}")
+    print(f"{out}: {plural(len(trace.frames), 'step')}, {trace.latency_ms:.0f} ms, stop: {trace.stop_reason}")
     return 0

@@ -2,8 +2,9 @@
 
 Simulates typing at the end of a function in a fixture file: each request adds the next few characters
 of the real line, so the context comes from the KV cache except the newly typed tokens. Prints p50/p95
-latency, mean denoising steps and encoded tokens per request for the released sampler defaults and for
-the server's inline settings (at most 16 steps).
+latency, mean denoising steps and encoded tokens per request for the released sampler defaults, and for
+what the server asks for a single line (at most 16 steps, a stop at the newline): two canvases from noise
+ranked by the model, and the checkpoint's draft on one canvas (decision 38; where its sampler drafts).
 
     python scripts/bench_latency.py [--model DIR] [--threads N] [--requests 30]
 """
@@ -54,14 +55,24 @@ def main() -> None:
     print(f"model {engine.model_name}, torch {torch.__version__}, threads {torch.get_num_threads()}")
     print("| sampler | requests | p50 ms | p95 ms | mean steps | mean encoded tokens | context tokens |")
     print("|---|---|---|---|---|---|---|")
-    for label, settings in (
-        ("released defaults (max 48 steps)", engine.settings),
-        ("server inline (max 16 steps)", replace(engine.settings, max_steps=16)),
-    ):
+    inline = replace(engine.settings, max_steps=16, draft=False)
+    configs = [
+        ("released defaults (max 48 steps)", replace(engine.settings, draft=False), (), 1),
+        ("server inline, 2 canvases from noise", inline, ("\n",), 2),
+    ]
+    if engine.settings.draft:
+        configs.append(("server inline, the draft on 1 canvas", replace(inline, draft=True), ("\n",), 1))
+    for label, settings, stop, candidates in configs:
         times, steps, encoded, context = [], [], [], []
         for i, (prefix, suffix) in enumerate(points):
             request = FillRequest(
-                prefix=prefix, suffix=suffix[:400], max_tokens=16, settings=settings, seed=i
+                prefix=prefix,
+                suffix=suffix[:400],
+                max_tokens=16,
+                settings=settings,
+                seed=i,
+                stop=stop,
+                candidates=candidates,
             )
             start = time.perf_counter()
             result = engine.fill(request)

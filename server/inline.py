@@ -120,12 +120,14 @@ async def fill_until_shown(
     retries: int,
     cancelled: Callable[[], bool],
     last_try: tuple[FillRequest, FillContext] | None = None,
+    again: FillRequest | None = None,
 ) -> tuple[list[str], int, int] | None:
     """(cleaned candidates, steps, fills) of up to 1 + `retries` fills, each with the next seed, stopping at
     the first that leaves something worth showing; None if a fill was cancelled. When post-processing drops
     everything (the model copied the line below, or wrote nothing), another draw often has a line to offer.
     `last_try` (a request and its context) replaces the last retry: the indentation typed for a column-0
-    cursor (`context.with_lead`)."""
+    cursor (`context.with_lead`). `again` replaces the request on the other retries (a drafted fill's
+    retry draws from noise: the same greedy draft again would show nothing new)."""
     ranked: list[str] = []
     steps = attempt = 0
     tries = 1 + max(0, retries)
@@ -133,6 +135,8 @@ async def fill_until_shown(
         seed = None if request.seed is None else request.seed + attempt
         if last_try is not None and attempt == tries - 1 and attempt > 0:
             request, ctx = last_try
+        elif again is not None and attempt > 0:
+            request = again
         result = await fill_once(replace(request, seed=seed))
         if result is None:
             return None
@@ -343,6 +347,10 @@ async def complete(ls, params):
         pinned = ctx.rest_of_line
         width = max(4, min(ctx.max_tokens, ls.host.count_tokens(ctx.rest_of_line) * 2))
         middle, suffix = (Hole(width), pinned), suffix[len(pinned) :]
+    # The checkpoint's draft (engine.draft) seeds a single-line open hole: one canvas, which the denoiser
+    # mostly confirms in a step. Anything else (several lines, a pinned rest of line) denoises from noise.
+    drafted = settings.draft and options.inline.draft and ctx.mode == "line" and not middle
+    settings = dataclasses.replace(settings, draft=drafted)
     request = FillRequest(
         prefix=prefix,
         suffix=suffix,
@@ -351,7 +359,7 @@ async def complete(ls, params):
         settings=settings,
         seed=options.sampling.seed,
         stop=("\n",) if ctx.mode == "line" else (),
-        candidates=options.inline.candidates,
+        candidates=1 if drafted else options.inline.candidates,
         # shown as a new line above the code (postprocess.clean): ranked as the document the user gets
         scored_suffix=ctx.newline + ctx.before_on_line + suffix if ctx.opens_line else None,
     )
@@ -386,8 +394,13 @@ async def complete(ls, params):
 
     led = with_lead(ctx, text)  # only on a blank line, so never with a pinned rest of line
     last_try = (replace(request, prefix=led.prefix), led) if led is not None else None
+    again = None
+    if drafted:
+        again = replace(
+            request, settings=replace(settings, draft=False), candidates=options.inline.candidates
+        )
     outcome = await fill_until_shown(
-        fill_once, request, ctx, pinned, options.inline.retries, flag.is_set, last_try=last_try
+        fill_once, request, ctx, pinned, options.inline.retries, flag.is_set, last_try=last_try, again=again
     )
     if outcome is None:
         return None

@@ -206,9 +206,9 @@ def test_real_process_exit_status(tmp_path):
 
 
 def test_a_fill_is_one_line_unless_multiline(capsys, checkpoint):
-    # fixtures/demo.py line 7 is `        result += `: the README's spot, after code; line 8 is blank
+    # fixtures/demo.py line 8 is `    return `: the README's spot, after code; line 9 is blank
     demo = ROOT / "fixtures" / "demo.py"
-    for line, col in ((7, 19), (8, 1)):
+    for line, col in ((8, 12), (9, 1)):
         for seed in range(3):
             args = [demo, "--line", line, "--col", col, "--model", checkpoint, "--steps", 2, "--seed", seed]
             code, out, _ = dfim_fill(capsys, *args, "--json")

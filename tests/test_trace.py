@@ -183,9 +183,9 @@ def test_cli_traces_the_same_single_line_fill_as_dfim_fill(tmp_path):
     spot = [
         str(ROOT / "fixtures" / "demo.py"),
         "--line",
-        "7",
+        "8",
         "--col",
-        "19",
+        "12",
         "--max-tokens",
         "16",
         "--seed",

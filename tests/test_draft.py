@@ -1,0 +1,189 @@
+"""The encoder's draft (`SamplerSettings.draft`): greedy prefix continuation seeding a canvas."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import Engine, FillRequest, Hole, SamplerSettings, sampler
+from engine.autoregressive import allowed_logits
+from engine.cache import ContextCache
+from engine.canvas import build_canvas
+from engine.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
+from engine.draft import can_draft, draft_canvas
+from engine.model import KVCache
+
+TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+DRAFT = SamplerSettings(max_steps=4, draft=True)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    return Engine.load(write_random_checkpoint(tmp_path_factory.mktemp("ckpt"), TOKENIZER_JSON, seed=4))
+
+
+def plan_of(engine: Engine, request: FillRequest):
+    return build_canvas(request, engine.tokenizer, engine.table, engine.canvas_limit)
+
+
+def from_scratch(engine: Engine, ids: list[int]) -> torch.Tensor:
+    """The encoder read as a causal LM over `ids` with an empty cache: next-token logits [T, V]."""
+    with torch.inference_mode():
+        return engine.model.context_lm(torch.tensor([ids]), KVCache(len(engine.model.decoder.layers)))[0]
+
+
+def test_step_on_a_diffusion_cache_is_the_encoder_lm_and_writes_what_prepare_writes(engine):
+    ids = engine.tokenizer.fim_context(engine.tokenizer.encode("def f(x):\n    return x +"), [])
+    stepped = ContextCache(engine.model)
+    with torch.inference_mode():
+        stepped.prepare(ids[:-2])
+        stepped.step(ids[-2:-1])
+        logits = stepped.step(ids[-1:])
+    assert torch.allclose(logits, from_scratch(engine, ids)[-1], atol=1e-4)
+    assert stepped.ids == ids and stepped.kv.length == len(ids)
+    prepared = ContextCache(engine.model)
+    prepared.prepare(ids)
+    canvas = torch.randint(16, 8192, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        got = engine.model.denoise(canvas, stepped.kv, None)
+        want = engine.model.denoise(canvas, prepared.kv, None)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_the_draft_is_the_greedy_continuation_of_the_prefix(engine):
+    request = FillRequest(
+        prefix="total = 0\nfor x in xs:\n    total +=", suffix="\nprint(total)\n", stop=("\n",)
+    )
+    plan = plan_of(engine, request)
+    cache = engine.cache_for("draft-test")
+    with torch.inference_mode():
+        canvas = draft_canvas(cache, plan, request, engine.banned, engine.tokenizer)
+    tok = engine.tokenizer
+    assert len(canvas) == plan.length
+    # the text, then EOS where it ended (unless it filled the canvas), then padding
+    text = canvas[: canvas.index(tok.eos_id)] if tok.eos_id in canvas else canvas
+    assert all(t != tok.pad_id for t in text)
+    assert all(t == tok.pad_id for t in canvas[len(text) + 1 :])
+    # each token is the argmax of the encoder LM after the context without <fim_middle> and the draft so far
+    context = plan.context_ids[:-1]
+    logits = from_scratch(engine, context + text)
+    for i, token in enumerate(text):
+        allowed = allowed_logits(
+            logits[len(context) - 1 + i].clone(), engine.banned, True, tok.eos_id, tok.pad_id
+        )
+        if plan.heal_allowed and i == 0:
+            mask = torch.ones_like(engine.banned)
+            mask[plan.heal_allowed] = False
+            allowed = allowed.masked_fill(mask, float("-inf"))
+        assert token == int(allowed.argmax())
+    # it stops after the first token holding a stop string, as the fill is cut there
+    holds_stop = ["\n" in tok.decode([t]) for t in text]
+    assert not any(holds_stop[:-1])
+    # the cache is left with the context up to the prefix: the fill adds <fim_middle> back (one token)
+    assert cache.ids == context
+    assert cache.prepare(plan.context_ids) == 1
+
+
+def test_only_a_single_line_open_hole_is_drafted(engine):
+    line = FillRequest(prefix="x = ", suffix="\n", stop=("\n",))
+    assert can_draft(plan_of(engine, line), line)
+    several = replace(line, stop=())  # the encoder never writes EOS: no end to a several-line draft
+    pinned = replace(line, middle=(Hole(4), ")"))  # the encoder cannot see the pinned text
+    rewrite = replace(line, warm_start="y + 1")  # the old text seeds the canvas already
+    for request in (several, pinned, rewrite):
+        assert not can_draft(plan_of(engine, request), request)
+
+
+def test_a_drafted_fill_seeds_the_first_candidate_only(engine):
+    request = FillRequest(
+        prefix="def add(a, b):\n    return", suffix="\n", stop=("\n",), settings=DRAFT, seed=0, candidates=2
+    )
+    plan = plan_of(engine, request)
+    with torch.inference_mode():
+        seeded = draft_canvas(engine.cache_for("seed-test"), plan, request, engine.banned, engine.tokenizer)
+    seen: list[torch.Tensor] = []
+    original = engine.model.denoise
+
+    def spy(canvas, kv, self_cond):
+        seen.append(canvas.clone())
+        return original(canvas, kv, self_cond)
+
+    engine.model.denoise = spy
+    try:
+        result = engine.fill(request)
+    finally:
+        del engine.model.denoise
+    assert seen[0][0].tolist() == seeded  # row 0 starts from the draft
+    assert seen[0][1].tolist() != seeded  # row 1 from noise
+    assert result.steps >= 1
+    # the same request without the draft starts both rows from noise
+    seen.clear()
+    engine.model.denoise = spy
+    try:
+        engine.fill(replace(request, settings=replace(DRAFT, draft=False)))
+    finally:
+        del engine.model.denoise
+    assert seen[0][0].tolist() != seeded
+
+
+def test_a_canvas_started_from_text_stops_when_the_first_step_reproduces_it():
+    """The draft's canvas counts as the previous argmax: a confident first step that agrees with it is done,
+    one that disagrees is not, and a row started from noise is not either."""
+    length, vocab = 6, 50
+    draft_ids = torch.tensor([7, 8, 9, 2, 1, 1])  # text, EOS (2), pad (1)
+    settings = SamplerSettings(max_steps=8)
+
+    def state_for(init_mask: torch.Tensor):
+        return sampler.new_state(
+            2,
+            torch.zeros(length, dtype=torch.bool),
+            torch.zeros(length, dtype=torch.long),
+            vocab_size=vocab,
+            eos_id=2,
+            pad_id=1,
+            settings=settings,
+            generator=torch.Generator().manual_seed(0),
+            init_ids=draft_ids[None],
+            init_mask=init_mask,
+        )
+
+    rows = torch.zeros(2, length, dtype=torch.bool)
+    rows[0] = True
+    state = state_for(rows)
+    assert state.canvas[0].tolist() == draft_ids.tolist()
+    # Both rows' step agrees with the draft, confidently on the whole (mean entropy ~0.002) but with a little
+    # doubt at position 1 (~0.014 nats), so only the comparison with the previous canvas can stop a row.
+    logits = torch.full((2, length, vocab), -30.0)
+    logits[:, torch.arange(length), draft_ids] = 30.0
+    logits[:, 1, 12] = 25.0
+    sampler.denoise_step(state, settings, logits.clone())
+    assert state.finished.tolist() == [True, False] and state.stop_reason[0] == "stable"
+
+    state = state_for(rows)
+    other = logits.clone()
+    other[0, 2, 13] = 31.0  # the denoiser would write another token there
+    sampler.denoise_step(state, settings, other)
+    assert not bool(state.finished[0])
+
+
+def test_the_shipped_model_drafts_the_readme_line_and_confirms_it_in_one_step():
+    """The README's demo spot (`return ▮` after a loop that sums into `result`) with the shipped sampler."""
+    engine = Engine.load(DEFAULT_MODEL_DIR, threads=1)
+    assert engine.settings.draft  # dfim.json: decision 38
+    source = (Path(__file__).resolve().parents[1] / "fixtures" / "demo.py").read_text()
+    lines = source.split("\n")
+    cut = sum(len(line) + 1 for line in lines[:7]) + 11  # line 8, column 12 (1-based)
+    request = FillRequest(
+        prefix=source[:cut],
+        suffix=source[cut:],
+        stop=("\n",),
+        max_tokens=32,
+        settings=engine.settings,
+        seed=0,
+    )
+    result = engine.fill(request)
+    assert result.text.strip() == "result"
+    assert result.steps == 1 and result.stop_reason == "stable"
