@@ -397,19 +397,49 @@ class Backbone(nn.Module):
 
 class KVCache:
     """Keys and values of the encoded context, per layer: [B, Hkv, P, D]. Sliding layers keep the whole
-    context too (the window is applied when attending), so truncating to any length stays exact."""
+    context too (the window is applied when attending), so truncating to any length stays exact.
+
+    Each layer's keys and values are views of the first P positions of a buffer with room to grow, so
+    appending a token writes it in place instead of copying the whole cache (a one-token pass, as the
+    encoder's draft runs ~10 of per fill, would otherwise copy every layer's keys and values each time)."""
+
+    GROW = 256  # spare positions a buffer gets when it is (re)allocated
 
     def __init__(self, num_layers: int) -> None:
         self.keys: list[Tensor | None] = [None] * num_layers
         self.values: list[Tensor | None] = [None] * num_layers
         self.length = 0
+        self._buffers: list[tuple[Tensor, Tensor] | None] = [None] * num_layers
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         old_k, old_v = self.keys[layer], self.values[layer]
-        if old_k is not None and old_v is not None:
-            k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+        n = 0 if old_k is None else old_k.shape[2]
+        t = k.shape[2]
+        buffer = self._buffers[layer]
+        fits = (
+            buffer is not None
+            and old_k is not None
+            and buffer[0].shape[2] >= n + t
+            and buffer[0].shape[:2] == k.shape[:2]
+            and buffer[0].dtype == k.dtype
+            and old_k.data_ptr() == buffer[0].data_ptr()  # still a view of this buffer (not replaced)
+            # a buffer made under inference_mode cannot be written outside it
+            and (torch.is_inference_mode_enabled() or not buffer[0].is_inference())
+        )
+        if not fits:
+            if old_k is None or old_v is None:
+                old_k, old_v = k[:, :, :0], v[:, :, :0]
+            shape_k = (*k.shape[:2], n + t + self.GROW, k.shape[3])
+            shape_v = (*v.shape[:2], n + t + self.GROW, v.shape[3])
+            buffer = (k.new_empty(shape_k), v.new_empty(shape_v))
+            buffer[0][:, :, :n] = old_k
+            buffer[1][:, :, :n] = old_v
+            self._buffers[layer] = buffer
+        assert buffer is not None
+        buffer[0][:, :, n : n + t] = k
+        buffer[1][:, :, n : n + t] = v
+        self.keys[layer], self.values[layer] = buffer[0][:, :, : n + t], buffer[1][:, :, : n + t]
+        return self.keys[layer], self.values[layer]
 
     def get(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
         return self.keys[layer], self.values[layer]
@@ -536,17 +566,33 @@ class DiffusionGemma(nn.Module):
         positions = torch.arange(start, start + t, device=input_ids.device)
         tables = self.rotary(positions[None].expand(b, t), self.decoder.embed_tokens.weight.dtype)
         x = self.decoder.embed(input_ids)
-        key_positions = torch.arange(start + t, device=input_ids.device)
-        masks = {
-            False: causal_mask(positions, key_positions, None),
-            True: causal_mask(positions, key_positions, self.config.sliding_window),
-        }
+        # One new token after a cache (the encoder's draft, a causal checkpoint's decoding) may read every
+        # cached key: no mask is built, and `attend_cached` reads the cache in place instead of copying it
+        # per grouped head; a sliding layer reads the last `sliding_window - 1` cached tokens and itself.
+        one_token = t == 1 and b == 1 and start > 0 and not torch.is_grad_enabled()
+        masks = {}
+        if not one_token:
+            key_positions = torch.arange(start + t, device=input_ids.device)
+            masks = {
+                False: causal_mask(positions, key_positions, None),
+                True: causal_mask(positions, key_positions, self.config.sliding_window),
+            }
+        first = max(0, start - (self.config.sliding_window - 1))
         layers = self.decoder.layers
         for i, layer in enumerate(layers):
             attn = layer.self_attn
             q, k, v = attn.project(layer.input_layernorm(x), *tables[self.config.layer_types[i]])
-            k, v = cache.append(i, k, v)
-            x = x + layer.post_attention_layernorm(attn.attend(q, k, v, masks[attn.is_sliding][None, None]))
+            if one_token:
+                past_k, past_v = cache.get(i)
+                assert past_k is not None and past_v is not None
+                if attn.is_sliding:
+                    past_k, past_v = past_k[:, :, first:], past_v[:, :, first:]
+                attended = attn.attend_cached(q, k, v, past_k, past_v)
+                cache.append(i, k, v)
+            else:
+                k, v = cache.append(i, k, v)
+                attended = attn.attend(q, k, v, masks[attn.is_sliding][None, None])
+            x = x + layer.post_attention_layernorm(attended)
             if i == len(layers) - 1 and not last_feed_forward:
                 break
             x = (x + layer.feed_forward(x)) * scalars[i]

@@ -36,11 +36,15 @@ def from_scratch(engine: Engine, ids: list[int]) -> torch.Tensor:
 
 
 def test_step_on_a_diffusion_cache_is_the_encoder_lm_and_writes_what_prepare_writes(engine):
-    ids = engine.tokenizer.fim_context(engine.tokenizer.encode("def f(x):\n    return x +"), [])
+    # longer than the random checkpoint's sliding window (64): one-token passes read only its last keys
+    code = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(12)) + "def g(x):\n    return x +"
+    ids = engine.tokenizer.fim_context(engine.tokenizer.encode(code), [])
+    assert len(ids) > 2 * engine.model.config.sliding_window
     stepped = ContextCache(engine.model)
     with torch.inference_mode():
-        stepped.prepare(ids[:-2])
-        stepped.step(ids[-2:-1])
+        stepped.prepare(ids[:-8])
+        for i in range(len(ids) - 8, len(ids) - 1):
+            stepped.step(ids[i : i + 1])
         logits = stepped.step(ids[-1:])
     assert torch.allclose(logits, from_scratch(engine, ids)[-1], atol=1e-4)
     assert stepped.ids == ids and stepped.kv.length == len(ids)
