@@ -7,6 +7,7 @@ one where the point is the process itself (UTF-8 negotiation, a broken model).
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -445,3 +446,28 @@ async def test_exit_without_shutdown_while_a_fill_runs_exits_at_once(checkpoint,
     assert process.returncode == 1  # exit without shutdown
     pending.cancel()
     await asyncio.wait_for(s.client.stop(), 10)
+
+
+async def test_the_shipped_model_drafts_a_line_and_the_denoiser_confirms_it(tmp_path):
+    """The real server with the shipped checkpoint (its dfim.json asks for the draft): the README's spot gets
+    the encoder's line, confirmed in one denoising step; with `inline.draft` off the same spot is denoised
+    from noise, over more steps."""
+    from engine.checkpoint import DEFAULT_MODEL_DIR
+
+    demo = (Path(__file__).resolve().parents[1] / "fixtures" / "demo.py").read_text()
+    s = Session()
+    await s.start(DEFAULT_MODEL_DIR, tmp_path, init_options={"telemetry": {"enabled": False}})
+    try:
+        assert (await s.wait_state()).state == "ready"
+        s.open("file:///demo.py", demo)
+        items = await s.inline("file:///demo.py", 7, 11)  # `    return ▮` after the loop (0-based)
+        assert items is not None and items.items and items.items[0].insert_text.strip() == "result"
+        last = s.statuses[-1]
+        assert last.lastSteps == 1 and last.lastStopReason == "stable"
+        s.configure({"inline": {"draft": False}})
+        await asyncio.sleep(0.2)
+        s.open("file:///demo2.py", demo + "\n# another document: not a result-cache hit\n")
+        assert await s.inline("file:///demo2.py", 7, 11) is not None
+        assert s.statuses[-1].lastSteps > 1
+    finally:
+        await s.stop()
