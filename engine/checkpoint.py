@@ -84,11 +84,8 @@ def read_settings(folder: Path) -> SamplerSettings:
     extra = read_info(folder).get("sampler") or {}
     if not isinstance(extra, dict):
         raise CheckpointError(f'{folder / INFO_FILE}: bad sampler setting ("sampler" is not an object)')
-    known = {
-        "window": int,
-        "rank": parse_rank,
-        "draft": _bool,
-    }  # keys a later dfim may add are ignored here, not refused
+    # keys a later dfim may add are ignored here, not refused
+    known = {"window": int, "rank": parse_rank, "draft": _bool}
     try:
         changes = {k: known[k](v) for k, v in extra.items() if k in known}
     except (TypeError, ValueError) as err:
@@ -325,11 +322,8 @@ def save_model(
     )
     if info is not None:  # the notes' sampler entry always says what `settings` says
         info = {k: v for k, v in info.items() if k != "sampler"}
-    ours = {
-        "window": settings.window,
-        "rank": settings.rank,
-        "draft": settings.draft,
-    }  # no field for these in the released format
+    # no field for these in the released format
+    ours = {"window": settings.window, "rank": settings.rank, "draft": settings.draft}
     ours = {k: v for k, v in ours.items() if v != getattr(SamplerSettings(), k)}
     if ours:  # kept in our own notes
         info = {**(info or {}), "sampler": ours}
