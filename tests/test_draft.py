@@ -191,3 +191,30 @@ def test_the_shipped_model_drafts_the_readme_line_and_confirms_it_in_one_step():
     result = engine.fill(request)
     assert result.text.strip() == "result"
     assert result.steps == 1 and result.stop_reason == "stable"
+
+
+def test_a_fill_cancelled_while_drafting_leaves_the_engine_usable(engine):
+    from engine import FillCancelled
+
+    calls = 0
+
+    def cancel() -> bool:
+        nonlocal calls
+        calls += 1
+        return calls > 3  # a few drafted tokens, then the request is superseded
+
+    request = FillRequest(
+        prefix="def area(r):\n    return 3.14 *",
+        suffix="\n",
+        stop=("\n",),
+        settings=DRAFT,
+        seed=1,
+        cancel=cancel,
+    )
+    with pytest.raises(FillCancelled):
+        engine.fill(request)
+    # the context cache holds exactly what it says it holds: the same fill again needs one token encoded
+    again = engine.fill(replace(request, cancel=None))
+    assert again.encoded_tokens <= 1 and again.steps >= 1
+    fresh = Engine.load(engine.path).fill(replace(request, cancel=None))
+    assert again.text == fresh.text
