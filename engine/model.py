@@ -422,6 +422,7 @@ class KVCache:
             and buffer[0].shape[2] >= n + t
             and buffer[0].shape[:2] == k.shape[:2]
             and buffer[0].dtype == k.dtype
+            and buffer[0].device == k.device
             and old_k.data_ptr() == buffer[0].data_ptr()  # still a view of this buffer (not replaced)
             # a buffer made under inference_mode cannot be written outside it
             and (torch.is_inference_mode_enabled() or not buffer[0].is_inference())

@@ -317,6 +317,7 @@ async def complete(ls, params):
         ctx.max_tokens,
         options.sampling,
         options.inline.candidates,
+        options.inline.draft,
         options.inline.retries,  # an empty result with no retry must not answer for one with a retry
         ls._loaded,
     )

@@ -57,7 +57,8 @@ class InlineOptions:
     candidates: int = field(default=2, metadata=_bounds(1, 8))
     # A single-line fill starts from the encoder's draft where the checkpoint supports it (dfim.json's
     # `"sampler": {"draft": true}`, as dfim-small's): one canvas, usually confirmed in one denoising step, at
-    # about a third of the wait of `candidates` canvases from noise (decision 38). Retries draw from noise.
+    # about a third of the wait of `candidates` canvases from noise (decision 38). Retries draw from noise
+    # (but the column-0 retry of decision 37, whose typed indentation makes a new draft).
     draft: bool = True
     # Several lines on a blank line. Off: one line at a time there, as on any other line (the shipped small
     # model's lines after the first are rarely right, and one line answers ~40% sooner; decision 25).
