@@ -15,6 +15,7 @@ cannot end, the open hole ends at the first EOS.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -53,9 +54,11 @@ def decode(
     banned: torch.Tensor,
     tokenizer: Tokenizer,
     budget: int | None = None,
+    ends: Callable[[str], bool] | None = None,
 ) -> Decoded:
     """Greedy decoding of the middle after `plan.context_ids`; the cache holds the context again after.
-    `budget`: at most this many tokens (default: the request's `max_tokens`, or the plan if longer)."""
+    `budget`: at most this many tokens (default: the request's `max_tokens`, or the plan if longer).
+    `ends(text)`: True once the text so far is complete (as a stop string would end it)."""
     eos_id, pad_id = tokenizer.eos_id, tokenizer.pad_id
     context = plan.context_ids
     cache.prepare(context[:-1])
@@ -89,6 +92,9 @@ def decode(
             tokens.append((token, conf, pinned))
             if request.stop and not pinned and _reached_stop(tokens, tokenizer, plan, request.stop):
                 reason = "stop"  # the rest would be cut anyway: stop paying for it
+                break
+            if ends is not None and ends(assemble_text(tokens, tokenizer, plan.heal_bytes)[0]):
+                reason = "stop"
                 break
             if request.on_step is not None:
                 ids = [t for t, _, _ in tokens]

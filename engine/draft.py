@@ -27,16 +27,35 @@ import torch
 from engine import autoregressive
 from engine.api import FillRequest
 from engine.cache import ContextCache
-from engine.canvas import CanvasPlan
+from engine.canvas import CanvasPlan, assemble_text
 from engine.tokenizer import Tokenizer
 
 
 def can_draft(plan: CanvasPlan, request: FillRequest) -> bool:
-    """Only a single open hole that a stop string ends (a single-line fill) is drafted. The encoder cannot
-    see pinned text after the cursor (the skeleton is the canvas's alone); a rewrite's warm start already
-    seeds its canvas; and continuing the prefix it never writes EOS (the context it was trained on has
-    none), so a several-line draft would run to the end of the canvas with no idea where the hole ends."""
-    return bool(request.stop) and plan.warm_ids is None and not any(plan.pinned) and len(plan.context_ids) > 1
+    """Only a single open hole is drafted: the encoder cannot see pinned text after the cursor (the skeleton
+    is the canvas's alone), and a rewrite's warm start already seeds its canvas."""
+    return plan.warm_ids is None and not any(plan.pinned) and len(plan.context_ids) > 1
+
+
+def rejoin_offset(text: str, suffix: str) -> int | None:
+    """Where a several-line draft has reached the code after the hole: the offset of the line break before
+    the first line that repeats the suffix's first non-blank line, once that line is complete. Continuing
+    the prefix, the encoder never writes EOS (the context it was trained on has none); writing the code that
+    follows the hole is how it says the hole is done."""
+    target = next((line.strip() for line in suffix.split("\n") if line.strip()), "")
+    if not target:
+        return None
+    start = 0
+    while True:
+        brk = text.find("\n", start)
+        if brk < 0:
+            return None
+        end = text.find("\n", brk + 1)
+        if end < 0:
+            return None  # the line after this break is not complete yet
+        if text[brk + 1 : end].strip() == target:
+            return brk
+        start = brk + 1
 
 
 def draft_canvas(
@@ -47,8 +66,15 @@ def draft_canvas(
     context without `<fim_middle>` afterwards (the fill's `prepare` adds it back: one token)."""
     prefix_end = dataclasses.replace(plan, context_ids=plan.context_ids[:-1])
     quiet = dataclasses.replace(request, on_step=None)  # progress reports belong to the denoising steps
-    out = autoregressive.decode(cache, prefix_end, quiet, banned, tokenizer, budget=plan.length)
-    ids = [token for token, _, _ in out.tokens][: plan.length]
+    ends = None if request.stop else (lambda text: rejoin_offset(text, request.suffix) is not None)
+    out = autoregressive.decode(cache, prefix_end, quiet, banned, tokenizer, budget=plan.length, ends=ends)
+    tokens = out.tokens[: plan.length]
+    if ends is not None:  # keep the tokens before the line break where the draft rejoined the suffix
+        text, _ = assemble_text(tokens, tokenizer, plan.heal_bytes)
+        cut = rejoin_offset(text, request.suffix)
+        while cut is not None and tokens and len(assemble_text(tokens, tokenizer, plan.heal_bytes)[0]) > cut:
+            tokens = tokens[:-1]
+    ids = [token for token, _, _ in tokens]
     if len(ids) < plan.length:
         ids.append(tokenizer.eos_id)
     return ids + [tokenizer.pad_id] * (plan.length - len(ids))

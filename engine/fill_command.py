@@ -176,6 +176,7 @@ def fill_request(
     right, and often repeat; after `def f(x):` the fill is the lines below, which a stop would cut to nothing."""
     settings = defaults if args.steps is None else replace(defaults, max_steps=args.steps)
     several = args.multiline or opens_block(prefix, suffix)
+    settings = replace(settings, draft=settings.draft and not several)  # the editor drafts single lines only
     candidates = getattr(args, "candidates", 1)  # `dfim trace` draws one canvas
     if candidates is None:  # the server's inline choice: a drafted line is one canvas (decision 38)
         candidates = 1 if settings.draft and not several else 2

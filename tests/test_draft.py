@@ -11,9 +11,9 @@ import torch
 from engine import Engine, FillRequest, Hole, SamplerSettings, sampler
 from engine.autoregressive import allowed_logits
 from engine.cache import ContextCache
-from engine.canvas import build_canvas
+from engine.canvas import assemble_text, build_canvas
 from engine.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
-from engine.draft import can_draft, draft_canvas
+from engine.draft import can_draft, draft_canvas, rejoin_offset
 from engine.model import KVCache
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
@@ -91,14 +91,53 @@ def test_the_draft_is_the_greedy_continuation_of_the_prefix(engine):
     assert cache.prepare(plan.context_ids) == 1
 
 
-def test_only_a_single_line_open_hole_is_drafted(engine):
+def test_only_an_open_hole_is_drafted(engine):
     line = FillRequest(prefix="x = ", suffix="\n", stop=("\n",))
-    assert can_draft(plan_of(engine, line), line)
-    several = replace(line, stop=())  # the encoder never writes EOS: no end to a several-line draft
+    several = replace(line, stop=())
+    assert can_draft(plan_of(engine, line), line) and can_draft(plan_of(engine, several), several)
     pinned = replace(line, middle=(Hole(4), ")"))  # the encoder cannot see the pinned text
     rewrite = replace(line, warm_start="y + 1")  # the old text seeds the canvas already
-    for request in (several, pinned, rewrite):
+    for request in (pinned, rewrite):
         assert not can_draft(plan_of(engine, request), request)
+
+
+def test_a_several_line_draft_ends_where_it_rejoins_the_code_after_the_hole():
+    suffix = "\n\n    return total\n"
+    assert rejoin_offset("total += x\n    return total", suffix) is None  # that line is not complete yet
+    text = "total += x\n    total *= 2\n    return total\n    print(total)"
+    assert rejoin_offset(text, suffix) == text.index("\n    return")
+    assert rejoin_offset("total += x\n", suffix) is None
+    assert rejoin_offset("a\nb\n", "\n\n") is None  # nothing after the hole to rejoin
+
+
+def test_a_several_line_draft_keeps_the_tokens_before_the_rejoined_line(engine):
+    """A random model never writes the suffix's line, so the draft is built by hand: decode is replaced by
+    one that writes the hole's line, then the suffix's first line, then more."""
+    from engine import autoregressive
+    from engine.autoregressive import Decoded
+
+    tok = engine.tokenizer
+    request = FillRequest(prefix="def f(x):\n    y = x\n", suffix="\n    return y\n", max_tokens=32)
+    plan = plan_of(engine, request)
+    written = tok.encode("    y += 1\n    return y\n    z = 2")
+    original = autoregressive.decode
+
+    def writes(cache, p, r, banned, tokenizer, budget=None, ends=None):
+        out = []
+        for t in written:
+            out.append((t, 1.0, False))
+            if ends(assemble_text(out, tokenizer, p.heal_bytes)[0]):
+                break
+        return Decoded(out, len(out), "stop")
+
+    autoregressive.decode = writes
+    try:
+        with torch.inference_mode():
+            canvas = draft_canvas(engine.cache_for("rejoin"), plan, request, engine.banned, tok)
+    finally:
+        autoregressive.decode = original
+    text = tok.decode(canvas[: canvas.index(tok.eos_id)])
+    assert text.rstrip() == "    y += 1" and "return" not in text
 
 
 def test_a_drafted_fill_seeds_the_first_candidate_only(engine):
