@@ -37,23 +37,22 @@ def can_draft(plan: CanvasPlan, request: FillRequest) -> bool:
     return plan.warm_ids is None and not any(plan.pinned) and len(plan.context_ids) > 1
 
 
-def rejoin_offset(text: str, suffix: str) -> int | None:
-    """Where a several-line draft has reached the code after the hole: the offset of the line break before
-    the first line that repeats the suffix's first non-blank line, once that line is complete. Continuing
-    the prefix, the encoder never writes EOS (the context it was trained on has none); writing the code that
-    follows the hole is how it says the hole is done."""
+def hole_end(text: str, prefix: str, suffix: str) -> int | None:
+    """Where a several-line draft has left the hole: the offset of the line break before the first complete
+    line that repeats the suffix's first non-blank line (it has reached the code after the hole), or that is
+    indented less than the line the hole starts on (it has left the hole's block). Continuing the prefix,
+    the encoder never writes EOS (the context it was trained on has none): this is how a draft ends."""
     target = next((line.strip() for line in suffix.split("\n") if line.strip()), "")
-    if not target:
-        return None
+    first = prefix[prefix.rfind("\n") + 1 :]
+    base = len(first) - len(first.lstrip(" \t"))
     start = 0
     while True:
         brk = text.find("\n", start)
-        if brk < 0:
-            return None
-        end = text.find("\n", brk + 1)
+        end = text.find("\n", brk + 1) if brk >= 0 else -1
         if end < 0:
-            return None  # the line after this break is not complete yet
-        if text[brk + 1 : end].strip() == target:
+            return None  # no complete line after a break yet
+        line = text[brk + 1 : end]
+        if line.strip() and (line.strip() == target or len(line) - len(line.lstrip(" \t")) < base):
             return brk
         start = brk + 1
 
@@ -66,12 +65,12 @@ def draft_canvas(
     context without `<fim_middle>` afterwards (the fill's `prepare` adds it back: one token)."""
     prefix_end = dataclasses.replace(plan, context_ids=plan.context_ids[:-1])
     quiet = dataclasses.replace(request, on_step=None)  # progress reports belong to the denoising steps
-    ends = None if request.stop else (lambda text: rejoin_offset(text, request.suffix) is not None)
+    ends = None if request.stop else (lambda text: hole_end(text, request.prefix, request.suffix) is not None)
     out = autoregressive.decode(cache, prefix_end, quiet, banned, tokenizer, budget=plan.length, ends=ends)
     tokens = out.tokens[: plan.length]
-    if ends is not None:  # keep the tokens before the line break where the draft rejoined the suffix
+    if ends is not None:  # keep the tokens before the line break where the draft left the hole
         text, _ = assemble_text(tokens, tokenizer, plan.heal_bytes)
-        cut = rejoin_offset(text, request.suffix)
+        cut = hole_end(text, request.prefix, request.suffix)
         while cut is not None and tokens and len(assemble_text(tokens, tokenizer, plan.heal_bytes)[0]) > cut:
             tokens = tokens[:-1]
     ids = [token for token, _, _ in tokens]

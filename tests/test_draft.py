@@ -13,7 +13,7 @@ from engine.autoregressive import allowed_logits
 from engine.cache import ContextCache
 from engine.canvas import assemble_text, build_canvas
 from engine.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
-from engine.draft import can_draft, draft_canvas, rejoin_offset
+from engine.draft import can_draft, draft_canvas, hole_end
 from engine.model import KVCache
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
@@ -101,16 +101,20 @@ def test_only_an_open_hole_is_drafted(engine):
         assert not can_draft(plan_of(engine, request), request)
 
 
-def test_a_several_line_draft_ends_where_it_rejoins_the_code_after_the_hole():
-    suffix = "\n\n    return total\n"
-    assert rejoin_offset("total += x\n    return total", suffix) is None  # that line is not complete yet
+def test_a_several_line_draft_ends_where_it_leaves_the_hole():
+    prefix, suffix = "def f(xs):\n    total = 0\n    ", "\n\n    return total\n"
+    # it writes the code after the hole again: cut before that line, once the line is complete
+    assert hole_end("total += x\n    return total", prefix, suffix) is None
     text = "total += x\n    total *= 2\n    return total\n    print(total)"
-    assert rejoin_offset(text, suffix) == text.index("\n    return")
-    assert rejoin_offset("total += x\n", suffix) is None
-    assert rejoin_offset("a\nb\n", "\n\n") is None  # nothing after the hole to rejoin
+    assert hole_end(text, prefix, suffix) == text.index("\n    return")
+    # it leaves the hole's block: a line indented less than the one the hole starts on
+    text = "for x in xs:\n        total += x\nprint(total)\n"
+    assert hole_end(text, prefix, suffix) == text.index("\nprint")
+    assert hole_end("total += x\n", prefix, suffix) is None
+    assert hole_end("a\n\nb\n", "", "\n\n") is None  # nothing after the hole, nothing to leave
 
 
-def test_a_several_line_draft_keeps_the_tokens_before_the_rejoined_line(engine):
+def test_a_several_line_draft_keeps_the_tokens_before_the_line_that_left_the_hole(engine):
     """A random model never writes the suffix's line, so the draft is built by hand: decode is replaced by
     one that writes the hole's line, then the suffix's first line, then more."""
     from engine import autoregressive
