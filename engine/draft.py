@@ -61,7 +61,7 @@ def draft_canvas(
     cache: ContextCache, plan: CanvasPlan, request: FillRequest, banned: torch.Tensor, tokenizer: Tokenizer
 ) -> list[int]:
     """The canvas [L] the draft seeds: the greedy continuation of the prefix (at most the canvas long, cut
-    after a stop string as the fill would be), then EOS where it ended, then pad. The cache holds the
+    after a stop string as the fill would be, or where it leaves the hole), then EOS where it ended, then pad. The cache holds the
     context without `<fim_middle>` afterwards (the fill's `prepare` adds it back: one token)."""
     prefix_end = dataclasses.replace(plan, context_ids=plan.context_ids[:-1])
     quiet = dataclasses.replace(request, on_step=None)  # progress reports belong to the denoising steps
