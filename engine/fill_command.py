@@ -179,7 +179,7 @@ def fill_request(
     settings = replace(settings, draft=settings.draft and not several)  # the editor drafts single lines only
     candidates = getattr(args, "candidates", 1)  # `dfim trace` draws one canvas
     if candidates is None:  # the server's inline choice: a drafted line is one canvas (decision 38)
-        candidates = 1 if settings.draft and not several else 2
+        candidates = 1 if settings.draft else 2
     return FillRequest(
         prefix=prefix,
         suffix=suffix,
