@@ -61,8 +61,7 @@ def decode(
     `ends(text)`: True once the text so far is complete (as a stop string would end it)."""
     eos_id, pad_id = tokenizer.eos_id, tokenizer.pad_id
     context = plan.context_ids
-    cache.prepare(context[:-1])
-    logits = cache.step(context[-1:])
+    logits = cache.next_logits(context)
     budget = max(request.max_tokens, plan.length) if budget is None else budget
     allowed0 = None
     if plan.heal_allowed:

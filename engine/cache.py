@@ -55,6 +55,16 @@ class ContextCache:
             self._encode(ids)
         return len(ids)
 
+    def next_logits(self, ids: Sequence[int]) -> torch.Tensor:
+        """Make the cache hold exactly `ids` and return the next-token logits after them ([V], fp32), in one
+        pass over the tokens it lacks: at least the last one, which is run again where the cache held it."""
+        ids = [int(i) for i in ids]
+        keep = min(common_prefix_length(self.ids, ids), len(ids) - 1)
+        if keep < len(self.ids):
+            self.kv.truncate(keep)
+            del self.ids[keep:]
+        return self.step(ids[keep:])
+
     def step(self, ids: Sequence[int]) -> torch.Tensor:
         """Append `ids` and return the next-token logits after them ([V], fp32): the causal LM of a causal
         checkpoint, the encoder read as a causal LM (its context LM) of a diffusion one. The keys and values

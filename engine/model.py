@@ -165,14 +165,17 @@ class Attention(nn.Module):
         if fused_views(
             self.qkv, self.q_proj, self.k_proj, *([self.v_proj] if self.v_proj is not None else [])
         ):
-            qkv = torch.matmul(x, self.qkv)  # one GEMM instead of two or three
-            q = qkv[..., : hq * d].view(b, t, hq, d)
-            k_raw = qkv[..., hq * d : (hq + hkv) * d].view(b, t, hkv, d)
-            v = qkv[..., (hq + hkv) * d :].view(b, t, hkv, d) if self.v_proj is not None else k_raw
-        else:
-            q = self.q_proj(x).view(b, t, hq, d)
-            k_raw = self.k_proj(x).view(b, t, hkv, d)
-            v = self.v_proj(x).view(b, t, hkv, d) if self.v_proj is not None else k_raw
+            # One GEMM instead of two or three, and one norm over every head's row instead of three (the
+            # q and k norm weights are applied after it; v's norm has none): per-op cost dominates here.
+            heads = rms_norm(torch.matmul(x, self.qkv).view(b, t, -1, d), None, self.q_norm.eps)
+            rope = apply_rolled_rope if rolled else apply_rope
+            q = rope(heads[:, :, :hq] * self.q_norm.weight, cos, sin)
+            k = rope(heads[:, :, hq : hq + hkv] * self.k_norm.weight, cos, sin)
+            v = heads[:, :, hq + hkv :] if self.v_proj is not None else heads[:, :, hq:]
+            return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = self.q_proj(x).view(b, t, hq, d)
+        k_raw = self.k_proj(x).view(b, t, hkv, d)
+        v = self.v_proj(x).view(b, t, hkv, d) if self.v_proj is not None else k_raw
         rope = apply_rolled_rope if rolled else apply_rope
         q = rope(self.q_norm(q), cos, sin)
         k = rope(self.k_norm(k_raw), cos, sin)
@@ -189,10 +192,20 @@ class Attention(nn.Module):
         b, _, t, _ = q.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
-    def attend_cached(self, q: Tensor, k: Tensor, v: Tensor, past_k: Tensor, past_v: Tensor) -> Tensor:
-        """Bidirectional attention of the canvas over [cached context ; canvas], unmasked, reading the
-        context's keys/values where the cache holds them. q: [B, Hq, L, D], k/v: [B, Hkv, L, D],
-        past_k/past_v: [1, Hkv, P, D] (one cache shared by all B canvas rows) -> [B, L, H].
+    def attend_cached(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        past_k: Tensor,
+        past_v: Tensor,
+        past_mask: Tensor | None = None,
+        new_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Attention of L new rows over [cached context ; themselves], reading the context's keys/values
+        where the cache holds them. q: [B, Hq, L, D], k/v: [B, Hkv, L, D], past_k/past_v: [1, Hkv, P, D]
+        (one cache shared by all B rows) -> [B, L, H]. Unmasked (the canvas, bidirectional) unless
+        `past_mask` [L, P] / `new_mask` [L, L] say otherwise (True = attend: a few causal tokens).
 
         Concatenating [past ; canvas] and repeating KV heads for sdpa copied the whole context's keys and
         values (~2 MB per full layer) every step; here every query row of one KV head (all batch rows
@@ -206,7 +219,13 @@ class Attention(nn.Module):
         folded = grouped.transpose(0, 1).reshape(hkv, rows, d)
         scores_past = torch.matmul(folded, past_k[0].transpose(1, 2))  # [Hkv, rows, P]
         scores_new = torch.matmul(grouped, k.transpose(2, 3))  # [B, Hkv, rows/B, L]: own canvas only
-        scores_new = scores_new.transpose(0, 1).reshape(hkv, rows, length)
+        if past_mask is not None:
+            scores_past = scores_past.view(hkv, rows // length, length, p).masked_fill(~past_mask, -math.inf)
+            scores_past = scores_past.view(hkv, rows, p)
+        if new_mask is not None:
+            scores_new = scores_new.view(b, hkv, rows // (b * length), length, length)
+            scores_new = scores_new.masked_fill(~new_mask, -math.inf)
+        scores_new = scores_new.reshape(b, hkv, rows // b, length).transpose(0, 1).reshape(hkv, rows, length)
         probs = torch.cat([scores_past, scores_new], dim=-1).softmax(dim=-1)
         out_new = torch.matmul(probs[..., p:].reshape(hkv, b, rows // b, length).transpose(0, 1), v)
         out_past = torch.matmul(probs[..., :p], past_v[0]).reshape(hkv, b, rows // b, d).transpose(0, 1)
@@ -282,6 +301,15 @@ class Experts(nn.Module):
         return torch.einsum("enh,ne->nh", out.to(weights.dtype), routing).to(x.dtype)
 
     def _sparse(self, x: Tensor, weights: Tensor, index: Tensor) -> Tensor:
+        if x.shape[0] == 1:
+            # One token (the encoder's draft): its k experts in turn, no sorting or scatter (~2x faster).
+            out = None
+            for slot, expert in enumerate(index[0].tolist()):
+                gate, up = F.linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)
+                y = F.linear(gelu(gate) * up, self.down_proj[expert]) * weights[0, slot]
+                out = y if out is None else out + y
+            assert out is not None
+            return out.to(x.dtype)
         out = torch.zeros_like(x)
         flat_index = index.reshape(-1)
         order = flat_index.argsort()
@@ -466,6 +494,11 @@ class KVCache:
         self.length = length
 
 
+# Up to this many new tokens after a cache take `attend_cached` (no copy of the cache) in a causal pass;
+# longer runs (a context's first encode) build full masks, as training does.
+FEW_TOKENS = 16
+
+
 def causal_mask(q_pos: Tensor, k_pos: Tensor, window: int | None) -> Tensor:
     """q_pos: [T], k_pos: [S] absolute indices -> bool [T, S]: key at or before the query (and inside
     the window: q - k < window, the query itself included)."""
@@ -484,9 +517,8 @@ class DiffusionGemma(nn.Module):
         self.config = config
         self.model = Backbone(config)
         self.rotary = Rotary(config)
-        # (start, length, device, dtype) -> RoPE tables of a canvas: every step of a fill uses the same
-        # positions, so `denoise` builds them once instead of ~10 ops (cos, sin, casts) per step.
-        self._canvas_tables: dict[tuple, dict[str, tuple[Tensor, Tensor]]] = {}
+        # ((device, dtype), RoPE tables over positions [0, N) per layer type): see `rope_rows`
+        self._rope_table: tuple[tuple, dict[str, tuple[Tensor, Tensor]]] = ((), {})
 
     @property
     def decoder(self) -> Decoder:
@@ -565,30 +597,41 @@ class DiffusionGemma(nn.Module):
         b, t = input_ids.shape
         start = cache.length
         positions = torch.arange(start, start + t, device=input_ids.device)
-        tables = self.rotary(positions[None].expand(b, t), self.decoder.embed_tokens.weight.dtype)
+        tables = self.rope_rows(start, t, input_ids.device)  # rolled, [1, T, 1, D]: shared by every row
         x = self.decoder.embed(input_ids)
-        # One new token after a cache (the encoder's draft, a causal checkpoint's decoding) may read every
-        # cached key: no mask is built, and `attend_cached` reads the cache in place instead of copying it
-        # per grouped head; a sliding layer reads the last `sliding_window - 1` cached tokens and itself.
-        one_token = t == 1 and b == 1 and start > 0 and not torch.is_grad_enabled()
+        # A few new tokens after a cache (the encoder's draft and its verified guesses, the few tokens just
+        # typed) go through `attend_cached`, which reads the cache in place instead of copying it per grouped
+        # head, with a [T, T] causal mask over themselves; a sliding layer reads the cached tokens from the
+        # first one's window on (`first`), masking, per later token, the columns that left its window. One
+        # token needs no mask at all.
+        few = b == 1 and 0 < start and t <= FEW_TOKENS and not torch.is_grad_enabled()
+        window = self.config.sliding_window
+        first = max(0, start - (window - 1))
         masks = {}
-        if not one_token:
+        past_mask = new_mask = None
+        if few and t > 1:
+            new_mask = causal_mask(torch.arange(t), torch.arange(t), None).to(input_ids.device)
+            cut = (positions - (window - 1)).clamp(min=0) - first  # [T]: leading columns out of the window
+            if int(cut[-1]) > 0:
+                past_mask = torch.arange(start - first, device=input_ids.device)[None, :] >= cut[:, None]
+        if not few:
             key_positions = torch.arange(start + t, device=input_ids.device)
             masks = {
                 False: causal_mask(positions, key_positions, None),
                 True: causal_mask(positions, key_positions, self.config.sliding_window),
             }
-        first = max(0, start - (self.config.sliding_window - 1))
         layers = self.decoder.layers
         for i, layer in enumerate(layers):
             attn = layer.self_attn
-            q, k, v = attn.project(layer.input_layernorm(x), *tables[self.config.layer_types[i]])
-            if one_token:
+            q, k, v = attn.project(layer.input_layernorm(x), *tables[self.config.layer_types[i]], rolled=True)
+            if few:
                 past_k, past_v = cache.get(i)
                 assert past_k is not None and past_v is not None
                 if attn.is_sliding:
                     past_k, past_v = past_k[:, :, first:], past_v[:, :, first:]
-                attended = attn.attend_cached(q, k, v, past_k, past_v)
+                    attended = attn.attend_cached(q, k, v, past_k, past_v, past_mask, new_mask)
+                else:
+                    attended = attn.attend_cached(q, k, v, past_k, past_v, None, new_mask)
                 cache.append(i, k, v)
             else:
                 k, v = cache.append(i, k, v)
@@ -603,7 +646,7 @@ class DiffusionGemma(nn.Module):
     def denoise(self, canvas_ids: Tensor, cache: KVCache, self_cond_logits: Tensor | None = None) -> Tensor:
         """One decoder pass: canvas_ids [B, L] over [cache ; canvas] -> logits [B, L, V] (fp32, capped)."""
         b, length = canvas_ids.shape
-        tables = self.canvas_rope(cache.length, length, canvas_ids.device)
+        tables = self.rope_rows(cache.length, length, canvas_ids.device)
         x = self.canvas_embeddings(canvas_ids, self_cond_logits)
         # A sliding layer sees the last `window - 1` context tokens plus the whole canvas (as the
         # reference's sliding cache keeps them), a full layer sees everything: no mask needed.
@@ -627,20 +670,23 @@ class DiffusionGemma(nn.Module):
             x = (x + layer.feed_forward(x)) * layer.layer_scalar
         return self.logits(x)
 
-    def canvas_rope(self, start: int, length: int, device: torch.device) -> dict[str, tuple[Tensor, Tensor]]:
-        """RoPE tables per layer type for canvas positions start.., in `roll_tables` form, remembered
-        while gradients are off (a table built under inference_mode must never be saved for backward)."""
+    def rope_rows(self, start: int, length: int, device: torch.device) -> dict[str, tuple[Tensor, Tensor]]:
+        """RoPE tables per layer type for positions start..start+length, in `roll_tables` form [1, T, 1, D].
+        While gradients are off they are slices of one table per layer type over positions [0, N), built once
+        and grown by doubling: a drafted token or a denoising step then costs no trigonometry. While they are
+        on (training) they are built fresh: a table made under inference_mode must never be saved for backward."""
         dtype = self.decoder.embed_tokens.weight.dtype
-        key = (start, length, device, dtype)
-        tables = self._canvas_tables.get(key)
-        if tables is None:
-            tables = self.rotary(torch.arange(start, start + length, device=device)[None], dtype)
+        end = start + length
+        if torch.is_grad_enabled():
+            tables = self.rotary(torch.arange(start, end, device=device)[None], dtype)
+            return {kind: roll_tables(cos, sin) for kind, (cos, sin) in tables.items()}
+        key, tables = self._rope_table
+        if key != (device, dtype) or next(iter(tables.values()))[0].shape[1] < end:
+            n = max(4096, 2 * end)
+            tables = self.rotary(torch.arange(n, device=device)[None], dtype)
             tables = {kind: roll_tables(cos, sin) for kind, (cos, sin) in tables.items()}
-            if not torch.is_grad_enabled():
-                if len(self._canvas_tables) >= 16:  # a fill uses one or a few; keep only recent ones
-                    self._canvas_tables.clear()
-                self._canvas_tables[key] = tables
-        return tables
+            self._rope_table = ((device, dtype), tables)
+        return {kind: (cos[:, start:end], sin[:, start:end]) for kind, (cos, sin) in tables.items()}
 
     # --- training ---------------------------------------------------------------------------------
 

@@ -49,6 +49,22 @@ def test_cached_decoding_matches_the_training_forward() -> None:
     torch.testing.assert_close(prepared, full, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("run", [2, 3, 7])
+def test_a_few_tokens_at_a_time_compute_what_the_training_forward_computes(run: int) -> None:
+    """Runs of a few tokens after a cache (verified guesses, typed characters) take the unmasked cache path
+    with a causal mask over themselves; past the sliding window (8) some of their cached keys leave a later
+    token's window mid-run, which the pass must mask per token."""
+    model = tiny_model(seed=2)
+    ids = torch.randint(5, 300, (1, 30), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = model.causal_forward_train(ids, torch.zeros(1, 30, dtype=torch.bool))
+        cache = model.new_cache()
+        parts = [model.causal_lm(ids[:, :5], cache)]
+        parts += [model.causal_lm(ids[:, i : i + run], cache) for i in range(5, 30, run)]
+    assert cache.length == 30
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-4, rtol=1e-4)
+
+
 def test_causal_sequence_targets_real_tokens_only() -> None:
     from engine.train import Example
 
