@@ -15,7 +15,7 @@ cannot end, the open hole ends at the first EOS.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -55,13 +55,15 @@ def decode(
     tokenizer: Tokenizer,
     budget: int | None = None,
     ends: Callable[[str], bool] | None = None,
+    park: Sequence[int] = (),
 ) -> Decoded:
     """Greedy decoding of the middle after `plan.context_ids`; the cache holds the context again after.
     `budget`: at most this many tokens (default: the request's `max_tokens`, or the plan if longer).
-    `ends(text)`: True once the text so far is complete (as a stop string would end it)."""
+    `ends(text)`: True once the text so far is complete (as a stop string would end it).
+    `park`: tokens the cache will need after the context later (see `ContextCache.next_logits`)."""
     eos_id, pad_id = tokenizer.eos_id, tokenizer.pad_id
     context = plan.context_ids
-    logits = cache.next_logits(context)
+    logits = cache.next_logits(context, park)
     budget = max(request.max_tokens, plan.length) if budget is None else budget
     allowed0 = None
     if plan.heal_allowed:

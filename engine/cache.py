@@ -9,6 +9,7 @@ common leading run, truncates the cache there and encodes only the rest.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -31,19 +32,24 @@ class ContextCache:
         self.causal = causal
         self.kv = model.new_cache()
         self.ids: list[int] = []
+        self.parked: Parked | None = None
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     def prepare(self, ids: Sequence[int]) -> int:
-        """Make the cache hold exactly `ids`; returns how many tokens the encoder had to run."""
+        """Make the cache hold exactly `ids`; returns how many tokens the encoder had to run (parked tokens
+        that `ids` continue with are written back without running them)."""
         ids = [int(i) for i in ids]
-        keep = common_prefix_length(self.ids, ids)
-        if keep < len(self.ids):
-            self.kv.truncate(keep)
-            del self.ids[keep:]
-        rest = ids[keep:]
+        self._truncate(common_prefix_length(self.ids, ids))
+        rest = ids[len(self.ids) :]
+        parked = self.parked
+        if parked is not None and parked.start == len(self.ids) and rest[: len(parked.ids)] == parked.ids:
+            self.kv.extend(parked.keys_values)
+            self.ids.extend(parked.ids)
+            self.parked = None
+            rest = rest[len(parked.ids) :]
         if rest:
             self._encode(rest)
         return len(rest)
@@ -55,15 +61,22 @@ class ContextCache:
             self._encode(ids)
         return len(ids)
 
-    def next_logits(self, ids: Sequence[int]) -> torch.Tensor:
+    def next_logits(self, ids: Sequence[int], park: Sequence[int] = ()) -> torch.Tensor:
         """Make the cache hold exactly `ids` and return the next-token logits after them ([V], fp32), in one
-        pass over the tokens it lacks: at least the last one, which is run again where the cache held it."""
-        ids = [int(i) for i in ids]
-        keep = min(common_prefix_length(self.ids, ids), len(ids) - 1)
-        if keep < len(self.ids):
-            self.kv.truncate(keep)
-            del self.ids[keep:]
-        return self.step(ids[keep:])
+        pass over the tokens it lacks: at least the last one, which is run again where the cache held it.
+
+        `park`: tokens that will follow `ids` later, after a detour (the FIM context's `<fim_middle>`, after
+        the encoder's draft has continued the prefix). They run in the same pass; their keys and values are
+        set aside and written back by the `prepare` that asks for them: no pass of their own."""
+        ids, park = [int(i) for i in ids], [int(i) for i in park]
+        self._truncate(min(common_prefix_length(self.ids, ids), len(ids) - 1))
+        logits = self._encode(ids[len(self.ids) :] + park, want_logits=True, logits_back=len(park))
+        assert logits is not None
+        if park:
+            self.parked = Parked(len(ids), park, self.kv.tail(len(park)))
+            self.kv.truncate(len(ids))
+            del self.ids[len(ids) :]
+        return logits[0, 0]
 
     def step(self, ids: Sequence[int]) -> torch.Tensor:
         """Append `ids` and return the next-token logits after them ([V], fp32): the causal LM of a causal
@@ -76,16 +89,24 @@ class ContextCache:
     def reset(self) -> None:
         self.kv = self.model.new_cache()
         self.ids = []
+        self.parked = None
 
-    def _encode(self, ids: list[int], want_logits: bool = False) -> torch.Tensor | None:
-        """Run `ids` after the cache's tokens; returns their last logits [1, 1, V] for a causal model, or
-        where asked for."""
+    def _truncate(self, length: int) -> None:
+        if length < len(self.ids):
+            self.kv.truncate(length)
+            del self.ids[length:]
+        if self.parked is not None and self.parked.start > length:
+            self.parked = None  # what it was computed after is gone
+
+    def _encode(self, ids: list[int], want_logits: bool = False, logits_back: int = 0) -> torch.Tensor | None:
+        """Run `ids` after the cache's tokens; returns the logits [1, 1, V] after the last of them but
+        `logits_back`, for a causal model or where asked for."""
         batch = torch.tensor([ids], dtype=torch.long, device=self.device)
         try:
             if self.causal:
-                logits = self.model.causal_lm(batch, self.kv, last_only=True)
+                logits = self.model.causal_lm(batch, self.kv, last=1 + logits_back)[:, :1]
             elif want_logits:
-                logits = self.model.context_lm(batch, self.kv, last_only=True)
+                logits = self.model.context_lm(batch, self.kv, last=1 + logits_back)[:, :1]
             else:
                 self.model.encode(batch, self.kv)
                 logits = None
@@ -97,3 +118,12 @@ class ContextCache:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+@dataclass
+class Parked:
+    """Keys and values of `ids`, computed after the cache's first `start` tokens, set aside (`next_logits`)."""
+
+    start: int
+    ids: list[int]
+    keys_values: list[tuple[torch.Tensor | None, torch.Tensor | None]]

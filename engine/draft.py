@@ -61,12 +61,16 @@ def draft_canvas(
     cache: ContextCache, plan: CanvasPlan, request: FillRequest, banned: torch.Tensor, tokenizer: Tokenizer
 ) -> list[int]:
     """The canvas [L] the draft seeds: the greedy continuation of the prefix (at most the canvas long, cut
-    after a stop string as the fill would be, or where it leaves the hole), then EOS where it ended, then pad. The cache holds the
-    context without `<fim_middle>` afterwards (the fill's `prepare` adds it back: one token)."""
+    after a stop string as the fill would be, or where it leaves the hole), then EOS where it ended, then
+    pad. The cache holds the context without `<fim_middle>` afterwards; that token's keys and values are
+    parked in it (computed in the draft's first pass), and the fill's `prepare` writes them back."""
     prefix_end = dataclasses.replace(plan, context_ids=plan.context_ids[:-1])
     quiet = dataclasses.replace(request, on_step=None)  # progress reports belong to the denoising steps
     ends = None if request.stop else (lambda text: hole_end(text, request.prefix, request.suffix) is not None)
-    out = autoregressive.decode(cache, prefix_end, quiet, banned, tokenizer, budget=plan.length, ends=ends)
+    park = plan.context_ids[-1:]  # `<fim_middle>`
+    out = autoregressive.decode(
+        cache, prefix_end, quiet, banned, tokenizer, budget=plan.length, ends=ends, park=park
+    )
     tokens = out.tokens[: plan.length]
     if ends is not None:  # keep the tokens before the line break where the draft left the hole
         text, _ = assemble_text(tokens, tokenizer, plan.heal_bytes)

@@ -250,7 +250,7 @@ class Engine:
             plan = build_canvas(request, self.tokenizer, self.table, self.canvas_limit)
             if self.objective == "causal":
                 return dataclasses.replace(self._fill_causal(request, plan, cache, start), threads=threads)
-            # context tokens new to the cache (a draft also re-runs the last prefix token and <fim_middle>)
+            # context tokens new to the cache (a draft also re-runs the last prefix token where the cache held it)
             encoded = len(plan.context_ids) - common_prefix_length(cache.ids, plan.context_ids)
             seed_ids = None
             if request.settings.draft and draft.can_draft(plan, request):

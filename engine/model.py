@@ -470,6 +470,22 @@ class KVCache:
         self.keys[layer], self.values[layer] = buffer[0][:, :, : n + t], buffer[1][:, :, : n + t]
         return self.keys[layer], self.values[layer]
 
+    def tail(self, n: int) -> list[tuple[Tensor | None, Tensor | None]]:
+        """Copies of the last `n` positions' keys and values, per layer (to `extend` with later)."""
+        return [
+            (None, None) if k is None or v is None else (k[:, :, -n:].clone(), v[:, :, -n:].clone())
+            for k, v in zip(self.keys, self.values, strict=True)
+        ]
+
+    def extend(self, keys_values: list[tuple[Tensor | None, Tensor | None]]) -> None:
+        """Append what `tail` copied (computed after exactly what this cache now holds)."""
+        n = 0
+        for layer, (k, v) in enumerate(keys_values):
+            if k is not None and v is not None:
+                self.append(layer, k, v)
+                n = k.shape[2]
+        self.length += n
+
     def get(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
         return self.keys[layer], self.values[layer]
 
@@ -581,12 +597,13 @@ class DiffusionGemma(nn.Module):
         # The last layer's feed-forward only shapes hidden states nobody reads: skipped.
         self._causal_pass(input_ids, cache, scalars, last_feed_forward=False)
 
-    def context_lm(self, input_ids: Tensor, cache: KVCache, last_only: bool = False) -> Tensor:
+    def context_lm(self, input_ids: Tensor, cache: KVCache, last: int | None = None) -> Tensor:
         """The diffusion encoder read as a causal LM (its training's context LM loss): input_ids [B, T] run
-        after what `cache` holds, keys/values appended -> next-token logits [B, T, V] ([B, 1, V] if last_only)."""
+        after what `cache` holds, keys/values appended -> next-token logits [B, T, V] (of the `last` positions
+        only: [B, last, V])."""
         scalars = [layer.layer_scalar for layer in self.model.encoder.language_model.layers]
         x = self._causal_pass(input_ids, cache, scalars, last_feed_forward=True)
-        return self.logits(x[:, -1:] if last_only else x)
+        return self.logits(x if last is None else x[:, -last:])
 
     def _causal_pass(
         self, input_ids: Tensor, cache: KVCache, scalars: list[Tensor], last_feed_forward: bool
@@ -788,12 +805,12 @@ class DiffusionGemma(nn.Module):
     # trained with `engine.train --objective causal`): every layer runs causally with the decoder's
     # layer scalars and feed-forward; self-conditioning and the encoder scalars are unused.
 
-    def causal_lm(self, input_ids: Tensor, cache: KVCache, last_only: bool = False) -> Tensor:
+    def causal_lm(self, input_ids: Tensor, cache: KVCache, last: int | None = None) -> Tensor:
         """Run input_ids [B, T] causally after what `cache` holds and append their keys/values.
-        Returns logits for the next token after each position: [B, T, V] ([B, 1, V] if last_only)."""
+        Returns logits for the next token after each position: [B, T, V] (of the `last` only: [B, last, V])."""
         scalars = [layer.layer_scalar for layer in self.decoder.layers]
         x = self._causal_pass(input_ids, cache, scalars, last_feed_forward=True)
-        return self.logits(x[:, -1:] if last_only else x)
+        return self.logits(x if last is None else x[:, -last:])
 
     def causal_forward_train(self, ids: Tensor, pad: Tensor) -> Tensor:
         """ids [B, N] with LEFT padding marked True in pad [B, N] (right padding needs no mask: nothing

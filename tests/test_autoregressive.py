@@ -38,7 +38,7 @@ def test_cached_decoding_matches_the_training_forward() -> None:
         full = model.causal_forward_train(padded, pad)[:, 3:]
         cache = model.new_cache()
         first = model.causal_lm(ids[:, :12], cache)  # a context, then one token at a time
-        steps = [model.causal_lm(ids[:, i : i + 1], cache, last_only=True) for i in range(12, 20)]
+        steps = [model.causal_lm(ids[:, i : i + 1], cache, last=1) for i in range(12, 20)]
     incremental = torch.cat([first, *steps], dim=1)
     assert cache.length == 20
     torch.testing.assert_close(incremental, full, atol=1e-4, rtol=1e-4)

@@ -70,3 +70,27 @@ def test_extend_appends_after_the_context(model, tok):
     assert cache.ids == context + [20, 21, 22] and cache.kv.length == len(context) + 3
     # the next request for the bare context drops the block again without re-encoding anything
     assert cache.prepare(context) == 0 and cache.kv.length == len(context)
+
+
+def test_parked_tokens_come_back_without_a_pass_and_only_where_they_belong(model, tok):
+    context = tok.fim_context(tok.encode("def f(x):\n    return x +"), tok.encode("\n"))
+    head, middle = context[:-1], context[-1:]  # the draft continues `head`; <fim_middle> waits
+    cache = ContextCache(model)
+    with torch.inference_mode():
+        logits = cache.next_logits(head, park=middle)
+        want = model.context_lm(torch.tensor([head]), model.new_cache())[0, -1]
+        assert torch.allclose(logits, want, atol=1e-4)  # the logits after `head`, not after <fim_middle>
+        assert cache.ids == head and cache.kv.length == len(head)
+        cache.step([30])  # a drafted token where <fim_middle> will go
+        cache.step([31])
+        assert cache.prepare(context) == 0  # truncated to `head`, <fim_middle> written back
+        fresh = ContextCache(model)
+        fresh.prepare(context)
+        canvas = torch.randint(16, 8192, (1, 16), generator=torch.Generator().manual_seed(2))
+        assert torch.allclose(model.denoise(canvas, cache.kv), model.denoise(canvas, fresh.kv), atol=1e-4)
+        assert cache.parked is None  # used once
+        # parked keys/values computed after text that is gone since are never used
+        cache.next_logits(head, park=middle)
+        cache.prepare(head[:-3] + [40, 41, 42])
+        assert cache.parked is None
+        assert cache.prepare(head[:-3] + [40, 41, 42] + middle) == 1

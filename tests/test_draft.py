@@ -86,9 +86,17 @@ def test_the_draft_is_the_greedy_continuation_of_the_prefix(engine):
     # it stops after the first token holding a stop string, as the fill is cut there
     holds_stop = ["\n" in tok.decode([t]) for t in text]
     assert not any(holds_stop[:-1])
-    # the cache is left with the context up to the prefix: the fill adds <fim_middle> back (one token)
+    # the cache is left with the context up to the prefix and <fim_middle> parked: the fill's `prepare`
+    # writes it back without running it, and the cache then holds what a fresh one would
     assert cache.ids == context
-    assert cache.prepare(plan.context_ids) == 1
+    assert cache.prepare(plan.context_ids) == 0
+    fresh = ContextCache(engine.model)
+    assert fresh.prepare(plan.context_ids) == len(plan.context_ids)
+    canvas_ids = torch.randint(16, 8192, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        got = engine.model.denoise(canvas_ids, cache.kv, None)
+        want = engine.model.denoise(canvas_ids, fresh.kv, None)
+    assert torch.allclose(got, want, atol=1e-4)
 
 
 def test_only_an_open_hole_is_drafted(engine):
@@ -126,7 +134,7 @@ def test_a_several_line_draft_keeps_the_tokens_before_the_line_that_left_the_hol
     written = tok.encode("    y += 1\n    return y\n    z = 2")
     original = autoregressive.decode
 
-    def writes(cache, p, r, banned, tokenizer, budget=None, ends=None):
+    def writes(cache, p, r, banned, tokenizer, budget=None, ends=None, park=()):
         out = []
         for t in written:
             out.append((t, 1.0, False))
