@@ -255,6 +255,10 @@ class Engine:
             seed_ids = None
             if request.settings.draft and draft.can_draft(plan, request):
                 seed_ids = draft.draft_canvas(cache, plan, request, self.banned, self.tokenizer)
+                if request.candidates == 1:  # rows from noise keep the room the request asked for
+                    plan, seed_ids = draft.fit_canvas(
+                        plan, seed_ids, self.tokenizer.eos_id, self.canvas_limit
+                    )
             cache.prepare(plan.context_ids)
             generator = torch.Generator(device=self.device)
             if request.seed is None:

@@ -13,7 +13,7 @@ from engine.autoregressive import allowed_logits
 from engine.cache import ContextCache
 from engine.canvas import assemble_text, build_canvas
 from engine.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
-from engine.draft import can_draft, draft_canvas, hole_end
+from engine.draft import can_draft, draft_canvas, fit_canvas, hole_end
 from engine.model import KVCache
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
@@ -242,6 +242,7 @@ def test_the_shipped_model_drafts_the_readme_line_and_confirms_it_in_one_step():
     result = engine.fill(request)
     assert result.text.strip() == "result"
     assert result.steps == 1 and result.stop_reason == "stable"
+    assert result.canvas_length == 16  # asked for 32: the canvas is sized to the draft (`fit_canvas`)
 
 
 def test_a_fill_cancelled_while_drafting_leaves_the_engine_usable(engine):
@@ -269,3 +270,40 @@ def test_a_fill_cancelled_while_drafting_leaves_the_engine_usable(engine):
     assert again.encoded_tokens <= 1 and again.steps >= 1
     fresh = Engine.load(engine.path).fill(replace(request, cancel=None))
     assert again.text == fresh.text
+
+
+def test_a_single_drafted_canvas_is_sized_to_the_draft(engine):
+    tok = engine.tokenizer
+    request = FillRequest(prefix="x = ", suffix="\n", stop=("\n",), max_tokens=64)
+    plan = plan_of(engine, request)
+    assert plan.length == 64
+    seed = [300, 301, 302, tok.eos_id] + [tok.pad_id] * 60
+    fitted, cut = fit_canvas(plan, seed, tok.eos_id, engine.canvas_limit)
+    assert fitted.length == 16 and cut == seed[:16]  # the smallest bucket holding the draft and its EOS
+    assert len(fitted.pinned) == len(fitted.pin_ids) == len(fitted.no_end) == 16
+    assert fitted.context_ids == plan.context_ids and fitted.can_continue
+    full = [300] * 20 + [tok.eos_id] + [tok.pad_id] * 43
+    assert fit_canvas(plan, full, tok.eos_id, engine.canvas_limit)[0].length == 32
+    no_end = [300] * 64  # a draft that filled the canvas keeps it
+    assert fit_canvas(plan, no_end, tok.eos_id, engine.canvas_limit) == (plan, no_end)
+    # through the engine: one drafted candidate denoises the fitted canvas, two keep the asked-for room
+    with torch.inference_mode():
+        drafted = draft_canvas(engine.cache_for("fit-test"), plan, request, engine.banned, tok)
+    expected = fit_canvas(plan, drafted, tok.eos_id, engine.canvas_limit)[0].length
+    seen: list[int] = []
+    original = engine.model.denoise
+
+    def spy(canvas, kv, self_cond):
+        seen.append(canvas.shape[1])
+        return original(canvas, kv, self_cond)
+
+    engine.model.denoise = spy
+    try:
+        one = engine.fill(replace(request, settings=DRAFT, seed=0))
+        first = seen[0]
+        seen.clear()
+        engine.fill(replace(request, settings=DRAFT, seed=0, candidates=2))
+    finally:
+        del engine.model.denoise
+    assert first == one.canvas_length == expected
+    assert seen[0] == 64
