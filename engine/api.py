@@ -68,9 +68,11 @@ class Hole:
 
 @dataclass
 class StepInfo:
-    """Reported after every denoising step (progress bars, `$/progress`, traces)."""
+    """Reported after every denoising step (progress bars, `$/progress`, traces), and once before them for a
+    drafted canvas: step 0 is the encoder's draft (its `confidence` the encoder's probability of each token
+    it wrote, `mean_entropy` 0, every position counted as accepted)."""
 
-    step: int  # 1-based
+    step: int  # 1-based; 0: the encoder's draft
     max_steps: int
     accepted: int  # canvas positions accepted (not renoised) this step
     canvas_length: int

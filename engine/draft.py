@@ -21,6 +21,7 @@ continued, is exactly what it was trained on.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import torch
 
@@ -57,9 +58,17 @@ def hole_end(text: str, prefix: str, suffix: str) -> int | None:
         start = brk + 1
 
 
+@dataclass
+class Draft:
+    """The canvas the draft seeds, and how sure the encoder was of each token it wrote."""
+
+    ids: list[int]  # [L]: the text, then EOS where it ended (unless it filled the canvas), then pad
+    confidence: list[float]  # [L]: the greedy token's probability; 0 where the encoder wrote nothing
+
+
 def draft_canvas(
     cache: ContextCache, plan: CanvasPlan, request: FillRequest, banned: torch.Tensor, tokenizer: Tokenizer
-) -> list[int]:
+) -> Draft:
     """The canvas [L] the draft seeds: the greedy continuation of the prefix (at most the canvas long, cut
     after a stop string as the fill would be, or where it leaves the hole), then EOS where it ended, then
     pad. The cache holds the context without `<fim_middle>` afterwards; that token's keys and values are
@@ -80,20 +89,20 @@ def draft_canvas(
     ids = [token for token, _, _ in tokens]
     if len(ids) < plan.length:
         ids.append(tokenizer.eos_id)
-    return ids + [tokenizer.pad_id] * (plan.length - len(ids))
+    rest = plan.length - len(ids)
+    confidence = [conf for _, conf, _ in tokens] + [0.0] * (plan.length - len(tokens))
+    return Draft(ids + [tokenizer.pad_id] * rest, confidence)
 
 
-def fit_canvas(
-    plan: CanvasPlan, seed_ids: list[int], eos_id: int, limit: int
-) -> tuple[CanvasPlan, list[int]]:
-    """The smallest canvas bucket that holds the draft and its EOS, and the seed cut to it. A denoising
-    step costs by canvas rows (on the 2-core CPU ~24 ms for 16, ~32 ms for 32: a line asks for 32), and a
+def fit_canvas(plan: CanvasPlan, seed: Draft, eos_id: int, limit: int) -> tuple[CanvasPlan, Draft]:
+    """The smallest canvas bucket that holds the draft and its EOS, and the draft cut to it. A denoising
+    step costs by canvas rows (on the 2-core CPU ~24 ms for 16, ~31 ms for 32: a line asks for 32), and a
     line the denoiser confirms needs no room after its end; one it rewrites longer runs on into a further
     canvas, as any open hole does. Only for a plan `can_draft` accepts (one open hole, nothing pinned)."""
-    used = seed_ids.index(eos_id) + 1 if eos_id in seed_ids else len(seed_ids)
+    used = seed.ids.index(eos_id) + 1 if eos_id in seed.ids else len(seed.ids)
     length = bucket_length(used, limit)
     if length >= plan.length:
-        return plan, seed_ids
+        return plan, seed
     cut = dataclasses.replace(
         plan,
         length=length,
@@ -101,4 +110,4 @@ def fit_canvas(
         pin_ids=plan.pin_ids[:length],
         no_end=plan.no_end[:length],
     )
-    return cut, seed_ids[:length]
+    return cut, Draft(seed.ids[:length], seed.confidence[:length])

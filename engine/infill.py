@@ -252,13 +252,11 @@ class Engine:
                 return dataclasses.replace(self._fill_causal(request, plan, cache, start), threads=threads)
             # context tokens new to the cache (a draft also re-runs the last prefix token where the cache held it)
             encoded = len(plan.context_ids) - common_prefix_length(cache.ids, plan.context_ids)
-            seed_ids = None
+            seed = None
             if request.settings.draft and draft.can_draft(plan, request):
-                seed_ids = draft.draft_canvas(cache, plan, request, self.banned, self.tokenizer)
+                seed = draft.draft_canvas(cache, plan, request, self.banned, self.tokenizer)
                 if request.candidates == 1:  # rows from noise keep the room the request asked for
-                    plan, seed_ids = draft.fit_canvas(
-                        plan, seed_ids, self.tokenizer.eos_id, self.canvas_limit
-                    )
+                    plan, seed = draft.fit_canvas(plan, seed, self.tokenizer.eos_id, self.canvas_limit)
             cache.prepare(plan.context_ids)
             generator = torch.Generator(device=self.device)
             if request.seed is None:
@@ -267,7 +265,7 @@ class Engine:
                 generator.manual_seed(int(request.seed))
 
             candidates = [_Candidate() for _ in range(request.candidates)]
-            self._denoise(plan, candidates, request, generator, cache, block=0, seed_ids=seed_ids)
+            self._denoise(plan, candidates, request, generator, cache, block=0, seed=seed)
             for cand in candidates:
                 block = 1
                 while plan.can_continue and not cand.ended and len(cand.block_ids) < request.max_tokens:
@@ -365,10 +363,10 @@ class Engine:
         generator: torch.Generator,
         cache: ContextCache,
         block: int,
-        seed_ids: list[int] | None = None,
+        seed: draft.Draft | None = None,
     ) -> None:
         """Denoise one canvas for `candidates` (a batch over the cache's current context) and append
-        the committed tokens to each. `seed_ids` [L]: the encoder's draft, the first candidate's start."""
+        the committed tokens to each. `seed`: the encoder's draft, the first candidate's start."""
         dev = self.device
         settings = request.settings
         pinned = torch.tensor(plan.pinned, dtype=torch.bool, device=dev)
@@ -382,8 +380,8 @@ class Engine:
         if warm:
             init_ids = torch.tensor(plan.warm_ids, dtype=torch.long, device=dev)
             init_mask = torch.tensor(plan.warm_mask, dtype=torch.bool, device=dev)
-        elif seed_ids is not None:
-            init_ids = torch.tensor(seed_ids, dtype=torch.long, device=dev)[None]
+        elif seed is not None:
+            init_ids = torch.tensor(seed.ids, dtype=torch.long, device=dev)[None]
             init_mask = torch.zeros((len(candidates), plan.length), dtype=torch.bool, device=dev)
             init_mask[0] = True
         heal = plan.heal_bytes if block == 0 else b""
@@ -406,28 +404,39 @@ class Engine:
             stop_tokens=stop_tokens,
         )
 
-        def on_step(s: sampler.DenoiseState) -> None:
-            if request.on_step is None:
-                return
-            ids = sampler.commit(s)[0].tolist()
+        def report(
+            step: int, entropy: float, ids: list[int], confidence: list[float], kept: list[bool]
+        ) -> None:
+            assert request.on_step is not None
             positions, _ = middle_tokens(ids, plan.pinned, self.tokenizer.eos_id, self.tokenizer.pad_id)
             preview, _ = assemble_text([(ids[p], 1.0, False) for p in positions], self.tokenizer, heal)
             request.on_step(
                 StepInfo(
-                    step=s.step,
-                    max_steps=s.max_steps,
-                    accepted=int(s.accepted[0].sum()),
+                    step=step,
+                    max_steps=state.max_steps,
+                    accepted=sum(kept),
                     canvas_length=plan.length,
-                    mean_entropy=float(sampler.mean_free_entropy(s)[0]),
+                    mean_entropy=entropy,
                     argmax_text=preview,
                     block=block,
                     token_ids=ids,
                     tokens=[self.tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in ids],
-                    confidence=sampler.confidence(s)[0].tolist(),
-                    accepted_mask=s.accepted[0].tolist(),
+                    confidence=confidence,
+                    accepted_mask=kept,
                     pinned=list(plan.pinned),
                 )
             )
+
+        def on_step(s: sampler.DenoiseState) -> None:
+            if request.on_step is not None:
+                ids = sampler.commit(s)[0].tolist()
+                confidence = sampler.confidence(s)[0].tolist()
+                report(
+                    s.step, float(sampler.mean_free_entropy(s)[0]), ids, confidence, s.accepted[0].tolist()
+                )
+
+        if seed is not None and request.on_step is not None:  # step 0: the draft, before any denoising
+            report(0, 0.0, seed.ids, seed.confidence, [True] * plan.length)
 
         committed = sampler.run(
             state,

@@ -28,9 +28,9 @@ CONTEXT_LINES = 6
 
 @dataclass
 class Frame:
-    """One denoising step of row 0 (the only row when candidates == 1)."""
+    """One denoising step of row 0 (the only row when candidates == 1), or the draft it started from."""
 
-    step: int  # 1-based within its block
+    step: int  # 1-based within its block; 0: the encoder's draft
     max_steps: int
     block: int
     ms: float  # since the fill started (context encoding included)
@@ -76,7 +76,8 @@ class Recorder:
     """Collects the frames of one fill from its StepInfo reports (on whichever thread the engine runs).
 
     `on_step` goes into the request; `trace` turns the frames and the fill's result into a Trace. A report of
-    step 1 of block 0 after frames were collected starts over: the fill was retried (out of memory). With
+    block 0 that does not come after the last frame (its step again or an earlier one, or block 0 after a later
+    block) starts over: the fill was retried (out of memory). With
     `max_frames`, only the last that many steps are kept (`dropped` counts the others): a bound on memory.
     """
 
@@ -90,7 +91,7 @@ class Recorder:
 
     def on_step(self, info: StepInfo) -> None:
         frames = self.frames
-        if frames and info.block == 0 and info.step == 1:
+        if frames and info.block == 0 and (frames[-1].block != 0 or info.step <= frames[-1].step):
             frames.clear()
             self._done_text.clear()
             self.dropped = 0
@@ -290,7 +291,8 @@ function show(i) {
   const prev = i > 0 ? T.frames[i - 1].ms : 0;
   const last = i === T.frames.length - 1;
   document.getElementById("label").textContent =
-    (f.block > 0 ? "block " + (f.block + 1) + ", " : "") + "step " + f.step + "/" + f.max_steps +
+    (f.step === 0 ? "the encoder's draft (shade: its probability of each token)" :
+      (f.block > 0 ? "block " + (f.block + 1) + ", " : "") + "step " + f.step + "/" + f.max_steps) +
     "  \\u00b7  " + f.ms.toFixed(1) + " ms (+" + (f.ms - prev).toFixed(1) + ")" +
     "  \\u00b7  accepted " + f.accepted + "/" + f.tokens.length +
     "  \\u00b7  mean entropy " + f.mean_entropy.toFixed(3) + (last ? "  \\u00b7  stop: " + T.stop_reason : "");
@@ -367,5 +369,8 @@ def run(args: argparse.Namespace) -> int:
         out.write_text(build_html(trace), encoding="utf-8")
     except OSError as err:
         return fail(f"{out}: cannot write ({err.strerror or err})")
-    print(f"{out}: {plural(len(trace.frames), 'step')}, {trace.latency_ms:.0f} ms, stop: {trace.stop_reason}")
+    drafted = " (after the encoder's draft)" if trace.frames and trace.frames[0].step == 0 else ""
+    print(
+        f"{out}: {plural(trace.steps, 'step')}{drafted}, {trace.latency_ms:.0f} ms, stop: {trace.stop_reason}"
+    )
     return 0

@@ -621,7 +621,7 @@ async def run_action(ls, data: dict):
     token = await _begin_progress(ls, TITLES[plan.action], flag)
 
     def on_step(info) -> None:
-        if token is None:
+        if token is None or info.step == 0:  # step 0 is the draft: no denoising step done yet
             return
         message = f"step {info.step}/{info.max_steps}, {info.accepted} tokens accepted"
         percent = int(100 * info.step / max(1, info.max_steps))

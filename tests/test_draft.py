@@ -13,7 +13,7 @@ from engine.autoregressive import allowed_logits
 from engine.cache import ContextCache
 from engine.canvas import assemble_text, build_canvas
 from engine.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
-from engine.draft import can_draft, draft_canvas, fit_canvas, hole_end
+from engine.draft import Draft, can_draft, draft_canvas, fit_canvas, hole_end
 from engine.model import KVCache
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
@@ -64,7 +64,7 @@ def test_the_draft_is_the_greedy_continuation_of_the_prefix(engine):
     plan = plan_of(engine, request)
     cache = engine.cache_for("draft-test")
     with torch.inference_mode():
-        canvas = draft_canvas(cache, plan, request, engine.banned, engine.tokenizer)
+        canvas = draft_canvas(cache, plan, request, engine.banned, engine.tokenizer).ids
     tok = engine.tokenizer
     assert len(canvas) == plan.length
     # the text, then EOS where it ended (unless it filled the canvas), then padding
@@ -145,7 +145,7 @@ def test_a_several_line_draft_keeps_the_tokens_before_the_line_that_left_the_hol
     autoregressive.decode = writes
     try:
         with torch.inference_mode():
-            canvas = draft_canvas(engine.cache_for("rejoin"), plan, request, engine.banned, tok)
+            canvas = draft_canvas(engine.cache_for("rejoin"), plan, request, engine.banned, tok).ids
     finally:
         autoregressive.decode = original
     text = tok.decode(canvas[: canvas.index(tok.eos_id)])
@@ -158,7 +158,9 @@ def test_a_drafted_fill_seeds_the_first_candidate_only(engine):
     )
     plan = plan_of(engine, request)
     with torch.inference_mode():
-        seeded = draft_canvas(engine.cache_for("seed-test"), plan, request, engine.banned, engine.tokenizer)
+        seeded = draft_canvas(
+            engine.cache_for("seed-test"), plan, request, engine.banned, engine.tokenizer
+        ).ids
     seen: list[torch.Tensor] = []
     original = engine.model.denoise
 
@@ -277,14 +279,17 @@ def test_a_single_drafted_canvas_is_sized_to_the_draft(engine):
     request = FillRequest(prefix="x = ", suffix="\n", stop=("\n",), max_tokens=64)
     plan = plan_of(engine, request)
     assert plan.length == 64
-    seed = [300, 301, 302, tok.eos_id] + [tok.pad_id] * 60
+    ids = [300, 301, 302, tok.eos_id] + [tok.pad_id] * 60
+    seed = Draft(ids, [0.9, 0.8, 0.7] + [0.0] * 61)
     fitted, cut = fit_canvas(plan, seed, tok.eos_id, engine.canvas_limit)
-    assert fitted.length == 16 and cut == seed[:16]  # the smallest bucket holding the draft and its EOS
+    assert fitted.length == 16 and cut == Draft(
+        ids[:16], seed.confidence[:16]
+    )  # the smallest bucket with EOS
     assert len(fitted.pinned) == len(fitted.pin_ids) == len(fitted.no_end) == 16
     assert fitted.context_ids == plan.context_ids and fitted.can_continue
-    full = [300] * 20 + [tok.eos_id] + [tok.pad_id] * 43
+    full = Draft([300] * 20 + [tok.eos_id] + [tok.pad_id] * 43, [0.5] * 20 + [0.0] * 44)
     assert fit_canvas(plan, full, tok.eos_id, engine.canvas_limit)[0].length == 32
-    no_end = [300] * 64  # a draft that filled the canvas keeps it
+    no_end = Draft([300] * 64, [0.5] * 64)  # a draft that filled the canvas keeps it
     assert fit_canvas(plan, no_end, tok.eos_id, engine.canvas_limit) == (plan, no_end)
     # through the engine: one drafted candidate denoises the fitted canvas, two keep the asked-for room
     with torch.inference_mode():
@@ -307,3 +312,27 @@ def test_a_single_drafted_canvas_is_sized_to_the_draft(engine):
         del engine.model.denoise
     assert first == one.canvas_length == expected
     assert seen[0] == 64
+
+
+def test_a_drafted_fill_reports_its_draft_as_step_0(engine):
+    request = FillRequest(
+        prefix="def add(a, b):\n    return", suffix="\n", stop=("\n",), settings=DRAFT, seed=0
+    )
+    plan = plan_of(engine, request)
+    with torch.inference_mode():
+        seed = draft_canvas(engine.cache_for("report-test"), plan, request, engine.banned, engine.tokenizer)
+    reports = []
+    engine.fill(replace(request, on_step=reports.append))
+    first = reports[0]
+    block0 = [r.step for r in reports[1:] if r.block == 0]
+    assert first.step == 0 and block0 == list(range(1, len(block0) + 1))
+    length = first.canvas_length
+    assert first.token_ids == seed.ids[:length]
+    assert first.confidence == pytest.approx(seed.confidence[:length], abs=1e-4)  # caches differ in rounding
+    written = seed.ids.index(engine.tokenizer.eos_id) if engine.tokenizer.eos_id in seed.ids else length
+    assert all(0.0 < c <= 1.0 for c in first.confidence[:written])  # the encoder's greedy probabilities
+    assert all(c == 0.0 for c in first.confidence[written:])  # EOS and pad: the encoder wrote nothing
+    # without the draft there is no step 0
+    reports.clear()
+    engine.fill(replace(request, settings=replace(DRAFT, draft=False), on_step=reports.append))
+    assert reports[0].step == 1

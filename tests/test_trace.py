@@ -257,6 +257,10 @@ def test_recorder_keeps_only_the_last_frames_when_bounded():
     assert [f.step for f in recorder.frames] == [3, 4, 5] and recorder.dropped == 2
     recorder.on_step(info(1))  # step 1 of block 0 again: a retried fill starts over
     assert [f.step for f in recorder.frames] == [1] and recorder.dropped == 0
+    recorder.on_step(info(0))  # a drafted fill retried: its draft (step 0) starts over too ...
+    recorder.on_step(info(1))  # ... and its first step follows the draft
+    recorder.on_step(info(2))
+    assert [f.step for f in recorder.frames] == [0, 1, 2]
 
 
 def top_left_pixel(png: bytes) -> tuple[int, int, int]:
