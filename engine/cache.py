@@ -69,6 +69,8 @@ class ContextCache:
         the encoder's draft has continued the prefix). They run in the same pass; their keys and values are
         set aside and written back by the `prepare` that asks for them: no pass of their own."""
         ids, park = [int(i) for i in ids], [int(i) for i in park]
+        if not ids:
+            raise ValueError("next_logits needs at least one token to predict after")
         self._truncate(min(common_prefix_length(self.ids, ids), len(ids) - 1))
         logits = self._encode(ids[len(self.ids) :] + park, want_logits=True, logits_back=len(park))
         assert logits is not None

@@ -472,6 +472,7 @@ class KVCache:
 
     def tail(self, n: int) -> list[tuple[Tensor | None, Tensor | None]]:
         """Copies of the last `n` positions' keys and values, per layer (to `extend` with later)."""
+        assert 0 < n <= self.length
         return [
             (None, None) if k is None or v is None else (k[:, :, -n:].clone(), v[:, :, -n:].clone())
             for k, v in zip(self.keys, self.values, strict=True)
@@ -616,18 +617,20 @@ class DiffusionGemma(nn.Module):
         positions = torch.arange(start, start + t, device=input_ids.device)
         tables = self.rope_rows(start, t, input_ids.device)  # rolled, [1, T, 1, D]: shared by every row
         x = self.decoder.embed(input_ids)
-        # A few new tokens after a cache (the encoder's draft and its verified guesses, the few tokens just
-        # typed) go through `attend_cached`, which reads the cache in place instead of copying it per grouped
-        # head, with a [T, T] causal mask over themselves; a sliding layer reads the cached tokens from the
-        # first one's window on (`first`), masking, per later token, the columns that left its window. One
-        # token needs no mask at all.
+        # A few new tokens after a cache (a drafted token, the few tokens just typed) go through
+        # `attend_cached`, which reads the cache in place instead of copying it per grouped head, with a
+        # [T, T] causal mask over themselves (windowed on sliding layers); a sliding layer reads the cached
+        # tokens from the first one's window on (`first`), masking, per later token, the columns that left
+        # its window. One token needs no mask at all.
         few = b == 1 and 0 < start and t <= FEW_TOKENS and not torch.is_grad_enabled()
         window = self.config.sliding_window
         first = max(0, start - (window - 1))
         masks = {}
-        past_mask = new_mask = None
+        past_mask = None
+        new_masks: dict[bool, Tensor | None] = {False: None, True: None}  # by "is sliding"
         if few and t > 1:
-            new_mask = causal_mask(torch.arange(t), torch.arange(t), None).to(input_ids.device)
+            new = torch.arange(t, device=input_ids.device)
+            new_masks = {False: causal_mask(new, new, None), True: causal_mask(new, new, window)}
             cut = (positions - (window - 1)).clamp(min=0) - first  # [T]: leading columns out of the window
             if int(cut[-1]) > 0:
                 past_mask = torch.arange(start - first, device=input_ids.device)[None, :] >= cut[:, None]
@@ -646,9 +649,9 @@ class DiffusionGemma(nn.Module):
                 assert past_k is not None and past_v is not None
                 if attn.is_sliding:
                     past_k, past_v = past_k[:, :, first:], past_v[:, :, first:]
-                    attended = attn.attend_cached(q, k, v, past_k, past_v, past_mask, new_mask)
+                    attended = attn.attend_cached(q, k, v, past_k, past_v, past_mask, new_masks[True])
                 else:
-                    attended = attn.attend_cached(q, k, v, past_k, past_v, None, new_mask)
+                    attended = attn.attend_cached(q, k, v, past_k, past_v, None, new_masks[False])
                 cache.append(i, k, v)
             else:
                 k, v = cache.append(i, k, v)
