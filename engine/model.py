@@ -306,10 +306,13 @@ class Experts(nn.Module):
             out = None
             for slot, expert in enumerate(index[0].tolist()):
                 gate, up = F.linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)
-                y = F.linear(gelu(gate) * up, self.down_proj[expert]) * weights[0, slot]
+                # weighted in fp32 and summed in x's dtype, as the general path below does
+                y = (F.linear(gelu(gate) * up, self.down_proj[expert]) * weights[0, slot : slot + 1]).to(
+                    x.dtype
+                )
                 out = y if out is None else out + y
             assert out is not None
-            return out.to(x.dtype)
+            return out
         out = torch.zeros_like(x)
         flat_index = index.reshape(-1)
         order = flat_index.argsort()
