@@ -13,9 +13,7 @@ Prints, in milliseconds (median over `--repeat` runs):
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,22 +22,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_model_sizes import median_ms  # noqa: E402 (this folder is on sys.path when run as a script)
+
 from engine import Engine  # noqa: E402
 from engine.cache import ContextCache  # noqa: E402
 
 SOURCE = ROOT / "engine" / "sampler.py"
 CONTEXT = 1100
-
-
-def median_ms(run: Callable[[], object], repeat: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - start) * 1000.0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -87,7 +76,7 @@ def main() -> None:
             ms = median_ms(lambda canvas=canvas: model.denoise(canvas, cache.kv), args.repeat)
             print(f"denoising step, canvas of {rows:2d} rows:   {ms:6.1f} ms")
         for n in (256, 512, 768):
-            ms = median_ms(lambda n=n: model.encode(torch.tensor([ids[:n]]), model.new_cache()), 3, warmup=1)
+            ms = median_ms(lambda n=n: model.encode(torch.tensor([ids[:n]]), model.new_cache()), 3)
             print(f"encode a new context of {n} tokens:   {ms:6.1f} ms")
 
 
