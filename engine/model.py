@@ -598,23 +598,23 @@ class DiffusionGemma(nn.Module):
     def encode(self, input_ids: Tensor, cache: KVCache) -> None:
         """Run the context causally and append its keys/values to `cache`. input_ids: [B, T]."""
         scalars = [layer.layer_scalar for layer in self.model.encoder.language_model.layers]
-        # The last layer's feed-forward only shapes hidden states nobody reads: skipped.
-        self._causal_pass(input_ids, cache, scalars, last_feed_forward=False)
+        self._causal_pass(input_ids, cache, scalars, rows=0)  # nobody reads its hidden states
 
     def context_lm(self, input_ids: Tensor, cache: KVCache, last: int | None = None) -> Tensor:
         """The diffusion encoder read as a causal LM (its training's context LM loss): input_ids [B, T] run
         after what `cache` holds, keys/values appended -> next-token logits [B, T, V] (of the `last` positions
         only: [B, last, V])."""
         scalars = [layer.layer_scalar for layer in self.model.encoder.language_model.layers]
-        x = self._causal_pass(input_ids, cache, scalars, last_feed_forward=True)
-        return self.logits(x if last is None else x[:, -last:])
+        return self.logits(self._causal_pass(input_ids, cache, scalars, rows=last))
 
     def _causal_pass(
-        self, input_ids: Tensor, cache: KVCache, scalars: list[Tensor], last_feed_forward: bool
+        self, input_ids: Tensor, cache: KVCache, scalars: list[Tensor], rows: int | None = None
     ) -> Tensor:
         """The stack run causally over input_ids [B, T] after what `cache` holds; appends their keys and
-        values and returns the hidden states [B, T, H]. `scalars`: the per-layer output scales (the
-        encoder's for the diffusion context, the decoder's for the causal LM)."""
+        values and returns the hidden states [B, T, H], or of the last `rows` positions only: the last
+        layer's feed-forward shapes no key or value, so it runs on those rows alone (none for an encode).
+        `scalars`: the per-layer output scales (the encoder's for the diffusion context, the decoder's for
+        the causal LM)."""
         b, t = input_ids.shape
         start = cache.length
         positions = torch.arange(start, start + t, device=input_ids.device)
@@ -660,8 +660,10 @@ class DiffusionGemma(nn.Module):
                 k, v = cache.append(i, k, v)
                 attended = attn.attend(q, k, v, masks[attn.is_sliding][None, None])
             x = x + layer.post_attention_layernorm(attended)
-            if i == len(layers) - 1 and not last_feed_forward:
-                break
+            if i == len(layers) - 1 and rows is not None:
+                x = x[:, x.shape[1] - rows :]
+                if rows == 0:
+                    break
             x = (x + layer.feed_forward(x)) * scalars[i]
         cache.length = start + t
         return x
@@ -815,8 +817,7 @@ class DiffusionGemma(nn.Module):
         """Run input_ids [B, T] causally after what `cache` holds and append their keys/values.
         Returns logits for the next token after each position: [B, T, V] (of the `last` only: [B, last, V])."""
         scalars = [layer.layer_scalar for layer in self.decoder.layers]
-        x = self._causal_pass(input_ids, cache, scalars, last_feed_forward=True)
-        return self.logits(x if last is None else x[:, -last:])
+        return self.logits(self._causal_pass(input_ids, cache, scalars, rows=last))
 
     def causal_forward_train(self, ids: Tensor, pad: Tensor) -> Tensor:
         """ids [B, N] with LEFT padding marked True in pad [B, N] (right padding needs no mask: nothing

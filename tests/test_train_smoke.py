@@ -160,7 +160,7 @@ def test_context_lm_branch_is_the_encoder_read_to_the_end() -> None:
         logits, hidden = model.forward_train_lm(padded, canvas, None, pad)
         plain = model.forward_train(padded, canvas, None, pad)
         scalars = [layer.layer_scalar for layer in model.model.encoder.language_model.layers]
-        want = model._causal_pass(context, model.new_cache(), scalars, last_feed_forward=True)
+        want = model._causal_pass(context, model.new_cache(), scalars)
     assert hidden is not None and hidden.shape == (1, 16, model.config.hidden_size)
     assert (hidden[:, 5:] - want).abs().max().item() < 1e-5
     assert torch.equal(logits, plain)
