@@ -641,7 +641,7 @@ class DiffusionGemma(nn.Module):
             key_positions = torch.arange(start + t, device=input_ids.device)
             masks = {
                 False: causal_mask(positions, key_positions, None),
-                True: causal_mask(positions, key_positions, self.config.sliding_window),
+                True: causal_mask(positions, key_positions, window),
             }
         layers = self.decoder.layers
         for i, layer in enumerate(layers):

@@ -35,6 +35,15 @@ def from_scratch(engine: Engine, ids: list[int]) -> torch.Tensor:
         return engine.model.context_lm(torch.tensor([ids]), KVCache(len(engine.model.decoder.layers)))[0]
 
 
+def denoise_alike(engine: Engine, a: ContextCache, b: ContextCache, seed: int, atol: float) -> bool:
+    """Whether one denoising step of the same random canvas reads the same logits over both caches."""
+    canvas = torch.randint(16, 8192, (1, 16), generator=torch.Generator().manual_seed(seed))
+    with torch.inference_mode():
+        return torch.allclose(
+            engine.model.denoise(canvas, a.kv), engine.model.denoise(canvas, b.kv), atol=atol
+        )
+
+
 def test_step_on_a_diffusion_cache_is_the_encoder_lm_and_writes_what_prepare_writes(engine):
     # longer than the random checkpoint's sliding window (64): one-token passes read only its last keys
     code = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(12)) + "def g(x):\n    return x +"
@@ -50,11 +59,7 @@ def test_step_on_a_diffusion_cache_is_the_encoder_lm_and_writes_what_prepare_wri
     assert stepped.ids == ids and stepped.kv.length == len(ids)
     prepared = ContextCache(engine.model)
     prepared.prepare(ids)
-    canvas = torch.randint(16, 8192, (1, 16), generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        got = engine.model.denoise(canvas, stepped.kv, None)
-        want = engine.model.denoise(canvas, prepared.kv, None)
-    assert torch.allclose(got, want, atol=1e-5)
+    assert denoise_alike(engine, stepped, prepared, seed=0, atol=1e-5)
 
 
 def test_the_draft_is_the_greedy_continuation_of_the_prefix(engine):
@@ -92,11 +97,7 @@ def test_the_draft_is_the_greedy_continuation_of_the_prefix(engine):
     assert cache.prepare(plan.context_ids) == 0
     fresh = ContextCache(engine.model)
     assert fresh.prepare(plan.context_ids) == len(plan.context_ids)
-    canvas_ids = torch.randint(16, 8192, (1, 16), generator=torch.Generator().manual_seed(1))
-    with torch.inference_mode():
-        got = engine.model.denoise(canvas_ids, cache.kv, None)
-        want = engine.model.denoise(canvas_ids, fresh.kv, None)
-    assert torch.allclose(got, want, atol=1e-4)
+    assert denoise_alike(engine, cache, fresh, seed=1, atol=1e-4)
 
 
 def test_only_an_open_hole_is_drafted(engine):
