@@ -641,8 +641,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     buckets = tuple(sorted(int(b) for b in args.buckets.split(",")))
     causal = args.objective == "causal"
-    if causal and args.context_lm_weight > 0:
-        raise SystemExit("--context-lm-weight is for the diffusion objective (a causal run's loss is all LM)")
+    if causal and (args.context_lm_weight > 0 or args.causal_weight > 0):
+        raise SystemExit("--context-lm-weight and --causal-weight are for the diffusion objective")
     settings = ExampleSettings(
         context_tokens=args.context_tokens, buckets=buckets, pad_weight=args.pad_weight
     )
@@ -750,10 +750,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     losses: list[float] = []
     gen = torch.Generator(device=device).manual_seed(args.seed * 7 + step)
     sc_rng = random.Random(args.seed + step)
-    window_lm = 0.0  # context LM loss summed over the log window
+    window_lm = 0.0  # auxiliary LM loss (context LM or causal FIM) summed over the log window
 
     def forward_backward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One step's gradients -> (the objective's own loss, the context LM loss or None)."""
+        """One step's gradients -> (the objective's own loss, the auxiliary LM loss or None)."""
         if causal:
             with autocast():
                 loss = causal_loss(raw_model, batch)
@@ -776,6 +776,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             with autocast():
                 lm = context_lm_loss(raw_model, hidden, batch)
             total = loss + args.context_lm_weight * lm
+        if args.causal_weight > 0:
+            # The same weights as an AR FIM model over `context middle <eos>`: the draft that serves
+            # single lines (decision 38) decodes this way, and the diffusion loss never trains it.
+            with autocast():
+                lm = causal_loss(raw_model, batch)
+            total = total + args.causal_weight * lm
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         # the diffusion loss alone is reported: comparable with runs that have no context LM loss
@@ -835,7 +841,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 "elapsed_s": round(time.time() - t_start, 1),
                 "canvas": int(batch.canvas.shape[1]),
             }
-            if args.context_lm_weight > 0 and not causal:
+            if (args.context_lm_weight > 0 or args.causal_weight > 0) and not causal:
                 row["lm_loss"] = window_lm / window_n
             window_lm = 0.0
             if val_batches and (step % args.eval_every == 0):
@@ -873,6 +879,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "random": step == 0 and not origin,
         "objective": args.objective,
         **({"context_lm_weight": args.context_lm_weight} if args.context_lm_weight > 0 else {}),
+        **({"causal_weight": args.causal_weight} if args.causal_weight > 0 else {}),
         **({"ordered_noise_p": args.ordered_noise_p} if args.ordered_noise_p > 0 else {}),
         "context_tokens": args.context_tokens,
         "step": step,
@@ -952,6 +959,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="diffusion: weight of a next-token loss on the encoder's context pass (0 = off)",
     )
+    parser.add_argument(
+        "--causal-weight",
+        type=float,
+        default=0.0,
+        help="diffusion: weight of an AR FIM loss on `context middle <eos>`, which trains the draft (0 = off)",
+    )
     parser.add_argument("--t-min", type=float, default=0.02, help="smallest noise level sampled")
     parser.add_argument(
         "--ordered-noise-p",
@@ -1020,6 +1033,7 @@ def check_args(args: argparse.Namespace) -> None:
     positive("--grad-clip", args.grad_clip)
     at_least("--pad-weight", args.pad_weight, 0)
     at_least("--context-lm-weight", args.context_lm_weight, 0)
+    at_least("--causal-weight", args.causal_weight, 0)
     within("--t-min", args.t_min, 0, 1, open_high=True)
     within("--self-cond-p", args.self_cond_p, 0, 1)
     within("--ordered-noise-p", args.ordered_noise_p, 0, 1)
@@ -1030,6 +1044,10 @@ def check_args(args: argparse.Namespace) -> None:
     at_least("--save-every-minutes", args.save_every_minutes, 0)
     if args.objective == "causal" and args.context_lm_weight > 0:
         raise InputError("--context-lm-weight is for the diffusion objective (a causal run's loss is all LM)")
+    if args.context_lm_weight > 0 and args.causal_weight > 0:
+        raise InputError("--causal-weight already trains the context's next tokens: drop --context-lm-weight")
+    if args.objective == "causal" and args.causal_weight > 0:
+        raise InputError("--causal-weight is for the diffusion objective (a causal run's loss is all LM)")
     if args.objective == "causal" and args.ordered_noise_p > 0:
         raise InputError("--ordered-noise-p is for the diffusion objective")
     mix = ExampleSettings()
