@@ -24,6 +24,16 @@ class FillCancelled(EngineError):
 RANKS = ("entropy", "likelihood")  # SamplerSettings.rank
 
 
+DRAFT_FROM = ("prefix", "middle")
+
+
+def parse_draft_from(value: object) -> str:
+    """A SamplerSettings.draft_from from a config file or the command line; ValueError when it is not one."""
+    if value not in DRAFT_FROM:
+        raise ValueError(f"draft_from must be one of {', '.join(DRAFT_FROM)}, got {value!r}")
+    return str(value)
+
+
 def parse_rank(value: object) -> str:
     """A SamplerSettings.rank from a config file or the command line; ValueError when it is not one."""
     if value not in RANKS:
@@ -57,6 +67,10 @@ class SamplerSettings:
     # the usual rules decide: it stops at once where its argmax reproduces the draft and is confident, and
     # otherwise keeps or renoises each position as for any canvas. See `engine/draft.py`.
     draft: bool = False
+    # Where the draft starts. "prefix": the prefix's own text continued (all a context LM loss teaches; the
+    # draft ends where it leaves the hole). "middle": after `<fim_middle>`, as an AR FIM model decodes,
+    # ending at its EOS; only for a checkpoint trained with the AR FIM loss (`engine.train --causal-weight`).
+    draft_from: str = "prefix"
 
 
 @dataclass(frozen=True)

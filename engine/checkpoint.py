@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from engine.api import CheckpointError, SamplerSettings, parse_rank
+from engine.api import CheckpointError, SamplerSettings, parse_draft_from, parse_rank
 from engine.config import ModelConfig
 from engine.fp8 import (
     Quantization,
@@ -85,7 +85,7 @@ def read_settings(folder: Path) -> SamplerSettings:
     if not isinstance(extra, dict):
         raise CheckpointError(f'{folder / INFO_FILE}: bad sampler setting ("sampler" is not an object)')
     # keys a later dfim may add are ignored here, not refused
-    known = {"window": int, "rank": parse_rank, "draft": _bool}
+    known = {"window": int, "rank": parse_rank, "draft": _bool, "draft_from": parse_draft_from}
     try:
         changes = {k: known[k](v) for k, v in extra.items() if k in known}
     except (TypeError, ValueError) as err:
@@ -323,7 +323,7 @@ def save_model(
     if info is not None:  # the notes' sampler entry always says what `settings` says
         info = {k: v for k, v in info.items() if k != "sampler"}
     # no field for these in the released format
-    ours = {"window": settings.window, "rank": settings.rank, "draft": settings.draft}
+    ours = {k: getattr(settings, k) for k in ("window", "rank", "draft", "draft_from")}
     ours = {k: v for k, v in ours.items() if v != getattr(SamplerSettings(), k)}
     if ours:  # kept in our own notes
         info = {**(info or {}), "sampler": ours}

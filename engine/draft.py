@@ -1,7 +1,7 @@
 """The encoder's draft: a canvas that starts from text instead of noise.
 
 DiffusionGemma's encoder reads the context causally, and ours was trained with a next-token loss on it
-(the context LM loss, `engine.train --context-lm-weight`): read as a causal LM it continues the prefix,
+(`engine.train --context-lm-weight` or `--causal-weight`): read as a causal LM it writes the middle,
 with the suffix in view, since the FIM layout puts the suffix first. A greedy continuation costs one
 one-token pass over the cached context per token, a few milliseconds on a CPU against tens for a
 denoising step over a whole canvas.
@@ -12,10 +12,14 @@ line, and the sampler chain treats it as any canvas. Where its argmax reproduces
 confident, the fill stops after one step (`stable_and_confident` compares the first step with the
 draft); elsewhere it keeps the positions it is sure of and renoises the rest, as it would any canvas.
 
-Why continue the prefix, and not decode after `<fim_middle>`: the context LM loss trains each context
-token to predict the next one, and `<fim_middle>` only the middle's first token. After that the
-encoder never learnt to go on (a greedy decode there writes garbage), while the prefix's own text,
-continued, is exactly what it was trained on.
+Where the draft starts (`SamplerSettings.draft_from`, set by the checkpoint's `dfim.json`):
+- "prefix": continue the prefix's own text. That is all a context LM loss teaches: each context token
+  predicts the next one, and `<fim_middle>` only the middle's first token, so a greedy decode after it
+  writes garbage. Continuing the prefix, the encoder never writes EOS; the draft ends at a stop string
+  or where it leaves the hole (`hole_end`).
+- "middle": decode after `<fim_middle>`, as an AR FIM model does, until its own EOS. For a checkpoint
+  trained with the AR FIM loss over the whole middle (`engine.train --causal-weight`, dfim-small version
+  6 on): it knows where the middle ends, and writes it knowing that a suffix follows (decision 40).
 """
 
 from __future__ import annotations
@@ -73,13 +77,16 @@ def draft_canvas(
     after a stop string as the fill would be, or where it leaves the hole), then EOS where it ended, then
     pad. The cache holds the context without `<fim_middle>` afterwards; that token's keys and values are
     parked in it (computed in the draft's first pass), and the fill's `prepare` writes them back."""
-    prefix_end = dataclasses.replace(plan, context_ids=plan.context_ids[:-1])
     quiet = dataclasses.replace(request, on_step=None)  # progress reports belong to the denoising steps
     ends = None if request.stop else (lambda text: hole_end(text, request.prefix, request.suffix) is not None)
-    park = plan.context_ids[-1:]  # `<fim_middle>`
-    out = autoregressive.decode(
-        cache, prefix_end, quiet, banned, tokenizer, budget=plan.length, ends=ends, park=park
-    )
+    if request.settings.draft_from == "middle":  # the AR FIM decode: it ends at its own EOS
+        out = autoregressive.decode(cache, plan, quiet, banned, tokenizer, budget=plan.length, ends=ends)
+    else:
+        prefix_end = dataclasses.replace(plan, context_ids=plan.context_ids[:-1])
+        park = plan.context_ids[-1:]  # `<fim_middle>`
+        out = autoregressive.decode(
+            cache, prefix_end, quiet, banned, tokenizer, budget=plan.length, ends=ends, park=park
+        )
     tokens = out.tokens[: plan.length]
     if ends is not None:  # keep the tokens before the line break where the draft left the hole
         text, _ = assemble_text(tokens, tokenizer, plan.heal_bytes)

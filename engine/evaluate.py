@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from engine import metrics, sandbox
-from engine.api import EngineError, FillRequest, SamplerSettings, parse_rank
+from engine.api import EngineError, FillRequest, SamplerSettings, parse_draft_from, parse_rank
 
 PROBLEM_FIELDS = ("task_id", "prompt", "suffix", "canonical_solution", "test", "entry_point")
 DEFAULT_MAX_TOKENS = (
@@ -123,6 +123,7 @@ SWEEP_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "candidates": ("candidates", int),  # canvases denoised per problem; the best-ranked one is scored
     "rank": ("rank", parse_rank),  # entropy | likelihood
     "draft": ("draft", _parse_bool),  # the encoder's greedy draft seeds the first candidate's canvas
+    "draft_from": ("draft_from", parse_draft_from),  # prefix | middle: where that draft starts
 }
 
 

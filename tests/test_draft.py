@@ -100,6 +100,44 @@ def test_the_draft_is_the_greedy_continuation_of_the_prefix(engine):
     assert denoise_alike(engine, cache, fresh, seed=1, atol=1e-4)
 
 
+def test_a_draft_from_the_middle_is_the_ar_fim_decode_after_fim_middle(engine):
+    """draft_from="middle": greedy after the whole context, `<fim_middle>` included, as an AR FIM model
+    decodes (what `engine.train --causal-weight` trains); it ends at its own EOS or a stop string."""
+    request = FillRequest(
+        prefix="total = 0\nfor x in xs:\n    total +=",
+        suffix="\nprint(total)\n",
+        stop=("\n",),
+        settings=replace(DRAFT, draft_from="middle"),
+    )
+    plan = plan_of(engine, request)
+    cache = engine.cache_for("draft-middle-test")
+    with torch.inference_mode():
+        canvas = draft_canvas(cache, plan, request, engine.banned, engine.tokenizer).ids
+    tok = engine.tokenizer
+    text = canvas[: canvas.index(tok.eos_id)] if tok.eos_id in canvas else canvas
+    logits = from_scratch(engine, plan.context_ids + text)
+    n = len(plan.context_ids)
+    for i, token in enumerate(text):
+        allowed = allowed_logits(logits[n - 1 + i].clone(), engine.banned, True, tok.eos_id, tok.pad_id)
+        if plan.heal_allowed and i == 0:
+            mask = torch.ones_like(engine.banned)
+            mask[plan.heal_allowed] = False
+            allowed = allowed.masked_fill(mask, float("-inf"))
+        assert token == int(allowed.argmax())
+    ends_at_stop = bool(text) and "\n" in tok.decode(text[-1:])
+    if len(text) < plan.length and not ends_at_stop:  # it ended because EOS was the argmax
+        eos = allowed_logits(logits[n - 1 + len(text)].clone(), engine.banned, True, tok.eos_id, tok.pad_id)
+        assert int(eos.argmax()) == tok.eos_id
+    # nothing parked: the cache holds the whole context, which the fill's `prepare` finds as it is
+    assert cache.ids == plan.context_ids and cache.prepare(plan.context_ids) == 0
+    # and the prefix draft of the same request is another decode (it continues the prefix instead)
+    prefix_request = replace(request, settings=DRAFT)
+    with torch.inference_mode():
+        other = draft_canvas(cache, plan, prefix_request, engine.banned, tok).ids
+    assert cache.ids == plan.context_ids[:-1]
+    assert other != canvas or text == []
+
+
 def test_only_an_open_hole_is_drafted(engine):
     line = FillRequest(prefix="x = ", suffix="\n", stop=("\n",))
     several = replace(line, stop=())

@@ -45,16 +45,17 @@ def test_checkpoint_sampler_notes_round_trip(tmp_path):
     from engine.checkpoint import load_model, read_settings, save_model
 
     model, _ = load_model(write_random_checkpoint(tmp_path / "a", TOKENIZER_JSON, seed=1))
-    ours = SamplerSettings(window=8, rank="likelihood")
+    ours = SamplerSettings(window=8, rank="likelihood", draft=True, draft_from="middle")
     save_model(model, tmp_path / "b", ours, info={"name": "b"})
     assert read_settings(tmp_path / "b") == ours
     info = json.loads((tmp_path / "b" / "dfim.json").read_text())
-    assert info == {"name": "b", "sampler": {"window": 8, "rank": "likelihood"}}
+    sampler = {"window": 8, "rank": "likelihood", "draft": True, "draft_from": "middle"}
+    assert info == {"name": "b", "sampler": sampler}
     # Saving with the released sampler drops a stale entry the notes were copied with.
     save_model(model, tmp_path / "c", SamplerSettings(), info=info)
     assert "sampler" not in json.loads((tmp_path / "c" / "dfim.json").read_text())
     assert read_settings(tmp_path / "c") == SamplerSettings()
-    for bad in ({"window": "wide"}, [8], {"rank": "Likelihood"}, {"rank": None}):
+    for bad in ({"window": "wide"}, [8], {"rank": "Likelihood"}, {"rank": None}, {"draft_from": "suffix"}):
         (tmp_path / "b" / "dfim.json").write_text(json.dumps({"sampler": bad}))
         with pytest.raises(CheckpointError, match="bad sampler setting"):
             read_settings(tmp_path / "b")
