@@ -265,13 +265,16 @@ def test_a_canvas_started_from_text_stops_when_the_first_step_reproduces_it():
     assert not bool(state.finished[0])
 
 
-def test_the_shipped_model_drafts_the_readme_line_and_confirms_it_in_one_step():
-    """The README's demo spot (`return ▮` after a loop that sums into `result`) with the shipped sampler."""
+def test_the_shipped_model_drafts_the_readme_line():
+    """The README's demo spot (`return ▮` after a loop that sums into `result`) with the shipped sampler:
+    the encoder drafts the line (step 0) and the denoiser keeps it (version 5 in one step; version 6 is
+    unsure of the blank lines the draft ends with, which the fill cuts, and takes a few more)."""
     engine = Engine.load(DEFAULT_MODEL_DIR, threads=1)
     assert engine.settings.draft  # dfim.json: decision 38
     source = (Path(__file__).resolve().parents[1] / "fixtures" / "demo.py").read_text()
     lines = source.split("\n")
     cut = sum(len(line) + 1 for line in lines[:7]) + 11  # line 8, column 12 (1-based)
+    steps: list[tuple[int, str]] = []
     request = FillRequest(
         prefix=source[:cut],
         suffix=source[cut:],
@@ -279,10 +282,12 @@ def test_the_shipped_model_drafts_the_readme_line_and_confirms_it_in_one_step():
         max_tokens=32,
         settings=engine.settings,
         seed=0,
+        on_step=lambda info: steps.append((info.step, info.argmax_text)),
     )
     result = engine.fill(request)
     assert result.text.strip() == "result"
-    assert result.steps == 1 and result.stop_reason == "stable"
+    assert steps[0][0] == 0 and steps[0][1].strip() == "result"  # the draft already held the answer
+    assert 1 <= result.steps <= engine.settings.max_steps and result.stop_reason == "stable"
     assert result.canvas_length == 16  # asked for 32: the canvas is sized to the draft (`fit_canvas`)
 
 
