@@ -195,6 +195,19 @@ class Engine:
             self._stop_masks[key] = mask if bool(mask.any()) else None
         return self._stop_masks[key]
 
+    def _stop_starts(self, stop: tuple[str, ...]) -> torch.Tensor | None:
+        """[V] bool: tokens that begin with one of the stop strings (a newline, a run of newlines): for
+        the sampler's stop rules they end the text as EOS does, with nothing of their own."""
+        key = ("starts",) + tuple(stop)
+        if key not in self._stop_masks:
+            needles = [s.encode("utf-8") for s in stop if s]
+            table = self.tokenizer.bytes_table
+            hits = [any(table[i].startswith(n) for n in needles) for i in range(len(table))]
+            mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+            mask[: len(hits)] = torch.tensor(hits, dtype=torch.bool)
+            self._stop_masks[key] = mask if bool(mask.any()) else None
+        return self._stop_masks[key]
+
     # --- fill ---------------------------------------------------------------------------------
 
     @property
@@ -386,6 +399,7 @@ class Engine:
             init_mask[0] = True
         heal = plan.heal_bytes if block == 0 else b""
         stop_tokens = self._stop_tokens(tuple(request.stop), heal)
+        stop_starts = None if stop_tokens is None else self._stop_starts(tuple(request.stop))
         state = sampler.new_state(
             len(candidates),
             pinned,
@@ -402,6 +416,7 @@ class Engine:
             no_end=torch.tensor(plan.no_end, dtype=torch.bool, device=dev),
             allowed_at=allowed_at,
             stop_tokens=stop_tokens,
+            stop_starts=stop_starts,
         )
 
         def report(

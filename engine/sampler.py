@@ -46,6 +46,9 @@ class DenoiseState:
     # [V] bool: tokens that end the text as EOS does, because they hold one of the request's stop strings
     # (a newline token in a single-line fill): the text is cut there, so nothing after them is read.
     stop_tokens: Tensor | None = None
+    # [V] bool: the stop tokens that begin with a stop string (a newline, a run of newlines): none of their
+    # text reaches the fill, so for the stop rules they and EOS are one outcome, "the text ends here".
+    stop_starts: Tensor | None = None
     step: int = 0  # denoising steps run so far (1-based once the first step ran)
     temperature: float = 1.0  # of the current step
     logits: Tensor | None = None  # [B, L, V] fp32: this step's logits, masked and temperature-scaled
@@ -107,6 +110,7 @@ def new_state(
     no_end: Tensor | None = None,
     allowed_at: dict[int, Tensor] | None = None,
     stop_tokens: Tensor | None = None,
+    stop_starts: Tensor | None = None,
 ) -> DenoiseState:
     """A fresh canvas batch: uniform random tokens, pins in place.
 
@@ -149,6 +153,7 @@ def new_state(
         no_end=no_end,
         allowed_at=dict(allowed_at or {}),
         stop_tokens=stop_tokens,
+        stop_starts=stop_starts,
         seeded=keep,
         history=history,
     )
@@ -293,10 +298,13 @@ def self_conditioning(state: DenoiseState, settings: SamplerSettings) -> None:
     state.self_cond = state.logits if settings.self_conditioning else None
 
 
-def mean_free_entropy(state: DenoiseState, read: Tensor | None = None) -> Tensor:
-    """[B] mean entropy over the positions the sampler decides (pins are known, not predicted); where
-    `read` ([B, L] bool) is given, positions outside it count as certain (entropy 0)."""
-    entropy = state.entropy if read is None else state.entropy * read
+def mean_free_entropy(
+    state: DenoiseState, read: Tensor | None = None, entropy: Tensor | None = None
+) -> Tensor:
+    """[B] mean entropy (default `state.entropy`) over the positions the sampler decides (pins are known,
+    not predicted); where `read` ([B, L] bool) is given, positions outside it count as certain."""
+    entropy = state.entropy if entropy is None else entropy
+    entropy = entropy if read is None else entropy * read
     free = state.free.to(entropy.dtype)
     return (entropy * free[None]).sum(dim=-1) / free.sum().clamp(min=1.0)
 
@@ -306,6 +314,35 @@ def _finish(state: DenoiseState, rows: Tensor, reason: str) -> None:
     for b in newly.nonzero().flatten().tolist():
         state.stop_reason[b] = reason
     state.finished |= newly
+
+
+def end_class(state: DenoiseState, ids: Tensor) -> Tensor:
+    """`ids` with every stop token that begins with the stop string read as EOS: they end the text at the
+    same place with nothing of their own, so which of them a position holds changes no answer."""
+    if state.stop_starts is None:
+        return ids
+    return torch.where(state.stop_starts[ids], state.eos_id, ids)
+
+
+def read_entropy(state: DenoiseState) -> Tensor:
+    """[B, L] `state.entropy`, except at free positions whose argmax ends the text with nothing of its own
+    (EOS, or a stop token that begins with the stop string): there the doubt that matters is whether the
+    text ends, not which of those tokens ends it (a newline or three), so they count as one outcome.
+    With log p = (x - x_m) + log p_m as in `token_entropy`: H' = H + sum_C p log p - q log q, q = p(C)."""
+    if state.stop_starts is None:
+        return state.entropy
+    ends = state.stop_starts.clone()
+    ends[state.eos_id] = True
+    probs, mode = processed(state)
+    top = mode.unsqueeze(-1)
+    shifted = state.logits - state.logits.gather(-1, top)
+    in_class = ends.to(probs.dtype)
+    q = (probs * in_class).sum(dim=-1)
+    plogp = torch.nansum(probs * shifted * in_class, dim=-1) + q * torch.log(
+        probs.gather(-1, top).squeeze(-1)
+    )
+    merged = (state.entropy + plogp - q * torch.log(q.clamp(min=1e-30))).clamp(min=0)
+    return torch.where(ends[state.argmax] & state.free[None], merged, state.entropy)
 
 
 def stable_and_confident(state: DenoiseState, settings: SamplerSettings) -> None:
@@ -320,11 +357,13 @@ def stable_and_confident(state: DenoiseState, settings: SamplerSettings) -> None
     elif len(state.history) < need:
         stable = torch.zeros_like(state.finished)
     else:
-        same = [(h == state.argmax) | ~read for h in state.history[-need:]]
+        now = end_class(state, state.argmax)
+        same = [(end_class(state, h) == now) | ~read for h in state.history[-need:]]
         stable = torch.stack([s.all(dim=-1) for s in same]).all(dim=0)
     state.history = (state.history + [state.argmax])[-max(need, 1) :]
     if settings.early_stop:
-        _finish(state, stable & (mean_free_entropy(state, read) < settings.confidence_threshold), "stable")
+        doubt = mean_free_entropy(state, read, read_entropy(state))
+        _finish(state, stable & (doubt < settings.confidence_threshold), "stable")
 
 
 def first_index(mask: Tensor) -> Tensor:
@@ -362,7 +401,7 @@ def eos_confident(state: DenoiseState, settings: SamplerSettings) -> None:
     length = state.argmax.shape[-1]
     end = first_end(state)
     span = up_to(end, length)
-    ok = (state.accepted & (state.entropy < settings.confidence_threshold)) | ~span
+    ok = (state.accepted & (read_entropy(state) < settings.confidence_threshold)) | ~span
     done = (end < length) & ok.all(dim=-1)
     at_end = state.argmax.gather(1, end.clamp(max=length - 1)[:, None])[:, 0]
     _finish(state, done & (at_end == state.eos_id), "eos_confident")

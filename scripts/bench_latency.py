@@ -48,9 +48,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="default: the engine's choice")
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--prefix-chars", type=int, default=3600, help="about 1k tokens of context")
+    parser.add_argument(
+        "--source", type=Path, default=SOURCE, help="the file typed into (default engine/sampler.py)"
+    )
     args = parser.parse_args()
     engine = Engine.load(args.model, threads=args.threads)
-    text = SOURCE.read_text()
+    text = args.source.read_text()
     points = typing_points(text, args.requests + 1, args.prefix_chars)
     print(f"model {engine.model_name}, torch {torch.__version__}, threads {torch.get_num_threads()}")
     print("| sampler | requests | p50 ms | p95 ms | mean steps | mean encoded tokens | context tokens |")

@@ -373,6 +373,45 @@ def test_stable_ignores_what_a_stop_token_or_eos_cuts_off():
     assert (state.step, state.stop_reason) == (2, ["stable"])
 
 
+def test_which_newline_run_ends_a_line_does_not_keep_it_running():
+    """Tokens 12 ("\n") and 13 ("\n\n\n") both begin with the stop string: the fill is cut before either,
+    so a position split between them (or flipping from one to the other) is settled for the stop rules.
+    A split between a stop token and text (" False" against "\n") is not."""
+    settings = SamplerSettings(max_steps=8)
+    stop_tokens = torch.zeros(V, dtype=torch.bool)
+    stop_tokens[12] = stop_tokens[13] = stop_tokens[14] = True  # 14: "x\n", text before its newline
+    starts = stop_tokens.clone()
+    starts[14] = False
+
+    def split(a: int, b: int):
+        def denoiser(canvas, self_cond):
+            logits = peaked([9, a, EOS, PAD, PAD, PAD])
+            logits[0, 1, a] = logits[0, 1, b] = 20.0  # half and half
+            return logits
+
+        return denoiser
+
+    def flipping(canvas, self_cond):
+        calls.append(1)
+        return peaked([9, 12 if len(calls) % 2 else 13, EOS, PAD, PAD, PAD])
+
+    def run(denoiser, stop_starts, chain=sampler.DEFAULT_CHAIN):
+        state = make_state(length=6, settings=settings, stop_tokens=stop_tokens, stop_starts=stop_starts)
+        sampler.run(state, settings, denoiser, chain=chain)
+        return state.step, state.stop_reason[0]
+
+    assert run(split(12, 13), starts) == (1, "stop_confident")
+    assert run(split(12, 13), None) == (8, "max_steps")  # without the class the doubt stays
+    assert run(split(12, 20), starts) == (8, "max_steps")  # "\n" or more text: the doubt matters
+    assert run(split(14, 13), starts) == (8, "max_steps")  # "x\n" writes an x: it is not "ends here"
+    # stability alone (no eos_confident): a canvas that flips between the two newline runs is stable
+    chain = tuple(step for step in sampler.DEFAULT_CHAIN if step is not sampler.eos_confident)
+    calls: list[int] = []
+    assert run(flipping, starts, chain) == (2, "stable")
+    calls = []
+    assert run(flipping, None, chain) == (8, "max_steps")
+
+
 def test_early_stop_false_runs_max_steps():
     settings = SamplerSettings(max_steps=9, early_stop=False)
     logits = peaked([9, 10, EOS, PAD])
