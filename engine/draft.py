@@ -75,8 +75,9 @@ def draft_canvas(
 ) -> Draft:
     """The canvas [L] the draft seeds: the greedy continuation of the prefix (at most the canvas long, cut
     after a stop string as the fill would be, or where it leaves the hole), then EOS where it ended, then
-    pad. The cache holds the context without `<fim_middle>` afterwards; that token's keys and values are
-    parked in it (computed in the draft's first pass), and the fill's `prepare` writes them back."""
+    pad. A prefix draft leaves the cache holding the context without `<fim_middle>`; that token's keys and
+    values are parked in it (computed in the draft's first pass), and the fill's `prepare` writes them
+    back. A middle draft leaves the whole context."""
     quiet = dataclasses.replace(request, on_step=None)  # progress reports belong to the denoising steps
     ends = None if request.stop else (lambda text: hole_end(text, request.prefix, request.suffix) is not None)
     if request.settings.draft_from == "middle":  # the AR FIM decode: it ends at its own EOS
