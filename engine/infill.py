@@ -122,7 +122,7 @@ class Engine:
         self.caches: dict[str, ContextCache] = {}  # by FillRequest.cache_slot, created on first use
         self._busy_slots: set[str] = set()  # slots of the fills running now (the outer one, a nested one)
         self.banned = self._banned_tokens()
-        self._stop_masks: dict[tuple[str, ...], torch.Tensor | None] = {}
+        self._stop_masks: dict[tuple[str, ...], tuple[torch.Tensor | None, torch.Tensor | None]] = {}
         self._lock = threading.RLock()
         # CPU only, when nobody fixed a thread count: every core for a fill while the machine is quiet.
         self.threads = threads
@@ -186,27 +186,28 @@ class Engine:
         needles = [s.encode("utf-8") for s in stop if s]
         if not needles or (heal and any(len(n) > 1 or n in heal for n in needles)):
             return None
-        key = tuple(stop)
-        if key not in self._stop_masks:
-            table = self.tokenizer.bytes_table
-            hits = [any(n in table[i] for n in needles) for i in range(len(table))]
-            mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
-            mask[: len(hits)] = torch.tensor(hits, dtype=torch.bool)
-            self._stop_masks[key] = mask if bool(mask.any()) else None
-        return self._stop_masks[key]
+        return self._stop_masks_for(tuple(stop))[0]
 
     def _stop_starts(self, stop: tuple[str, ...]) -> torch.Tensor | None:
-        """[V] bool: tokens that begin with one of the stop strings (a newline, a run of newlines): for
-        the sampler's stop rules they end the text as EOS does, with nothing of their own."""
-        key = ("starts",) + tuple(stop)
-        if key not in self._stop_masks:
+        """[V] bool: the stop tokens that begin with one of the stop strings (a newline, a run of newlines):
+        for the sampler's stop rules they end the text as EOS does, with nothing of their own."""
+        return self._stop_masks_for(tuple(stop))[1]
+
+    def _stop_masks_for(self, stop: tuple[str, ...]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(tokens holding a stop string, tokens beginning with one), built in one pass over the vocabulary
+        and kept per stop tuple; None for a mask no token is in."""
+        if stop not in self._stop_masks:
             needles = [s.encode("utf-8") for s in stop if s]
             table = self.tokenizer.bytes_table
-            hits = [any(table[i].startswith(n) for n in needles) for i in range(len(table))]
-            mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
-            mask[: len(hits)] = torch.tensor(hits, dtype=torch.bool)
-            self._stop_masks[key] = mask if bool(mask.any()) else None
-        return self._stop_masks[key]
+            holds = [any(n in table[i] for n in needles) for i in range(len(table))]
+            starts = [any(table[i].startswith(n) for n in needles) for i in range(len(table))]
+            self._stop_masks[stop] = (self._vocab_mask(holds), self._vocab_mask(starts))
+        return self._stop_masks[stop]
+
+    def _vocab_mask(self, hits: list[bool]) -> torch.Tensor | None:
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+        mask[: len(hits)] = torch.tensor(hits, dtype=torch.bool)
+        return mask if bool(mask.any()) else None
 
     # --- fill ---------------------------------------------------------------------------------
 

@@ -333,16 +333,21 @@ def read_entropy(state: DenoiseState) -> Tensor:
         return state.entropy
     ends = state.stop_starts.clone()
     ends[state.eos_id] = True
+    at = ends[state.argmax] & state.free[None]  # [B, L]: a handful of positions (a row's end)
+    if not bool(at.any()):
+        return state.entropy
     probs, mode = processed(state)
+    probs, logits, mode = probs[at], state.logits[at], mode[at]  # [N, V], [N, V], [N]
     top = mode.unsqueeze(-1)
-    shifted = state.logits - state.logits.gather(-1, top)
+    shifted = logits - logits.gather(-1, top)
     in_class = ends.to(probs.dtype)
     q = (probs * in_class).sum(dim=-1)
     plogp = torch.nansum(probs * shifted * in_class, dim=-1) + q * torch.log(
         probs.gather(-1, top).squeeze(-1)
     )
-    merged = (state.entropy + plogp - q * torch.log(q.clamp(min=1e-30))).clamp(min=0)
-    return torch.where(ends[state.argmax] & state.free[None], merged, state.entropy)
+    entropy = state.entropy.clone()
+    entropy[at] = (entropy[at] + plogp - q * torch.log(q.clamp(min=1e-30))).clamp(min=0)
+    return entropy
 
 
 def stable_and_confident(state: DenoiseState, settings: SamplerSettings) -> None:
