@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import lookup
 from engine.api import FillCancelled, FillRequest, StepInfo
 from engine.cache import ContextCache
 from engine.canvas import CanvasPlan, assemble_text
@@ -56,11 +57,14 @@ def decode(
     budget: int | None = None,
     ends: Callable[[str], bool] | None = None,
     park: Sequence[int] = (),
+    lookahead: int = lookup.LOOKAHEAD,
 ) -> Decoded:
     """Greedy decoding of the middle after `plan.context_ids`; the cache holds the context again after.
     `budget`: at most this many tokens (default: the request's `max_tokens`, or the plan if longer).
     `ends(text)`: True once the text so far is complete (as a stop string would end it).
-    `park`: tokens the cache will need after the context later (see `ContextCache.next_logits`)."""
+    `park`: tokens the cache will need after the context later (see `ContextCache.next_logits`).
+    `lookahead`: tokens guessed per pass (`engine.lookup`; 0: one token per pass). Guesses change the
+    cost, never the tokens: each is kept only where the greedy choice agrees with it."""
     eos_id, pad_id = tokenizer.eos_id, tokenizer.pad_id
     context = plan.context_ids
     logits = cache.next_logits(context, park)
@@ -69,8 +73,12 @@ def decode(
     if plan.heal_allowed:
         allowed0 = torch.zeros_like(banned)
         allowed0[plan.heal_allowed] = True
+    needles = [s.encode("utf-8") for s in request.stop if s]
     tokens: list[tuple[int, float, bool]] = []
-    reason, steps = "max_tokens", 0
+    # Guessed tokens the cache already holds after the text so far, and the logits after each of them.
+    guess: list[int] = []
+    ahead: list[torch.Tensor] = []
+    reason, passes = "max_tokens", 0
     try:
         for p in range(budget):
             if request.cancel is not None and request.cancel():
@@ -100,12 +108,25 @@ def decode(
             if request.on_step is not None:
                 ids = [t for t, _, _ in tokens]
                 request.on_step(StepInfo(p + 1, budget, 1, budget, 0.0, tokenizer.decode(ids), token_ids=ids))
-            if p + 1 < budget:
-                logits = cache.step([token])
-                steps += 1
+            if p + 1 >= budget:
+                break
+            if guess and guess[0] == token:  # the cache holds it already, and the logits after it
+                guess.pop(0)
+                logits = ahead.pop(0)
+                continue
+            if guess:  # wrong from here on: forget the guessed tokens the cache holds
+                cache.truncate(len(cache) - len(guess))
+            written = [t for t, _, _ in tokens]
+            # Guessed tokens take positions p+1.. and need logits after them inside the budget.
+            guess = lookup.propose(list(context) + written, cache.recent, min(lookahead, budget - p - 2))
+            guess = lookup.cut_after_stop(guess, tokenizer.bytes_table, needles)
+            out = cache.step([token, *guess])
+            logits, ahead = out[0], list(out[1:])
+            passes += 1
     finally:
+        cache.recent = [t for t, _, _ in tokens]
         cache.prepare(context)  # drop the generated tokens: the next request shares the context only
-    return Decoded(tokens, steps + 1, reason)
+    return Decoded(tokens, passes + 1, reason)
 
 
 def _reached_stop(

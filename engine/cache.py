@@ -33,6 +33,9 @@ class ContextCache:
         self.kv = model.new_cache()
         self.ids: list[int] = []
         self.parked: Parked | None = None
+        # The tokens the last greedy decode wrote after this cache's context (engine.lookup's guesses for
+        # the next one: the user often types out the previous suggestion).
+        self.recent: list[int] = []
 
     @property
     def device(self) -> torch.device:
@@ -81,17 +84,23 @@ class ContextCache:
         return logits[0, 0]
 
     def step(self, ids: Sequence[int]) -> torch.Tensor:
-        """Append `ids` and return the next-token logits after them ([V], fp32): the causal LM of a causal
-        checkpoint, the encoder read as a causal LM (its context LM) of a diffusion one. The keys and values
-        appended are the ones `prepare` would have written."""
-        logits = self._encode([int(i) for i in ids], want_logits=True)
+        """Append `ids` and return the next-token logits after each of them ([T, V], fp32): the causal LM of
+        a causal checkpoint, the encoder read as a causal LM (its context LM) of a diffusion one. The keys
+        and values appended are the ones `prepare` would have written."""
+        ids = [int(i) for i in ids]
+        logits = self._encode(ids, want_logits=True, rows=len(ids))
         assert logits is not None
-        return logits[0, -1]
+        return logits[0]
+
+    def truncate(self, length: int) -> None:
+        """Forget every token after the first `length` (a decode's guesses that turned out wrong)."""
+        self._truncate(length)
 
     def reset(self) -> None:
         self.kv = self.model.new_cache()
         self.ids = []
         self.parked = None
+        self.recent = []
 
     def _truncate(self, length: int) -> None:
         if length < len(self.ids):
@@ -100,15 +109,17 @@ class ContextCache:
         if self.parked is not None and self.parked.start > length:
             self.parked = None  # what it was computed after is gone
 
-    def _encode(self, ids: list[int], want_logits: bool = False, logits_back: int = 0) -> torch.Tensor | None:
-        """Run `ids` after the cache's tokens; returns the logits [1, 1, V] after the last of them but
-        `logits_back`, for a causal model or where asked for."""
+    def _encode(
+        self, ids: list[int], want_logits: bool = False, logits_back: int = 0, rows: int = 1
+    ) -> torch.Tensor | None:
+        """Run `ids` after the cache's tokens; returns the logits [1, rows, V] after the last `rows` of them
+        but `logits_back`, for a causal model or where asked for."""
         batch = torch.tensor([ids], dtype=torch.long, device=self.device)
         try:
             if self.causal:
-                logits = self.model.causal_lm(batch, self.kv, last=1 + logits_back)[:, :1]
+                logits = self.model.causal_lm(batch, self.kv, last=rows + logits_back)[:, :rows]
             elif want_logits:
-                logits = self.model.context_lm(batch, self.kv, last=1 + logits_back)[:, :1]
+                logits = self.model.context_lm(batch, self.kv, last=rows + logits_back)[:, :rows]
             else:
                 self.model.encode(batch, self.kv)
                 logits = None
