@@ -67,6 +67,7 @@ def decode(
     cost, never the tokens: each is kept only where the greedy choice agrees with it."""
     eos_id, pad_id = tokenizer.eos_id, tokenizer.pad_id
     context = plan.context_ids
+    recent = cache.recent_for(context)
     logits = cache.next_logits(context, park)
     budget = max(request.max_tokens, plan.length) if budget is None else budget
     allowed0 = None
@@ -118,13 +119,13 @@ def decode(
                 cache.truncate(len(cache) - len(guess))
             written = [t for t, _, _ in tokens]
             # Guessed tokens take positions p+1.. and need logits after them inside the budget.
-            guess = lookup.propose(list(context) + written, cache.recent, min(lookahead, budget - p - 2))
+            guess = lookup.propose(list(context) + written, recent, min(lookahead, budget - p - 2))
             guess = lookup.cut_after_stop(guess, tokenizer.bytes_table, needles)
             out = cache.step([token, *guess])
             logits, ahead = out[0], list(out[1:])
             passes += 1
     finally:
-        cache.recent = [t for t, _, _ in tokens]
+        cache.recent, cache.recent_after = [t for t, _, _ in tokens], len(context)
         cache.prepare(context)  # drop the generated tokens: the next request shares the context only
     return Decoded(tokens, passes + 1, reason)
 

@@ -33,9 +33,10 @@ class ContextCache:
         self.kv = model.new_cache()
         self.ids: list[int] = []
         self.parked: Parked | None = None
-        # The tokens the last greedy decode wrote after this cache's context (engine.lookup's guesses for
-        # the next one: the user often types out the previous suggestion).
+        # The tokens the last greedy decode wrote, and how long the context was they followed: the next
+        # decode's first guesses where its context continues that one (the user typing out the suggestion).
         self.recent: list[int] = []
+        self.recent_after = 0
 
     @property
     def device(self) -> torch.device:
@@ -92,6 +93,13 @@ class ContextCache:
         assert logits is not None
         return logits[0]
 
+    def recent_for(self, ids: Sequence[int], slack: int = 3) -> list[int]:
+        """The last decode's tokens if `ids` continues the context they followed (all of it but the last
+        `slack` tokens, which typing at the cursor may re-tokenize), else none: after a jump elsewhere or
+        another document they would only be wrong guesses."""
+        shared = common_prefix_length(self.ids, ids)
+        return self.recent if self.recent and shared >= self.recent_after - slack else []
+
     def truncate(self, length: int) -> None:
         """Forget every token after the first `length` (a decode's guesses that turned out wrong)."""
         self._truncate(length)
@@ -101,6 +109,7 @@ class ContextCache:
         self.ids = []
         self.parked = None
         self.recent = []
+        self.recent_after = 0
 
     def _truncate(self, length: int) -> None:
         if length < len(self.ids):

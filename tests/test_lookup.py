@@ -52,36 +52,44 @@ CODE = (
 )
 
 
-def greedy(engine: Engine, prefix: str, lookahead: int, recent: list[int]):
-    """The encoder's greedy continuation of `prefix` (as the draft decodes it): (ids, passes, text)."""
+def greedy(engine: Engine, prefix: str, lookahead: int, slot: str):
+    """The encoder's greedy continuation of `prefix` (as the draft decodes it) in cache slot `slot`:
+    (ids, passes, text, the plan's context)."""
     request = FillRequest(prefix=prefix, suffix="\n    return state\n", stop=("\n",))
     plan = build_canvas(request, engine.tokenizer, engine.table, engine.canvas_limit)
     prefix_end = dataclasses.replace(plan, context_ids=plan.context_ids[:-1])
-    cache = engine.cache_for(f"lookup-{lookahead}")
-    cache.recent = list(recent)
+    cache = engine.cache_for(slot)
     with torch.inference_mode():
         out = decode(
             cache, prefix_end, request, engine.banned, engine.tokenizer, budget=24, lookahead=lookahead
         )
     assert cache.ids == prefix_end.context_ids  # the guesses and the text are gone from the cache again
     text, _ = assemble_text(out.tokens, engine.tokenizer, plan.heal_bytes)
-    return [t for t, _, _ in out.tokens], out.steps, text, cache.recent
+    return [t for t, _, _ in out.tokens], out.steps, text, prefix_end.context_ids
 
 
 def test_guessing_writes_the_same_tokens_in_fewer_passes(shipped: Engine) -> None:
-    plain, plain_passes, text, _ = greedy(shipped, CODE, lookahead=0, recent=[])
-    guessed, guessed_passes, _, recent = greedy(shipped, CODE, lookahead=8, recent=[])
+    plain, plain_passes, text, _ = greedy(shipped, CODE, lookahead=0, slot="plain")
+    guessed, guessed_passes, _, _ = greedy(shipped, CODE, lookahead=8, slot="guessed")
     assert guessed == plain
     assert plain_passes == len(plain)  # one pass per token (the last one's is the stop)
     assert text.startswith("pinned, pins, ")  # the context's pattern: guessable
     assert guessed_passes <= plain_passes // 2
-    assert recent == guessed  # kept for the next request
+    assert shipped.cache_for("guessed").recent == guessed  # kept for the next request
 
 
 def test_typing_out_the_previous_draft_is_guessed_from_it(shipped: Engine) -> None:
-    first, _, text, recent = greedy(shipped, CODE, lookahead=8, recent=[])
+    _, _, text, _ = greedy(shipped, CODE, lookahead=8, slot="typing")
     typed = CODE + text[: len(text) // 2]  # the user types half of what was suggested
-    plain, plain_passes, _, _ = greedy(shipped, typed, lookahead=0, recent=[])
-    again, passes, _, _ = greedy(shipped, typed, lookahead=8, recent=recent)
+    plain, plain_passes, _, _ = greedy(shipped, typed, lookahead=0, slot="typing-plain")
+    again, passes, _, _ = greedy(shipped, typed, lookahead=8, slot="typing")
     assert again == plain
     assert passes <= 2 < plain_passes  # the context's first pass, then one pass checks the whole rest
+
+
+def test_the_previous_draft_is_no_guess_for_another_document(shipped: Engine) -> None:
+    first, _, _, context = greedy(shipped, CODE, lookahead=8, slot="jump")
+    cache = shipped.cache_for("jump")
+    assert cache.recent_for(context) == first
+    other = shipped.tokenizer.fim_context(shipped.tokenizer.encode("import os\nprint(os.sep"), [])
+    assert cache.recent_for(other) == []
