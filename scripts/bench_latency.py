@@ -1,10 +1,12 @@
 """Single-line fill latency of a checkpoint on this CPU, warm, with a ~1k-token context (issue 3).
 
-Simulates typing at the end of a function in a fixture file: each request adds the next few characters
+Simulates typing lines in a frozen copy of one of our files: each request adds the next few characters
 of the real line, so the context comes from the KV cache except the newly typed tokens. Prints p50/p95
-latency, mean denoising steps and encoded tokens per request for the released sampler defaults, and for
-what the server asks for a single line (at most 16 steps, a stop at the newline): two canvases from noise
-ranked by the model, and the checkpoint's draft on one canvas (decision 38; where its sampler drafts).
+latency, mean denoising steps and encoded tokens per request for the released sampler defaults (16
+positions, no stop), and for what the server asks for a single line (32 positions, at most 16 steps, a
+stop at the newline): two canvases from noise ranked by the model, and the checkpoint's draft on one
+canvas (decision 38; where its sampler drafts). Until session 15 the server rows asked for 16 positions,
+fewer than the server does: lines longer than that were drafted only in part and rewritten.
 
     python scripts/bench_latency.py [--model DIR] [--threads N] [--requests 30]
 """
@@ -22,6 +24,7 @@ import torch
 from engine import Engine
 from engine.api import FillRequest
 from engine.metrics import percentile
+from server.context import MAX_TOKENS
 
 # The file typed into: a frozen copy of engine/sampler.py (as of 79e2a05), ~1k tokens before the cursor.
 # Frozen because the workload must not change with the code under test (typing into the live
@@ -63,19 +66,22 @@ def main() -> None:
     print("| sampler | requests | p50 ms | p95 ms | mean steps | mean encoded tokens | context tokens |")
     print("|---|---|---|---|---|---|---|")
     inline = replace(engine.settings, max_steps=16, draft=False)
+    line = MAX_TOKENS["line"]  # the positions the server asks for a single line
     configs = [
-        ("released defaults (max 48 steps)", replace(engine.settings, draft=False), (), 1),
-        ("server inline, 2 canvases from noise", inline, ("\n",), 2),
+        ("released defaults (max 48 steps)", replace(engine.settings, draft=False), (), 1, 16),
+        ("server inline, 2 canvases from noise", inline, ("\n",), 2, line),
     ]
     if engine.settings.draft:
-        configs.append(("server inline, the draft on 1 canvas", replace(inline, draft=True), ("\n",), 1))
-    for label, settings, stop, candidates in configs:
+        configs.append(
+            ("server inline, the draft on 1 canvas", replace(inline, draft=True), ("\n",), 1, line)
+        )
+    for label, settings, stop, candidates, max_tokens in configs:
         times, steps, encoded, context = [], [], [], []
         for i, (prefix, suffix) in enumerate(points):
             request = FillRequest(
                 prefix=prefix,
                 suffix=suffix[:400],
-                max_tokens=16,
+                max_tokens=max_tokens,
                 settings=settings,
                 seed=i,
                 stop=stop,
