@@ -8,6 +8,11 @@ stop at the newline): two canvases from noise ranked by the model, and the check
 canvas (decision 38; where its sampler drafts). Until session 15 the server rows asked for 16 positions,
 fewer than the server does: lines longer than that were drafted only in part and rewritten.
 
+Every request runs the engine, as in earlier sessions, but the server would not: where the characters just
+typed are the start of the previous request's line, it answers from that suggestion (`server.inline.
+typed_ahead`, no fill). The last two columns split those off: how many there were, and the p50 of the
+requests that do reach the engine (the user typed something else), the harder half.
+
     python scripts/bench_latency.py [--model DIR] [--threads N] [--requests 30]
 """
 
@@ -25,6 +30,7 @@ from engine import Engine
 from engine.api import FillRequest
 from engine.metrics import percentile
 from server.context import MAX_TOKENS
+from server.inline import ShownSuggestion, typed_ahead
 
 # The file typed into: a frozen copy of engine/sampler.py (as of 79e2a05), ~1k tokens before the cursor.
 # Frozen because the workload must not change with the code under test (typing into the live
@@ -63,8 +69,11 @@ def main() -> None:
     text = args.source.read_text()
     points = typing_points(text, args.requests + 1, args.prefix_chars)
     print(f"model {engine.model_name}, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print("| sampler | requests | p50 ms | p95 ms | mean steps | mean encoded tokens | context tokens |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| sampler | requests | p50 ms | p95 ms | mean steps | mean encoded tokens | context tokens "
+        "| answered from the shown line | p50 ms of the rest |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     inline = replace(engine.settings, max_steps=16, draft=False)
     line = MAX_TOKENS["line"]  # the positions the server asks for a single line
     configs = [
@@ -76,7 +85,8 @@ def main() -> None:
             ("server inline, the draft on 1 canvas", replace(inline, draft=True), ("\n",), 1, line)
         )
     for label, settings, stop, candidates, max_tokens in configs:
-        times, steps, encoded, context = [], [], [], []
+        times, steps, encoded, context, reach = [], [], [], [], []
+        shown: ShownSuggestion | None = None
         for i, (prefix, suffix) in enumerate(points):
             request = FillRequest(
                 prefix=prefix,
@@ -90,15 +100,20 @@ def main() -> None:
             start = time.perf_counter()
             result = engine.fill(request)
             elapsed = (time.perf_counter() - start) * 1000
+            from_shown = typed_ahead(shown, prefix, suffix) is not None
+            shown = ShownSuggestion("", prefix, suffix, result.text.split("\n")[0])
             if i == 0:
                 continue  # the cold request encodes the whole context
             times.append(elapsed)
+            if not from_shown:
+                reach.append(elapsed)
             steps.append(result.steps)
             encoded.append(result.encoded_tokens)
             context.append(result.context_tokens)
         print(
             f"| {label} | {len(times)} | {percentile(times, 50):.0f} | {percentile(times, 95):.0f} | "
-            f"{statistics.mean(steps):.1f} | {statistics.mean(encoded):.1f} | {statistics.mean(context):.0f} |",
+            f"{statistics.mean(steps):.1f} | {statistics.mean(encoded):.1f} | {statistics.mean(context):.0f} | "
+            f"{len(times) - len(reach)} | {percentile(reach, 50):.0f} |",
             flush=True,
         )
 
