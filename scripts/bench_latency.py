@@ -35,8 +35,8 @@ from server.inline import ShownSuggestion, typed_ahead
 # The file typed into: a frozen copy of engine/sampler.py (as of 79e2a05), ~1k tokens before the cursor.
 # Frozen because the workload must not change with the code under test (typing into the live
 # sampler.py, a docstring edit once turned 2.6 mean steps into 8.3). Not under fixtures/: the training smoke
-# tests build their corpus from that folder.
-SOURCE = Path(__file__).resolve().parent / "data" / "typing.py"
+# tests build their corpus from that folder. Named .txt: it is data, not code to lint or deduplicate.
+SOURCE = Path(__file__).resolve().parent / "data" / "typing.py.txt"
 
 
 def typing_points(text: str, requests: int, prefix_chars: int) -> list[tuple[str, str]]:
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--prefix-chars", type=int, default=3600, help="about 1k tokens of context")
     parser.add_argument(
-        "--source", type=Path, default=SOURCE, help="the file typed into (default scripts/data/typing.py)"
+        "--source", type=Path, default=SOURCE, help="the file typed into (default scripts/data/typing.py.txt)"
     )
     args = parser.parse_args()
     engine = Engine.load(args.model, threads=args.threads)
