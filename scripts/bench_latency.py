@@ -34,8 +34,8 @@ from server.inline import ShownSuggestion, typed_ahead
 
 # The file typed into: a frozen copy of engine/sampler.py (as of 79e2a05), ~1k tokens before the cursor.
 # Frozen because the workload must not change with the code under test (typing into the live
-# sampler.py, a docstring edit once turned 2.6 mean steps into 8.3). Not under fixtures/: the training smoke
-# tests build their corpus from that folder. Named .txt: it is data, not code to lint or deduplicate.
+# sampler.py, a docstring edit once turned 2.6 mean steps into 8.3). Named .txt: it is data, not code to
+# lint or deduplicate.
 SOURCE = Path(__file__).resolve().parent / "data" / "typing.py.txt"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,12 @@ TOKENIZER_JSON = REPO / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Shards built from this repository's own Python files (engine/, fixtures/)."""
+    """Shards built from two packages of the running Python's standard library (email, json): real code
+    that does not change with this repository. The repository's own files did, and the margins below
+    moved with every edit (a near-copy of engine/sampler.py once broke one)."""
     out = tmp_path_factory.mktemp("shards")
-    roots = [Root(REPO / "engine", "dir"), Root(REPO / "fixtures", "dir")]
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    roots = [Root(stdlib / "email", "dir"), Root(stdlib / "json", "dir")]
     build(out, TOKENIZER_JSON, roots, workers=2, val_fraction=0.1, log=lambda *_: None)
     return out
 
@@ -210,7 +214,8 @@ def test_context_lm_loss_teaches_the_encoder_next_tokens(
         with torch.no_grad():
             _, hidden = model.forward_train_lm(batch.context, batch.canvas, None, batch.context_pad)
             losses.append(float(context_lm_loss(model, hidden, batch)))
-    assert losses[0] < losses[1] - 0.4, losses  # (without the LM term the two runs are identical)
+    # 6.74 vs 7.55 when written (without the LM term the two runs are identical)
+    assert losses[0] < losses[1] - 0.4, losses
 
 
 def test_causal_weight_teaches_the_draft_the_whole_middle(
@@ -236,7 +241,7 @@ def test_causal_weight_teaches_the_draft_the_whole_middle(
         with torch.no_grad():
             logits = model.causal_forward_train(ids, pad)
         losses.append(float(weighted_loss(logits[:, :-1], ids[:, 1:], weight)))
-    assert losses[0] < losses[1] - 0.15, losses  # 5.69 vs 5.97 when written: 30 steps only
+    assert losses[0] < losses[1] - 0.15, losses  # 4.91 vs 5.18 when written: 30 steps only
 
 
 def test_causal_weight_and_context_lm_weight_are_not_combined(data_dir: Path, tmp_path: Path) -> None:
