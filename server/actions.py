@@ -618,7 +618,13 @@ async def run_action(ls, data: dict):
     )
     loop = asyncio.get_running_loop()
     flag = threading.Event()
+    running = ls.actions_running.setdefault(uri, set())
+    running.add(flag)  # an edit or close of the document raises it: the edit would be stale (`changed`)
     token = await _begin_progress(ls, TITLES[plan.action], flag)
+
+    def changed() -> bool:
+        now = ls.docs.get(uri)
+        return now is None or now.version != version
 
     def on_step(info) -> None:
         if token is None or info.step == 0:  # step 0 is the draft: no denoising step done yet
@@ -666,10 +672,14 @@ async def run_action(ls, data: dict):
             on_step=on_step,
         )
         result = await ls.host.fill(request, flag)
+        if changed():
+            raise FillCancelled("the document changed")
         edits = finish_action(plan, result.text, result.token_scores)
     except ActionError as exc:
         raise JsonRpcInvalidParams(f"dfim: {exc}") from None
     except FillCancelled:
+        if changed():
+            raise JsonRpcContentModified("the document changed while the action ran") from None
         from pygls.exceptions import JsonRpcRequestCancelled
 
         raise JsonRpcRequestCancelled("dfim: cancelled") from None
@@ -678,6 +688,9 @@ async def run_action(ls, data: dict):
     except Exception as exc:  # a bug in the engine fails this request only
         raise JsonRpcInternalError(f"dfim: the engine failed: {type(exc).__name__}: {exc}") from None
     finally:
+        running.discard(flag)
+        if not running:
+            ls.actions_running.pop(uri, None)
         if result is not None:
             ls.status.end_fill(result.latency_ms, result.steps, result.stop_reason)
         else:

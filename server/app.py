@@ -89,6 +89,7 @@ class DfimServer(LanguageServer):
         self.cache = ResultCache(self.options.inline.cache_size)
         self.shown: dict[str, ShownSuggestion] = {}  # uri -> last inline suggestion (typed-ahead reuse)
         self.inflight: dict[str, threading.Event] = {}  # uri -> cancel flag of the inline fill in flight
+        self.actions_running: dict[str, set[threading.Event]] = {}  # uri -> cancel flags of its code actions
         self.tracker = SuggestionTracker(Telemetry(data_dir(), enabled=True))
         self.counters = {
             "fills": 0,
@@ -193,6 +194,12 @@ class DfimServer(LanguageServer):
             log.warning(message)
             self.status.update(device="cpu", message=message)
 
+    def cancel_actions(self, uri: str) -> None:
+        """Stop the code actions running on `uri`: its text changed or it closed, and their edits, stamped with
+        the version they read, could no longer apply (they answer ContentModified)."""
+        for flag in self.actions_running.get(uri, ()):
+            flag.set()
+
     def cancel_inflight(self, uri: str) -> threading.Event:
         """Raise the cancel flag of the fill in flight for `uri` and return a fresh flag for the next one."""
         previous = self.inflight.get(uri)
@@ -257,12 +264,14 @@ def _register_lifecycle(ls: DfimServer) -> None:
         in_flight = ls.inflight.get(uri)
         if in_flight is not None:  # its answer would be placed in the text before this change
             in_flight.set()
+        ls.cancel_actions(uri)
 
     @ls.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DfimServer, params: types.DidCloseTextDocumentParams) -> None:
         uri = params.text_document.uri
         ls.docs.close(uri)
         ls.cancel_inflight(uri)
+        ls.cancel_actions(uri)
         ls.inflight.pop(uri, None)
         ls.shown.pop(uri, None)
         ls.tracker.supersede(uri)

@@ -369,6 +369,28 @@ async def test_an_inline_request_does_not_wait_for_a_running_code_action(session
     assert after.engine_preempted == before.engine_preempted + 1
 
 
+async def test_an_edit_while_a_code_action_runs_stops_it_with_content_modified(session):
+    uri = "file:///work/edited.py"
+    text = "def busy(x):\n    y = x + 1\n    return y\n"
+    session.open(uri, text)
+    session.configure({"sampling": {"actionMaxSteps": 256, "entropyBound": 0.0}})  # never stops early
+    await asyncio.sleep(0.1)
+    before = await session.stats()
+    (action, *_) = await code_actions(
+        session, uri, types.Range(start=types.Position(1, 0), end=types.Position(3, 0))
+    )
+    pending = asyncio.ensure_future(session.client.code_action_resolve_async(action))
+    await session.until_a_fill_starts(before)  # the action is in the engine
+    session.change(uri, text + "# edited\n")  # its edit, stamped with the old version, could not apply
+    with pytest.raises(JsonRpcException) as info:
+        await asyncio.wait_for(pending, 10)  # at once: 256 steps would take far longer
+    assert info.value.code == -32801  # ContentModified
+    session.configure({"sampling": FAST["sampling"]})
+    await asyncio.sleep(0.2)
+    after = await session.stats()
+    assert after.engine_fills_completed == before.engine_fills_completed
+
+
 async def test_shutdown_while_a_code_action_runs_stops_it_and_exits(checkpoint, tmp_path):
     s = Session()
     slow = {"sampling": {"actionMaxSteps": 256, "entropyBound": 0.0, "maxCanvas": 32}}
