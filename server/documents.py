@@ -106,8 +106,9 @@ class Document:
         return self.text[start:end]
 
     def offset_at(self, position: types.Position, encoding: str = UTF16, clamp: bool = False) -> int:
-        """Position -> offset into `text`. Out of range raises PositionError, or clamps (LSP's rule for
-        document changes: a character past the line end means the line end)."""
+        """Position -> offset into `text`. A character past the end of its line means the line's end (LSP's
+        rule for every position: editors with virtual space send such columns). A line past the last one
+        raises PositionError, or with `clamp` (document changes) means the end of the text."""
         line = position.line
         if line < 0:
             raise PositionError(f"negative line {line}")
@@ -120,7 +121,7 @@ class Document:
         try:
             return start + column_to_index(content, position.character, encoding)
         except PositionError:
-            if clamp and position.character >= 0:
+            if position.character >= 0:
                 return end
             raise
 

@@ -53,8 +53,7 @@ def test_crlf_and_lone_cr_line_ends_and_tabs():
     assert doc.position_at(len(doc.text), UTF16) == pos(3, 1)
     # the end of line 0 is before the \r\n, never between \r and \n
     assert doc.offset_at(pos(0, 1), UTF16) == 1
-    with pytest.raises(PositionError):
-        doc.offset_at(pos(0, 2), UTF16)
+    assert doc.offset_at(pos(0, 2), UTF16) == 1  # past the line's end: its end, still before the \r\n
 
 
 def test_form_feed_and_unicode_separators_are_not_line_ends():
@@ -63,12 +62,13 @@ def test_form_feed_and_unicode_separators_are_not_line_ends():
     assert doc.offset_at(pos(1, 0)) == 6
 
 
-def test_out_of_range_positions_raise():
+def test_lines_past_the_end_raise_and_characters_past_a_line_end_mean_its_end():
     doc = Document("file:///a.py", "ab\ncd")
-    for bad in (pos(2, 0), pos(0, 3), pos(5, 5)):
+    for bad in (pos(2, 0), pos(5, 5)):
         with pytest.raises(PositionError):
             doc.offset_at(bad)
     assert doc.offset_at(pos(1, 2)) == 5
+    assert doc.offset_at(pos(0, 3)) == 2 and doc.offset_at(pos(1, 99)) == 5  # LSP: defaults to the line length
 
 
 def test_incremental_and_whole_document_changes():
