@@ -12,8 +12,10 @@ import logging
 import threading
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcInvalidRequest
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.json_rpc import RPCRequest
 from pygls.protocol.language_server import lsp_method
 
 from server.documents import DocumentStore, choose_encoding
@@ -29,9 +31,48 @@ STATS_METHOD = "dfim/stats"  # custom request: counters for tests and benchmarks
 TEXT_METHOD = "dfim/documentText"  # custom request: the server's copy of a document (sync checks)
 
 
+class Unreadable:
+    """A message whose params did not validate, already answered (`DfimProtocol.structure_message`)."""
+
+    jsonrpc = None  # pygls drops a message of another JSON-RPC version without a word
+
+
 class DfimProtocol(LanguageServerProtocol):
-    """pygls's protocol with two changes: UTF-8 is chosen whenever offered, and document sync goes only to
-    our own store (pygls's would split lines on separators LSP does not count)."""
+    """pygls's protocol with these changes: UTF-8 is chosen whenever offered; document sync goes only to our
+    own store (pygls's would split lines on separators LSP does not count); a request whose params do not
+    validate, or that comes after `shutdown`, is answered with an error (pygls answered nothing, and the
+    client waited for ever); an error answer the server meant to give is logged in a line, not as a
+    traceback at ERROR level."""
+
+    def structure_message(self, data):
+        try:
+            return super().structure_message(data)
+        except JsonRpcException:
+            if not isinstance(data, dict) or "method" not in data:
+                raise
+            method = data.get("method")
+            if "id" in data:
+                error = JsonRpcInvalidParams(f"{method}: the params do not match the protocol")
+                self._send_response(data["id"], error=error.to_response_error())
+            else:
+                log.warning("ignored %s notification: its params do not match the protocol", method)
+            return Unreadable()
+
+    def handle_message(self, message) -> None:
+        if self._shutdown and isinstance(message, RPCRequest) and message.method != types.EXIT:
+            error = JsonRpcInvalidRequest(f"{message.method}: the server is shutting down")
+            self._send_response(message.id, error=error.to_response_error())
+            return
+        super().handle_message(message)
+
+    def _send_handler_result(self, future, *, msg_id) -> None:
+        error = None if future.cancelled() else future.exception()
+        if isinstance(error, JsonRpcException):  # raised on purpose: bad params, a stale document, cancelled
+            self._request_futures.pop(msg_id, None)
+            log.info("request %s answered with an error: %s", msg_id, error)
+            self._send_response(msg_id, error=error.to_response_error())
+            return
+        super()._send_handler_result(future, msg_id=msg_id)
 
     @lsp_method(types.INITIALIZE)
     def lsp_initialize(self, params: types.InitializeParams):

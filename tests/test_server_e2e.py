@@ -7,6 +7,7 @@ one where the point is the process itself (UTF-8 negotiation, a broken model).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from pathlib import Path
 
 import pytest
@@ -328,6 +329,26 @@ async def test_bad_settings_show_an_error_and_keep_the_previous_value(session):
     assert result is None or result.items
 
 
+async def test_a_request_whose_params_do_not_validate_is_answered_with_an_error(session):
+    uri = "file:///work/invalid.py"
+    session.open(uri, PY)
+    count = len(session.messages)
+    bad = {"textDocument": {"uri": uri}, "position": {"line": -1, "character": 0}}
+    # written as raw JSON: pygls's client would refuse to serialize such params itself
+    protocol, answer = session.client.protocol, concurrent.futures.Future()
+    protocol._request_futures["bad-params"] = answer
+    method = types.TEXT_DOCUMENT_INLINE_COMPLETION
+    protocol._send_data({"jsonrpc": "2.0", "id": "bad-params", "method": method, "params": bad})
+    with pytest.raises(JsonRpcException) as info:
+        await asyncio.wait_for(asyncio.wrap_future(answer), 10)  # pygls alone never answered it
+    assert info.value.code == -32602  # InvalidParams
+    protocol._send_data({"jsonrpc": "2.0", "method": types.CANCEL_REQUEST, "params": {}})  # logged only
+    await asyncio.sleep(0.3)
+    assert session.messages[count:] == []  # no popup for either
+    result = await session.inline(uri, 1, 11)  # still serving
+    assert result is None or result.items
+
+
 async def test_utf8_negotiation_and_missing_model(tmp_path):
     s = Session()
     result = await s.start(tmp_path / "no-such-model", tmp_path, encodings=["utf-16", "utf-8"])
@@ -339,8 +360,9 @@ async def test_utf8_negotiation_and_missing_model(tmp_path):
         s.open(uri, "s = '😋'\n")
         assert await s.inline(uri, 0, 10) is None  # no model: no completions, but an answer
         assert await s.inline(uri, 0, 9) is None  # before the closing quote: 5 + 4 emoji bytes
+        assert await s.inline(uri, 0, 11) is None  # past the line's 10 UTF-8 bytes: its end, still answered
         with pytest.raises(JsonRpcException):
-            await s.inline(uri, 0, 11)  # the line is 10 UTF-8 bytes long
+            await s.inline(uri, 2, 0)  # past the last line
     finally:
         await s.stop()
 
@@ -412,6 +434,9 @@ async def test_shutdown_while_a_code_action_runs_stops_it_and_exits(checkpoint, 
     with pytest.raises(JsonRpcException) as info:
         await asyncio.wait_for(action, 10)
     assert info.value.code == -32800  # the action was cancelled, not left running
+    with pytest.raises(JsonRpcException) as info:
+        await asyncio.wait_for(s.stats(), 10)  # answered, not left waiting for ever
+    assert info.value.code == -32600  # InvalidRequest: LSP's answer to a request after shutdown
     s.client.exit(None)
     await asyncio.wait_for(s.client.stop(), 10)  # the process exits without waiting for the engine
 
