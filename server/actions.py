@@ -149,6 +149,8 @@ def plan_action(
     count_tokens: Callable[[str], int] | None = None,
     instruction: str | None = None,
 ) -> ActionPlan:
+    if action not in TITLES:  # before any check of the selection, whose message would mislead
+        raise ActionError(f"unknown action {action!r} (known: {', '.join(TITLES)})")
     source = Source(text, lang)
     count = count_tokens or (lambda s: max(1, len(s) // 3))
     windows = dict(prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, count_tokens=count_tokens)

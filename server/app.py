@@ -8,6 +8,7 @@ until it is ready (or if it cannot load) requests are still answered, with no co
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 
@@ -21,7 +22,7 @@ from pygls.protocol.language_server import lsp_method
 from server.documents import DocumentStore, choose_encoding
 from server.engine_host import EngineHost
 from server.inline import ResultCache, ShownSuggestion
-from server.options import Options, merge_options
+from server.options import Options, merge_options, snake
 from server.status import StatusReporter
 from server.telemetry import SuggestionTracker, Telemetry, data_dir
 
@@ -251,6 +252,22 @@ class DfimServer(LanguageServer):
         return flag
 
 
+def dfim_section(settings):
+    """dfim's part of pushed settings: the `dfim` key where there is one; else the object itself when one of
+    its keys is a dfim setting (clients that send the section alone); else None, with a log line: a client
+    pushing every server's sections (`{"pylsp": ...}`) says nothing to dfim."""
+    if not isinstance(settings, dict):
+        return settings
+    if "dfim" in settings:
+        return settings["dfim"]
+    ours = {f.name for f in dataclasses.fields(Options)}
+    if any(snake(str(key)) in ours for key in settings):
+        return settings
+    if settings:
+        log.info("didChangeConfiguration without dfim settings (keys %s): nothing to apply", sorted(settings))
+    return None
+
+
 def build_server(model: str = "", device: str = "cpu") -> DfimServer:
     """A fresh server with every feature registered (tests may build several in one process)."""
     from server import actions, inline, trace_feature
@@ -287,10 +304,9 @@ def _register_lifecycle(ls: DfimServer) -> None:
         if caps and caps.workspace and caps.workspace.configuration:
             await ls.pull_configuration()
         else:
-            settings = params.settings
-            if isinstance(settings, dict) and "dfim" in settings:
-                settings = settings["dfim"]
-            ls.show_errors(ls.apply_settings(settings, "didChangeConfiguration"))
+            settings = dfim_section(params.settings)
+            if settings is not None:
+                ls.show_errors(ls.apply_settings(settings, "didChangeConfiguration"))
         ls.ensure_model()
 
     @ls.feature(types.TEXT_DOCUMENT_DID_OPEN)

@@ -1015,3 +1015,18 @@ def test_hole_fills_split_by_the_engines_pinned_tokens():
     assert [new for _, _, new in searched] != [new for _, _, new in edits]
     # tokens that do not line up with the skeleton fall back to the text search
     assert actions.finish_action(plan, result, [TokenScore(result, 0.5)]) == searched
+
+
+def test_an_unknown_action_is_named_before_the_selection_is_checked():
+    with pytest.raises(actions.ActionError, match="unknown action 'zap'"):
+        actions.plan_action("zap", "def f():\n    pass\n", "python", 13, 13)  # empty selection
+
+
+def test_pushed_settings_are_dfims_only_where_they_say_so():
+    from server.app import dfim_section
+
+    assert dfim_section({"dfim": {"inline": {"enabled": False}}, "pylsp": {}}) == {"inline": {"enabled": False}}
+    assert dfim_section({"inline": {"enabled": False}}) == {"inline": {"enabled": False}}  # the section alone
+    assert dfim_section({"maxSteps": 3, "sampling": {}}) == {"maxSteps": 3, "sampling": {}}  # ours, one typo
+    assert dfim_section({"pylsp": {"plugins": {}}}) is None  # other servers' sections only: not ours
+    assert dfim_section(None) is None and dfim_section({}) is None
