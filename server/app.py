@@ -156,15 +156,21 @@ class DfimServer(LanguageServer):
         self.cache.size = self.options.inline.cache_size
         telemetry = self.options.telemetry
         self.tracker.telemetry = Telemetry(data_dir(telemetry.data_dir), enabled=telemetry.enabled)
+        messages = []
+        # a directory the user chose: say so when it cannot be written (the default one fails in the log only)
+        if telemetry.data_dir and telemetry != previous.telemetry:
+            problem = self.tracker.telemetry.problem()
+            if problem:
+                messages.append(f"dfim: telemetry.dataDir {problem}: no telemetry is recorded")
         if self.options.sampling != previous.sampling or self.options.context != previous.context:
             self.cache.clear()
         if not errors:
-            return []
+            return messages
         # One message for the whole change (six bad values are one popup, not six); an unknown key says
         # "(ignored)", a bad value that the previous one stays.
         errors = [e if e.endswith("(ignored)") else f"{e}; keeping the previous value" for e in errors]
         head = "a setting was" if len(errors) == 1 else f"{len(errors)} settings were"
-        return [f"dfim: {head} not applied ({source}): " + "; ".join(errors)]
+        return [f"dfim: {head} not applied ({source}): " + "; ".join(errors), *messages]
 
     def show_errors(self, errors: list[str]) -> None:
         for message in errors:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -78,7 +79,9 @@ class ActionOptions:
 @dataclass
 class TelemetryOptions:
     enabled: bool = True  # events stay on this machine; nothing is ever sent anywhere
-    data_dir: str = ""  # "" = $DFIM_DATA_DIR, else $XDG_DATA_HOME/dfim, else ~/.local/share/dfim
+    # "" = $DFIM_DATA_DIR, else $XDG_DATA_HOME/dfim, else ~/.local/share/dfim. Absolute (or ~/...): a relative
+    # one would be read against the server's working directory, usually the user's project.
+    data_dir: str = field(default="", metadata={"absolute_path": True})
 
 
 @dataclass
@@ -138,6 +141,8 @@ def _check_value(name: str, value, kind, meta) -> tuple[object, str | None]:
             value = ""
         if not isinstance(value, str):
             return None, f"{name} must be a string, got {quoted(value)}"
+        if meta.get("absolute_path") and value and not os.path.isabs(os.path.expanduser(value)):
+            return None, f"{name} must be an absolute path (or start with ~), got {quoted(value)}"
     elif typing.get_origin(kind) is list:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             return None, f"{name} must be a list of strings, got {quoted(value)}"

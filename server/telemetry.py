@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 
 FILE_NAME = "telemetry.jsonl"
 MAX_BYTES = 8 * 2**20  # rotate to telemetry.jsonl.1 past this size
+log = logging.getLogger("dfim.server")
 
 
 def data_dir(configured: str = "") -> Path:
@@ -38,6 +40,19 @@ class Telemetry:
     def __init__(self, directory: Path | str, enabled: bool = True) -> None:
         self.directory = Path(directory)
         self.enabled = enabled
+        self.failed = False  # a write failed: said once in the log, not for every event
+
+    def problem(self) -> str | None:
+        """Why events cannot be written to the directory (it cannot be created, or written to), or None."""
+        if not self.enabled:
+            return None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            return f"{self.directory} cannot be written ({exc.strerror or exc})"
+        return None
 
     @property
     def path(self) -> Path:
@@ -53,8 +68,10 @@ class Telemetry:
                 self.path.replace(self.path.with_name(FILE_NAME + ".1"))
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(line + "\n")
-        except OSError:
-            pass  # telemetry must never break completions
+        except OSError as exc:  # telemetry must never break completions
+            if not self.failed:
+                self.failed = True
+                log.warning("telemetry: cannot write %s (%s); events are dropped", self.path, exc)
 
 
 @dataclass

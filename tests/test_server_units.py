@@ -1030,3 +1030,19 @@ def test_pushed_settings_are_dfims_only_where_they_say_so():
     assert dfim_section({"maxSteps": 3, "sampling": {}}) == {"maxSteps": 3, "sampling": {}}  # ours, one typo
     assert dfim_section({"pylsp": {"plugins": {}}}) is None  # other servers' sections only: not ours
     assert dfim_section(None) is None and dfim_section({}) is None
+
+
+def test_a_relative_telemetry_dir_is_refused_and_an_unwritable_one_is_named(tmp_path, caplog):
+    merged, errors = options.merge_options(options.Options(), {"telemetry": {"dataDir": "rel/dir"}})
+    assert merged.telemetry.data_dir == "" and "absolute path" in errors[0]  # not the user's project
+    merged, errors = options.merge_options(options.Options(), {"telemetry": {"dataDir": "~/dfim-data"}})
+    assert merged.telemetry.data_dir == "~/dfim-data" and errors == []
+    assert telemetry.Telemetry(tmp_path / "new").problem() is None
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    broken = telemetry.Telemetry(blocker / "dir")
+    assert "cannot be written" in broken.problem()
+    with caplog.at_level("WARNING", logger="dfim.server"):
+        broken.record("shown", id="1")
+        broken.record("shown", id="2")
+    assert len([r for r in caplog.records if "telemetry" in r.getMessage()]) == 1  # said once, never raised
