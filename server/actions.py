@@ -554,10 +554,16 @@ def _direct_command(name: str):
 
 
 async def _apply(ls, edit, label: str) -> dict:
+    """Send the edit to the client with `workspace/applyEdit` where it says it takes one; the command's result
+    carries the edit either way (a client without applyEdit applies it from there)."""
     from lsprotocol import types
 
+    unstructured = ls.protocol._converter.unstructure(edit)
+    caps = ls.client_capabilities
+    if not (caps and caps.workspace and caps.workspace.apply_edit):
+        return {"applied": False, "edit": unstructured}
     result = await ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit, label=label))
-    return {"applied": bool(result and result.applied), "edit": ls.protocol._converter.unstructure(edit)}
+    return {"applied": bool(result and result.applied), "edit": unstructured}
 
 
 async def run_action(ls, data: dict):

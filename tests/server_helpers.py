@@ -20,11 +20,13 @@ def random_checkpoint(folder: Path) -> Path:
     return Path(write_random_checkpoint(folder, TOKENIZER))
 
 
-def client_capabilities(encodings: list[str] | None = None, resolve: bool = True) -> types.ClientCapabilities:
+def client_capabilities(
+    encodings: list[str] | None = None, resolve: bool = True, apply_edit: bool = True
+) -> types.ClientCapabilities:
     return types.ClientCapabilities(
         general=types.GeneralClientCapabilities(position_encodings=encodings) if encodings else None,
         window=types.WindowClientCapabilities(work_done_progress=True),
-        workspace=types.WorkspaceClientCapabilities(apply_edit=True),
+        workspace=types.WorkspaceClientCapabilities(apply_edit=apply_edit),
         text_document=types.TextDocumentClientCapabilities(
             code_action=types.CodeActionClientCapabilities(
                 resolve_support=types.ClientCodeActionResolveOptions(properties=["edit"])
@@ -77,6 +79,7 @@ class Session:
         init_options: dict | None = None,
         encodings: list[str] | None = None,
         resolve: bool = True,
+        apply_edit: bool = True,
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
     ) -> types.InitializeResult:
@@ -89,7 +92,7 @@ class Session:
         self.result = await self.client.initialize_async(
             types.InitializeParams(
                 process_id=os.getpid(),
-                capabilities=client_capabilities(encodings, resolve),
+                capabilities=client_capabilities(encodings, resolve, apply_edit),
                 initialization_options=init_options,
             )
         )

@@ -229,6 +229,22 @@ async def test_execute_command_applies_the_edit(session):
     assert new.startswith("def h(z):\n")  # the signature is pinned
 
 
+async def test_a_client_without_apply_edit_gets_the_edit_in_the_commands_result(checkpoint, tmp_path):
+    s = Session()
+    await s.start(checkpoint, tmp_path, init_options=FAST, resolve=False, apply_edit=False)
+    try:
+        assert (await s.wait_state()).state == "ready"
+        uri = "file:///work/noapply.py"
+        s.open(uri, "def h(z):\n    pass\n")
+        rng = {"start": {"line": 0, "character": 0}, "end": {"line": 2, "character": 0}}
+        params = types.ExecuteCommandParams(command="dfim.rewriteSelection", arguments=[uri, rng])
+        result = await asyncio.wait_for(s.client.workspace_execute_command_async(params), 60)
+        assert result["applied"] is False and result["edit"]["documentChanges"]  # the edit, to apply itself
+        assert s.applied == []  # no workspace/applyEdit sent to a client that did not offer it
+    finally:
+        await s.stop()
+
+
 async def test_stale_action_is_refused(session):
     uri = "file:///work/stale.py"
     session.open(uri, "def f():\n    pass\n")
