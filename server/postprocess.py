@@ -360,10 +360,24 @@ def clean(raw: str, ctx: FillContext) -> str | None:
     if is_useless(text, ctx.prefix, ctx.suffix) or repeats_what_follows(text, ctx):
         return None
     if ctx.opens_line:  # the code after the cursor moves down a line, keeping its indentation
-        text += ctx.newline + ctx.before_on_line
+        text = fit_new_line_indent(text, ctx) + ctx.newline + ctx.before_on_line
     if ctx.lead:  # the model wrote after the indentation dfim typed: the suggestion starts with it
         text = ctx.lead + text.lstrip(" \t")
     return text
+
+
+def fit_new_line_indent(text: str, ctx: FillContext) -> str:
+    """A line opened above the code after the cursor, indented deeper than the line before it though that line
+    opens nothing (no `:`, bracket, comma or backslash at its end) cannot be right (`    assert a == b` above
+    a top-level `def`): it takes the indentation of the code it goes above. Any other indentation is the
+    model's (a body line above a dedented `return` is deeper than the code after it, and rightly so)."""
+    previous = next((line for line in reversed(ctx.prefix.split("\n")[:-1]) if line.strip()), "")
+    own = ctx.before_on_line + text[: len(text) - len(text.lstrip(" \t"))]
+    opens = previous.rstrip().endswith((":", "{", "(", "[", ",", "\\"))
+    if indent_width(own) <= indent_width(previous) or opens:
+        return text
+    rest = ctx.rest_of_line
+    return rest[: len(rest) - len(rest.lstrip(" \t"))] + text.lstrip(" \t")
 
 
 def rank_candidates(candidates: list[str], ctx: FillContext) -> list[str]:

@@ -340,6 +340,14 @@ def test_a_fill_in_a_lines_indentation_opens_a_new_line_above_its_code():
     assert postprocess.clean("y = g(y", ctx) == "y = g(y)\n    "
     # a copy of the line it would push down is no suggestion
     assert postprocess.clean("return y", ctx) is None
+    # deeper than the line before, which opens no block: impossible, so at the indentation of the code below
+    ctx = ctx_for("|def add(a, b):\n    return a\n")
+    assert postprocess.clean("    assert a == b", ctx) == "assert a == b\n"
+    ctx = ctx_for("x = 1\n|y = 2\n")
+    assert postprocess.clean("        z = 3", ctx) == "z = 3\n"
+    # deeper after a line that opens a block is the model's to choose (a body above a dedented line)
+    ctx = ctx_for("def f(x):\n    if x:\n|    return y\n")
+    assert postprocess.clean("        x += 1", ctx) == "        x += 1\n"
     # not at a line's start, or nothing after the cursor: the line is completed in place
     assert not ctx_for("x = foo(|a)\n").opens_line
     assert not ctx_for("def f(x):\n    |\n").opens_line
