@@ -137,6 +137,10 @@ class ActionError(ValueError):
     """An action that does not apply here (shown to the user, the document untouched)."""
 
 
+class NothingToChange(ActionError):
+    """An action that ran and found nothing to change: an empty edit and a note, not an error."""
+
+
 def plan_action(
     action: str,
     text: str,
@@ -560,7 +564,8 @@ async def _apply(ls, edit, label: str) -> dict:
 
     unstructured = ls.protocol._converter.unstructure(edit)
     caps = ls.client_capabilities
-    if not (caps and caps.workspace and caps.workspace.apply_edit):
+    empty = not any(change.edits for change in edit.document_changes or ())
+    if empty or not (caps and caps.workspace and caps.workspace.apply_edit):
         return {"applied": False, "edit": unstructured}
     result = await ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit, label=label))
     return {"applied": bool(result and result.applied), "edit": unstructured}
@@ -665,7 +670,7 @@ async def run_action(ls, data: dict):
                 pieces, scored.token_scores, options.actions.unsure_threshold, limit=max_canvas
             )
             if skeleton is None:
-                raise ActionError("every token of the selection is confident; nothing to regenerate")
+                raise NothingToChange("every token of the selection is confident; nothing to regenerate")
             plan.middle = skeleton
             plan.warm_start = None
         request = FillRequest(
@@ -683,6 +688,9 @@ async def run_action(ls, data: dict):
         if changed():
             raise FillCancelled("the document changed")
         edits = finish_action(plan, result.text, result.token_scores)
+    except NothingToChange as exc:
+        ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Info, message=f"dfim: {exc}"))
+        edits = []
     except ActionError as exc:
         raise JsonRpcInvalidParams(f"dfim: {exc}") from None
     except FillCancelled:

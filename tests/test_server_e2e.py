@@ -206,6 +206,19 @@ async def test_each_code_action_produces_a_clean_versioned_edit(session):
     assert len(session.progress) > progress_before  # $/progress per denoising step
 
 
+async def test_regenerating_a_selection_with_nothing_unsure_is_a_note_and_an_empty_edit(session):
+    uri = "file:///work/sure.py"
+    session.open(uri, "def f(x):\n    return x\n\n\n\ndef g(y):\n    return y\n")
+    blank = {"start": {"line": 2, "character": 0}, "end": {"line": 5, "character": 0}}  # nothing to doubt
+    count, applied = len(session.messages), len(session.applied)
+    params = types.ExecuteCommandParams(command="dfim.regenerateUnsure", arguments=[uri, blank])
+    result = await asyncio.wait_for(session.client.workspace_execute_command_async(params), 30)  # no error
+    assert result["applied"] is False and result["edit"]["documentChanges"][0]["edits"] == []
+    assert len(session.applied) == applied  # nothing sent to apply
+    assert await session.wait_message("nothing to regenerate")
+    assert all(m.type == types.MessageType.Info for m in session.messages[count:])
+
+
 async def test_execute_command_applies_the_edit(session):
     uri = "file:///work/cmd.py"
     text = "def h(z):\n    pass\n"
