@@ -323,7 +323,8 @@ def _register_lifecycle(ls: DfimServer) -> None:
     @ls.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: DfimServer, params: types.DidChangeTextDocumentParams) -> None:
         uri = params.text_document.uri
-        ls.docs.change(uri, params.text_document.version, params.content_changes)
+        if ls.docs.change(uri, params.text_document.version, params.content_changes) is None:
+            log.warning("didChange for %s, which is not open: ignored", uri)
         in_flight = ls.inflight.get(uri)
         if in_flight is not None:  # its answer would be placed in the text before this change
             in_flight.set()
