@@ -68,7 +68,8 @@ def test_lines_past_the_end_raise_and_characters_past_a_line_end_mean_its_end():
         with pytest.raises(PositionError):
             doc.offset_at(bad)
     assert doc.offset_at(pos(1, 2)) == 5
-    assert doc.offset_at(pos(0, 3)) == 2 and doc.offset_at(pos(1, 99)) == 5  # LSP: defaults to the line length
+    # LSP: a character past the line's end defaults to the line length
+    assert doc.offset_at(pos(0, 3)) == 2 and doc.offset_at(pos(1, 99)) == 5
 
 
 def test_incremental_and_whole_document_changes():
@@ -1033,7 +1034,8 @@ def test_an_unknown_action_is_named_before_the_selection_is_checked():
 def test_pushed_settings_are_dfims_only_where_they_say_so():
     from server.app import dfim_section
 
-    assert dfim_section({"dfim": {"inline": {"enabled": False}}, "pylsp": {}}) == {"inline": {"enabled": False}}
+    ours = {"inline": {"enabled": False}}
+    assert dfim_section({"dfim": ours, "pylsp": {}}) == ours
     assert dfim_section({"inline": {"enabled": False}}) == {"inline": {"enabled": False}}  # the section alone
     assert dfim_section({"maxSteps": 3, "sampling": {}}) == {"maxSteps": 3, "sampling": {}}  # ours, one typo
     assert dfim_section({"pylsp": {"plugins": {}}}) is None  # other servers' sections only: not ours
