@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from engine.tokenizer import FIM_SPECIALS
+from engine.tokenizer import FIM_SPECIALS, head_within, tail_within
 
 # LSP languageId -> (grammar module, language function)
 GRAMMARS: dict[str, tuple[str, str]] = {
@@ -35,13 +35,6 @@ EXTENSIONS = {
     ".cxx": "cpp", ".hpp": "cpp", ".hh": "cpp", ".hxx": "cpp",
 }  # fmt: skip
 
-# Nodes whose children are statements/declarations: their children's starts and ends are where a window
-# may be cut without splitting a statement.
-BLOCK_TYPES = {
-    "module", "program", "source_file", "translation_unit", "block", "statement_block", "compound_statement",
-    "class_body", "declaration_list", "field_declaration_list", "interface_body", "constructor_body",
-    "enum_body", "statement_list", "switch_body", "class_declaration", "namespace_definition",
-}  # fmt: skip
 FUNCTION_TYPES = {
     "function_definition", "function_declaration", "method_definition", "arrow_function",
     "function_expression", "function", "generator_function_declaration", "method_declaration",
@@ -173,84 +166,74 @@ def newline_of(text: str) -> str:
 # ---- windows -------------------------------------------------------------------------------------------
 
 
-def _statement_cuts(source: Source, lo: int, hi: int) -> tuple[list[int], list[int]]:
-    """Offsets in [lo, hi] where a statement-level node starts (at the start of its line) and where one ends
-    (the start of the line after it), for the nodes that intersect [lo, hi]."""
-    starts: list[int] = []
-    ends: list[int] = []
-    tree = source.tree
-    if tree is None:
-        return starts, ends
-    blo, bhi = source.byte(lo), source.byte(hi)
-    text = source.text
-    stack = [tree.root_node]
-    visited = 0
-    while stack and visited < 20000:
-        node = stack.pop()
-        visited += 1
-        is_block = node.parent is None or node.type in BLOCK_TYPES
-        for child in node.children:
-            if child.end_byte < blo or child.start_byte > bhi:
-                continue
-            if is_block and child.is_named:
-                s, e = source.span(child)
-                ls = line_start(text, s)
-                if text[ls:s].strip() == "" and lo <= ls <= hi:
-                    starts.append(ls)
-                after = next_line_start(text, e)
-                if text[e : line_end(text, e)].strip() == "" and lo <= after <= hi:
-                    ends.append(after)
-            if child.start_point[0] != child.end_point[0]:
-                stack.append(child)
-    return sorted(set(starts)), sorted(set(ends))
+# The windows are cut on a grid so that they stay put while the user types (decision 43). The engine keeps
+# the previous request's context in a KV cache and re-encodes from the first token that differs; the
+# suffix comes first in the FIM layout, so a suffix that moves costs the whole context, a prefix start that
+# moves costs the whole prefix (~300 tokens: ~150 ms on a laptop core). Cut points that depend on the cursor
+# or on the parse of the half-typed line (statement boundaries did: an open bracket swallows the statements
+# after it) move on most lines. On the grid the prefix start is the first whole line after a grid point
+# counted from the document's start, the suffix end the last whole line before a grid point counted from the
+# document's end; typing at the cursor shifts neither, so both stay until the budget overflows one cell.
+GRID_CELLS = 8  # cells per window: the window moves once per 1/8 of its size and keeps >= 7/8 of the budget
+MAX_GRID_STEPS = 24  # cells tried inward before falling back to a ratio cut (one huge line, dense text)
+CHARS_PER_TOKEN_GUESS = 4.0  # the first window tried when a tokenizer checks it: generous, stepped in to fit
 
 
-def _line_cuts(text: str, lo: int, hi: int) -> list[int]:
-    """Fallback cut points: starts of non-indented lines and of lines after a blank line."""
-    cuts = []
-    pos = line_start(text, lo)
-    previous_blank = True
+def _line_starts(text: str, lo: int, hi: int) -> list[int]:
+    """Offsets in [lo, hi] where a line starts."""
+    pos = lo if lo <= 0 or text[lo - 1] in "\r\n" else next_line_start(text, lo)
+    starts = []
     while pos <= hi and pos < len(text):
-        end = line_end(text, pos)
-        line = text[pos:end]
-        if pos >= lo and (previous_blank or (line.strip() and indent_width(line) == 0)):
-            cuts.append(pos)
-        previous_blank = not line.strip()
+        starts.append(pos)
         nxt = next_line_start(text, pos)
         if nxt <= pos:
             break
         pos = nxt
-    return cuts
+    return starts
 
 
-def prefix_window(source: Source, cursor: int, budget_chars: int) -> int:
-    """Start offset of the prefix window: the earliest statement boundary within `budget_chars` of the cursor."""
-    lo = cursor - budget_chars
-    if lo <= 0:
+def _opens_unit(text: str, pos: int) -> bool:
+    """Whether the line at `pos` is where a reader would start: not indented, or the first after a blank
+    line. Windows prefer to start at one and to end just before one (fewer cut statements)."""
+    line = text[pos : line_end(text, pos)]
+    before = text[line_start(text, max(0, pos - 1)) : pos]
+    return bool(line.strip()) and (indent_width(line) == 0 or pos == 0 or not before.strip())
+
+
+def prefix_window(text: str, cursor: int, budget_chars: int, origin: int = 0, cell: int | None = None) -> int:
+    """Start offset of a prefix window of at most `budget_chars` before `cursor`: a line start in the first
+    grid cell at or after `cursor - budget_chars`, the grid counted from the document's start (`text` starts
+    at offset `origin` in it), which typing at the cursor does not move."""
+    if cursor <= budget_chars:
         return 0
-    text = source.text
-    starts, _ = _statement_cuts(source, lo, cursor)
-    candidates = [s for s in starts if s >= lo] or [c for c in _line_cuts(text, lo, cursor) if c >= lo]
-    if candidates:
-        return min(candidates)
-    nxt = next_line_start(text, lo)
-    return nxt if nxt <= cursor else lo
+    cell = cell or max(16, budget_chars // GRID_CELLS)
+    lo = -(-(cursor - budget_chars + origin) // cell) * cell - origin  # rounded up onto the grid
+    starts = _line_starts(text, lo, min(cursor, lo + cell - 1))
+    if starts:
+        return next((pos for pos in starts if _opens_unit(text, pos)), starts[0])
+    nxt = next_line_start(text, lo)  # no line starts in the cell: the next one before the cursor's line
+    return nxt if nxt <= line_start(text, cursor) else min(lo, cursor)
 
 
-def suffix_window(source: Source, cursor: int, budget_chars: int) -> int:
-    """End offset of the suffix window: the last statement boundary within `budget_chars` of the cursor."""
-    text = source.text
-    hi = cursor + budget_chars
-    if hi >= len(text):
+def suffix_window(
+    text: str, end: int, budget_chars: int, total: int | None = None, cell: int | None = None
+) -> int:
+    """End offset of a suffix window of at most `budget_chars` after `end`: a line start in the last grid cell
+    before `end + budget_chars`, the grid counted back from the document's end (the document is `total`
+    characters long counted from `text`'s start), which typing before `end` does not move."""
+    total = len(text) if total is None else total
+    if end + budget_chars >= len(text):
         return len(text)
-    _, ends = _statement_cuts(source, cursor, hi)
-    candidates = [e for e in ends if e <= hi]
-    if not candidates:
-        candidates = [c for c in _line_cuts(text, cursor, hi) if c > cursor]
-    if candidates:
-        return max(candidates)
-    start = line_start(text, hi)
-    return start if start > cursor else hi
+    cell = cell or max(16, budget_chars // GRID_CELLS)
+    hi = total - -(-(total - end - budget_chars) // cell) * cell  # rounded down onto the grid
+    cuts = [pos for pos in _line_starts(text, max(end, hi - cell + 1), hi) if pos > end]
+    if cuts:
+        return max(
+            (pos for pos in cuts if _opens_unit(text, pos) or not text[pos : line_end(text, pos)].strip()),
+            default=cuts[-1],
+        )
+    start = line_start(text, hi)  # no line starts in the cell: the last one after `end`, else mid-line
+    return start if start > end else max(hi, end)
 
 
 def fit_context_budget(prefix_tokens: int, suffix_tokens: int, trained: int | None) -> tuple[int, int]:
@@ -269,29 +252,43 @@ def fit_context_budget(prefix_tokens: int, suffix_tokens: int, trained: int | No
 
 def fit_window(
     source: Source,
-    cursor: int,
+    start: int,
+    end: int,
     prefix_tokens: int,
     suffix_tokens: int,
     count_tokens: Callable[[str], int] | None = None,
+    origin: int = 0,
+    total: int | None = None,
 ) -> tuple[int, int]:
-    """(start, end) of a prefix/suffix window that fits the token budgets, cut at syntactic boundaries."""
+    """(start, end) of the prefix window before `start` and the suffix window after `end`, on the grid, within
+    the token budgets. Without a tokenizer the windows take a conservative CHARS_PER_TOKEN guess; with one,
+    they start from a generous guess and step in a cell at a time until they fit (each step keeps them on
+    the grid), and only past MAX_GRID_STEPS cut by the measured ratio."""
     text = source.text
-    pchars, schars = int(prefix_tokens * CHARS_PER_TOKEN), int(suffix_tokens * CHARS_PER_TOKEN)
-    start, end = prefix_window(source, cursor, pchars), suffix_window(source, cursor, schars)
+    # the cells follow from the budgets alone (a measured ratio would move the grid as the user types)
+    pcell = max(16, int(prefix_tokens * CHARS_PER_TOKEN) // GRID_CELLS)
+    scell = max(16, int(suffix_tokens * CHARS_PER_TOKEN) // GRID_CELLS)
+    ratio = CHARS_PER_TOKEN if count_tokens is None else CHARS_PER_TOKEN_GUESS
+    pchars, schars = int(prefix_tokens * ratio), int(suffix_tokens * ratio)
+    w_start = prefix_window(text, start, pchars, origin, pcell)
+    w_end = suffix_window(text, end, schars, total, scell)
     if count_tokens is None:
-        return start, end
-    for _ in range(4):  # shrink by the measured ratio until both sides fit
-        p = count_tokens(text[start:cursor])
-        s = count_tokens(text[cursor:end])
-        if p <= prefix_tokens and s <= suffix_tokens:
+        return w_start, w_end
+    for _ in range(MAX_GRID_STEPS):
+        if w_start >= start or count_tokens(text[w_start:start]) <= prefix_tokens:
             break
-        if p > prefix_tokens:
-            pchars = int(min(pchars, cursor - start) * prefix_tokens / p * 0.95)
-            start = prefix_window(source, cursor, pchars)
-        if s > suffix_tokens:
-            schars = int(min(schars, end - cursor) * suffix_tokens / s * 0.95)
-            end = suffix_window(source, cursor, schars)
-    return start, end
+        pchars = max(0, pchars - pcell)  # one cell in: the grid stays the same
+        w_start = prefix_window(text, start, pchars, origin, pcell)
+    else:
+        w_start = start - len(tail_within(text[w_start:start], prefix_tokens, count_tokens))
+    for _ in range(MAX_GRID_STEPS):
+        if w_end <= end or count_tokens(text[end:w_end]) <= suffix_tokens:
+            break
+        schars = max(0, schars - scell)
+        w_end = suffix_window(text, end, schars, total, scell)
+    else:
+        w_end = end + len(head_within(text[end:w_end], suffix_tokens, count_tokens))
+    return w_start, w_end
 
 
 # ---- syntax queries ------------------------------------------------------------------------------------
@@ -543,6 +540,8 @@ def build_context(
         count_tokens,
         mode,
         (s_start - lo, s_end - lo) if span is not None else None,
+        origin=lo,
+        total=len(text) - lo,
     )
     ctx.start += lo
     ctx.end += lo
@@ -550,7 +549,19 @@ def build_context(
     return ctx
 
 
-def _build_context(text, cursor, lang, prefix_tokens, suffix_tokens, max_canvas, count_tokens, mode, span):
+def _build_context(
+    text,
+    cursor,
+    lang,
+    prefix_tokens,
+    suffix_tokens,
+    max_canvas,
+    count_tokens,
+    mode,
+    span,
+    origin=0,
+    total=None,
+):
     source = Source(text, lang)
     decided, start, end, indent = decide_mode(source, cursor)
     if mode is not None:
@@ -558,12 +569,7 @@ def _build_context(text, cursor, lang, prefix_tokens, suffix_tokens, max_canvas,
     if span is not None:
         start, end = span
         indent = leading_ws(text[line_start(text, start) : start + 1]) if mode != "block" else indent
-    w_start, w_end = fit_window(source, start, prefix_tokens, suffix_tokens, count_tokens)
-    w_end = max(w_end, end)
-    if end > start:
-        # the suffix window is measured from the end of the replaced span
-        w_end = max(end, min(len(text), end + (w_end - start)))
-        w_end = suffix_window(source, end, w_end - end) if w_end < len(text) else w_end
+    w_start, w_end = fit_window(source, start, end, prefix_tokens, suffix_tokens, count_tokens, origin, total)
     return FillContext(
         prefix=text[w_start:start],
         suffix=text[end:w_end],

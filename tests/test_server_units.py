@@ -142,7 +142,7 @@ def test_block_fill_covers_the_empty_body():
     assert ctx.prefix.endswith("{") and ctx.suffix.startswith("}")
 
 
-def test_windows_cut_at_statement_boundaries():
+def test_windows_cut_on_whole_lines_preferring_top_level_ones():
     body = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(200))
     text = body + "def target(x):\n    return |\n" + body
     text, cursor = split(text)
@@ -153,6 +153,51 @@ def test_windows_cut_at_statement_boundaries():
     ctx = context.build_context(text, cursor, "python", prefix_tokens=50, suffix_tokens=30, count_tokens=len)
     assert len(ctx.prefix) <= 50 and len(ctx.suffix) <= 30
     assert ctx.prefix.startswith("def ") or ctx.prefix.startswith("    ")
+
+
+def shipped_token_count():
+    from engine.checkpoint import DEFAULT_MODEL_DIR
+    from engine.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_file(DEFAULT_MODEL_DIR / "tokenizer.json")
+    return lambda text: len(tokenizer.encode(text))
+
+
+def _typing(text: str, at: int, typed: str, step: int = 3):
+    """(document, cursor) after each `step` characters of `typed` are inserted at `at`."""
+    for k in range(step, len(typed) + 1, step):
+        yield text[:at] + typed[:k] + text[at:], at + k
+
+
+def test_windows_stay_put_while_the_user_types():
+    # decision 43: the engine re-encodes from the first context token that changed, and the suffix comes
+    # first, so windows that moved with the cursor or with the half-typed line's parse cost a re-encode
+    body = "".join(f"def f{i}(x):\n    y = [x, {i}]\n    return y\n\n" for i in range(300))
+    at = len(body) // 2
+    at = body.index("\n", at) + 1
+    typed = "    values = compute(alpha, [beta, gamma], {'k': delta})\n    total = sum(values) + offset(\n"
+    count = shipped_token_count()
+    contexts = [
+        context.build_context(doc, cur, "python", prefix_tokens=200, suffix_tokens=100, count_tokens=count)
+        for doc, cur in _typing(body, at, typed)
+    ]
+    suffixes = {c.suffix for c in contexts}
+    starts = [c.start - len(c.prefix) for c in contexts]
+    assert len(suffixes) == 1  # open brackets and all: the text after the cursor is read the same way
+    cell = 200 * context.CHARS_PER_TOKEN / context.GRID_CELLS
+    assert 1 < len(set(starts)) <= 1 + len(typed) / cell  # at most one move per cell typed
+    assert all(count(c.prefix) <= 200 and count(c.suffix) <= 100 for c in contexts)  # within the budgets
+    assert all(count(c.prefix) >= 200 * 0.75 and count(c.suffix) >= 100 * 0.75 for c in contexts)  # used
+    assert all(c.prefix.startswith(("def f", "    ")) and c.suffix.endswith("\n") for c in contexts)  # lines
+
+
+def test_windows_are_cut_on_the_documents_grid_not_the_parsed_regions():
+    # only a region around the cursor is parsed; the windows must not depend on where that region starts
+    body = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(4000))
+    for cursor in (len(body) // 3, len(body) // 3 + 1, len(body) // 2 + 7):
+        far = context.build_context(body, cursor, "python", prefix_tokens=300, suffix_tokens=100)
+        near = context.fit_window(context.Source(body, "python"), cursor, cursor, 300, 100)
+        assert (far.start - len(far.prefix), far.end + len(far.suffix)) == near
 
 
 def test_windows_without_grammar_cut_at_lines():
