@@ -7,6 +7,12 @@ positions spread over the files (each a fresh context: the result cache and type
 every request is a model call) and prints p50/p95 of the client-observed round trip. Targets on the 2-core
 machine: p50 <= 150 ms, p95 <= 400 ms. Also prints the typed-ahead round trip (no model call).
 
+`--typing N` measures a user writing new code instead (decision 43): N requests, each after typing the next 3
+characters of lines inserted in the middle of a frozen file (`scripts/data/typing.py.txt`, the code below
+stays), with the server's own settings (result cache and typed-ahead on). It splits the requests the server
+answered without the engine (the user typed the start of the suggestion shown) from those that ran a fill,
+and prints the p50/p95 of each: the second is the wait the issue's latency target is about.
+
 `--during-action` keeps a code action busy the whole time (*Rewrite the selection* over three lines of the
 first file, one after another, `sampling.actionMaxSteps` steps each), so the inline numbers show what a
 user typing while an action runs waits (decision 32).
@@ -65,6 +71,8 @@ async def main(args: argparse.Namespace) -> int:
     }
     for section, values in json.loads(args.settings).items():  # e.g. {"inline": {"candidates": 1}}
         settings[section] = {**settings.get(section, {}), **values}
+    if args.typing:
+        settings = {"telemetry": {"enabled": False}}
     session = Session()
     start = time.perf_counter()
     await session.start(model or "", tmp, init_options=settings)
@@ -75,6 +83,16 @@ async def main(args: argparse.Namespace) -> int:
     if status.state != "ready":
         await session.stop()
         return 1
+    if args.typing:
+        shown, engine, empty = await typing(session, Path(args.source), args.typing, args.verbose)
+        await session.stop()
+        print(f"cpu cores {os.cpu_count()}, typing {len(shown) + len(engine)} requests (empty {empty})")
+        for name, values in (("answered from the shown line", shown), ("ran a fill", engine)):
+            if values:
+                print(f"{name}: n={len(values)}  p50 {pct(values, 50):.0f} ms  p95 {pct(values, 95):.0f} ms")
+        everything = shown + engine
+        print(f"all: p50 {pct(everything, 50):.0f} ms  p95 {pct(everything, 95):.0f} ms")
+        return 0
     files = [Path(p) for pattern in args.files for p in sorted(glob.glob(pattern))]
     jobs = []
     for path in files:
@@ -133,6 +151,45 @@ async def main(args: argparse.Namespace) -> int:
     return 0
 
 
+async def typing(
+    session: Session, path: Path, requests: int, verbose: bool = False
+) -> tuple[list[float], list[float], int]:
+    """Type new lines into the middle of `path`, 3 characters per request; (round trips answered without the
+    engine, round trips that ran a fill, empty answers)."""
+    text = path.read_text(encoding="utf-8")
+    cut = text.index("\n", len(text) // 2) + 1
+    end = cut
+    while len(text[cut:end]) < 3 * requests + 3 and end < len(text):
+        end = text.index("\n", end) + 1
+    typed, doc = text[cut:end], text[:cut] + text[end:]  # the lines typed anew, above the code they preceded
+    uri = (path.parent / "typing-bench.py").resolve().as_uri()  # never written: the text is sent
+    session.open(uri, doc, "python")
+    line, ch = doc[:cut].count("\n"), 0
+    await session.inline(uri, line, ch)  # warm: the first request encodes the whole context
+    shown, engine, empty = [], [], 0
+    for k in range(0, min(len(typed), 3 * requests), 3):
+        chunk = typed[k : k + 3]
+        at = types.Position(line, ch)
+        session.change(uri, chunk, types.Range(start=at, end=at))
+        if "\n" in chunk:
+            line, ch = line + chunk.count("\n"), len(chunk.rsplit("\n", 1)[1])
+        else:
+            ch += len(chunk)
+        before = await session.stats()
+        t0 = time.perf_counter()
+        result = await session.inline(uri, line, ch)
+        elapsed = (time.perf_counter() - t0) * 1000
+        empty += result is None or not result.items
+        after = await session.stats()
+        ran = after.engine_fills_started > before.engine_fills_started
+        (engine if ran else shown).append(elapsed)
+        if verbose:
+            text = result.items[0].insert_text if result and result.items else None
+            fills = after.engine_fills_started - before.engine_fills_started
+            print(f"{elapsed:7.0f} ms {fills} fills {line}:{ch} typed {chunk!r} -> {text!r}")
+    return shown, engine, empty
+
+
 async def keep_an_action_running(session: Session, path: Path) -> int:
     """Rewrite three lines of `path` again and again until cancelled; returns how many rewrites completed."""
     lines = path.read_text(encoding="utf-8").split("\n")
@@ -166,5 +223,10 @@ if __name__ == "__main__":
     parser.add_argument("--max-steps", type=int, default=16)
     parser.add_argument("--files", nargs="+", default=[str(ROOT / "fixtures" / "example.*")])
     parser.add_argument("--settings", default="{}", help="server settings merged over the benchmark's (JSON)")
+    parser.add_argument("--typing", type=int, default=0, help="N requests of a user typing new lines")
+    parser.add_argument(
+        "--source", default=str(ROOT / "scripts" / "data" / "typing.py.txt"), help="for --typing"
+    )
+    parser.add_argument("--verbose", action="store_true", help="--typing: print every request")
     parser.add_argument("--during-action", action="store_true", help="keep a code action running meanwhile")
     sys.exit(asyncio.run(main(parser.parse_args())))
