@@ -82,14 +82,17 @@ def checkpoint(tmp_path_factory):
     return write_random_checkpoint(tmp_path_factory.mktemp("ckpt"), TOKENIZER)
 
 
-def test_replay_against_the_real_server(checkpoint, tmp_path):
+def test_replay_against_the_real_server(checkpoint, tmp_path, monkeypatch):
     source = tmp_path / "tiny.py"
     source.write_text("a = 1\nb = a\n")
     parser = argparse.ArgumentParser()
     replay.add_arguments(parser)
     out = tmp_path / "out"
+    # --model relative to the user's cwd, as the docs write it: the server runs elsewhere (the repository
+    # root) and once answered "checkpoint folder not found" for a folder that was there.
+    monkeypatch.chdir(checkpoint.parent)
     args = parser.parse_args(
-        [str(source), "--model", str(checkpoint), "--trigger", "line", "--steps", "1", "--max-canvas", "16"]
+        [str(source), "--model", checkpoint.name, "--trigger", "line", "--steps", "1", "--max-canvas", "16"]
         + ["--out", str(out), "--quiet"]
     )
     assert replay.run(args) == 0

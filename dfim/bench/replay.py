@@ -674,6 +674,14 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         print("dfim replay: nothing to replay (give files or --git REPO)", file=sys.stderr)
         return 2
     sampling = {k: v for k, v in (("maxSteps", args.steps), ("maxCanvas", args.max_canvas)) if v is not None}
+    # The server runs in the repository root (so no `dfim` folder in the user's cwd shadows the package):
+    # a relative --model must be resolved here, against the cwd it was checked in.
+    model = str(Path(args.model).resolve()) if args.model else ""
+    out = Path(args.out) if args.out else Path("runs/replay") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    try:  # made before the replay runs: a folder that cannot be made must not cost the whole replay
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return fail("dfim replay", f"--out {out}: cannot create ({e.strerror or e})")
     started = time.perf_counter()
     on_term = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if on_term else None
@@ -681,7 +689,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         report = asyncio.run(
             replay(
                 regions,
-                model=args.model,
+                model=model,
                 device=args.device,
                 options=options,
                 server_settings={"sampling": sampling} if sampling else None,
@@ -704,11 +712,12 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         "wall_s": round(time.perf_counter() - started, 2),
         "sources": [r.source for r in regions],
     }
-    out = Path(args.out) if args.out else Path("runs/replay") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     table = markdown(report)
-    (out / "summary.md").write_text(table, encoding="utf-8")
+    try:
+        (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        (out / "summary.md").write_text(table, encoding="utf-8")
+    except OSError as e:
+        return fail("dfim replay", f"--out {out}: cannot write ({e.strerror or e})")
     stdout.write(table + f"\nwritten: {out / 'report.json'}, {out / 'summary.md'}\n")
     return 0
 
