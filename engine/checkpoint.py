@@ -10,6 +10,7 @@ what is wrong.
 from __future__ import annotations
 
 import json
+import math
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -106,17 +107,34 @@ def _read_generation_settings(folder: Path) -> SamplerSettings:
     raw = _read_json(path)
     defaults = SamplerSettings()
     sampler = raw.get("sampler_config") or {}
+    if not isinstance(sampler, dict):
+        raise CheckpointError(f"{path}: bad sampler_config (expected a JSON object, got {sampler!r})")
 
-    def pick(value: Any, default: Any) -> Any:
-        return default if value is None else type(default)(value)
+    def pick(section: dict[str, Any], key: str, default: Any, minimum: float | None = None) -> Any:
+        """The value of `key` as the default's type; CheckpointError naming the file and key when it is not
+        one (a fill would otherwise die with a bare ValueError, or a sampler error naming no file)."""
+        value = section.get(key)
+        if value is None:
+            return default
+        # A number, or a string of one; not a bool (True would read as 1 step) nor a list.
+        ok = isinstance(value, int | float | str) and not isinstance(value, bool)
+        try:
+            number = type(default)(value) if ok else None
+        except (TypeError, ValueError, OverflowError):  # "abc"; "inf" for an int field
+            number = None
+        if number is not None and math.isfinite(number) and (minimum is None or number >= minimum):
+            return number
+        kind = "an integer" if isinstance(default, int) else "a number"
+        least = f" of at least {minimum}" if minimum is not None else ""
+        raise CheckpointError(f"{path}: bad {key} (expected {kind}{least}, got {value!r})")
 
     return SamplerSettings(
-        max_steps=pick(raw.get("max_denoising_steps"), defaults.max_steps),
-        entropy_bound=pick(sampler.get("entropy_bound"), defaults.entropy_bound),
-        t_max=pick(raw.get("t_max"), defaults.t_max),
-        t_min=pick(raw.get("t_min"), defaults.t_min),
-        stability_threshold=pick(raw.get("stability_threshold"), defaults.stability_threshold),
-        confidence_threshold=pick(raw.get("confidence_threshold"), defaults.confidence_threshold),
+        max_steps=pick(raw, "max_denoising_steps", defaults.max_steps, minimum=1),
+        entropy_bound=pick(sampler, "entropy_bound", defaults.entropy_bound),
+        t_max=pick(raw, "t_max", defaults.t_max),
+        t_min=pick(raw, "t_min", defaults.t_min),
+        stability_threshold=pick(raw, "stability_threshold", defaults.stability_threshold),
+        confidence_threshold=pick(raw, "confidence_threshold", defaults.confidence_threshold),
     )
 
 

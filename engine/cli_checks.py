@@ -27,6 +27,8 @@ __all__ = [
     "output_folder",
     "positive",
     "read_text_file",
+    "sandbox_limits",
+    "seed",
     "within",
 ]
 
@@ -37,8 +39,15 @@ def fail(prog: str, message: str) -> int:
     return 2
 
 
+# The largest values the sandbox options take: past them a limit is no limit (and `setrlimit` overflows).
+MAX_TIMEOUT_S = 86400.0  # a day per test run
+MAX_MEMORY_MB = 1 << 30  # 1 PiB of address space
+SEED_RANGE = (-(2**63), 2**63 - 1)  # int64: what torch's generator takes (it overflows past 2**64)
+
+
 def _number(value: float) -> bool:
-    return not (isinstance(value, float) and math.isnan(value))
+    """Finite: argparse's `type=float` reads "nan" and "inf", and neither is a usable option value."""
+    return not (isinstance(value, float) and not math.isfinite(value))
 
 
 def at_least(flag: str, value: float | None, minimum: float) -> None:
@@ -70,6 +79,21 @@ def within(
     if not (_number(value) and above and below):
         interval = f"{'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
         raise InputError(f"{flag} must be in {interval} (got {value})")
+
+
+def seed(flag: str, value: int | None) -> None:
+    """`flag` is unset (None) or a 64-bit signed integer (torch refuses larger seeds with a traceback)."""
+    low, high = SEED_RANGE
+    if value is not None and not low <= value <= high:
+        raise InputError(f"{flag} must be a 64-bit integer, in [{low}, {high}] (got {value})")
+
+
+def sandbox_limits(timeout: float, memory_mb: int) -> None:
+    """`--timeout` seconds and `--memory-mb` for the test sandbox: positive and finite, at most a day and
+    1 PiB (larger values are no limit at all, and overflow `setrlimit`). 0 MiB would mean "no limit" to the
+    sandbox: the commands keep the memory-bomb guard, 1 MiB or more."""
+    within("--timeout", timeout, 0, MAX_TIMEOUT_S, open_low=True)
+    within("--memory-mb", memory_mb, 1, MAX_MEMORY_MB)
 
 
 def _label(path: str | os.PathLike, flag: str | None) -> str:

@@ -29,6 +29,7 @@ import shlex
 import sys
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -72,13 +73,15 @@ def load_problems(path: str | os.PathLike, limit: int | None = None) -> list[Pro
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise DataError(f"{path}:{line_no}: not JSON ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}:{line_no}: not a JSON object")
                 missing = [k for k in PROBLEM_FIELDS if not isinstance(row.get(k), str)]
                 if missing:
                     raise DataError(f"{path}:{line_no}: missing or non-string fields {', '.join(missing)}")
                 problems.append(Problem(**{k: row[k] for k in PROBLEM_FIELDS}))
                 if limit is not None and len(problems) >= limit:
                     break
-    except (OSError, EOFError, UnicodeDecodeError) as e:
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:  # zlib.error: corrupt gzip data
         raise DataError(f"{path}: cannot read ({e})") from None
     if not problems:
         raise DataError(f"{path}: no problems")
@@ -127,6 +130,21 @@ SWEEP_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
 }
 
 
+# The least value of each numeric sweep field (a temperature or threshold below 0 means nothing; 0 steps,
+# tokens or candidates fill nothing).
+SWEEP_FLOORS: dict[str, float] = {
+    "max_steps": 1,
+    "max_tokens": 1,
+    "candidates": 1,
+    "window": 0,
+    "entropy_bound": 0,
+    "t_max": 0,
+    "t_min": 0,
+    "confidence_threshold": 0,
+    "stability_threshold": 0,
+}
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     name: str
@@ -144,6 +162,7 @@ def parse_sweep(spec: str) -> list[dict[str, Any]]:
     combos: list[dict[str, Any]] = []
     for grid in spec.split("|"):
         axes: list[list[tuple[str, Any]]] = []
+        seen: dict[str, str] = {}  # field -> the key that set it in this grid
         for part in grid.split(";"):
             if not part.strip():
                 continue
@@ -155,6 +174,13 @@ def parse_sweep(spec: str) -> list[dict[str, Any]]:
                     f"bad sweep axis {part.strip()!r}: expected KEY=V1,V2 with KEY one of {known}"
                 )
             field, parse = SWEEP_KEYS[key]
+            if field in seen:  # dict(product) would keep only the last value: a config silently dropped
+                what = "is given twice" if seen[field] == key else f"sets the same field as {seen[field]!r}"
+                raise ValueError(
+                    f"sweep axis {key!r} {what} in one grid: list its values once, comma-separated, "
+                    "or join grids with |"
+                )
+            seen[field] = key
             try:
                 parsed = [(field, parse(v.strip())) for v in values.split(",") if v.strip()]
             except ValueError as err:
@@ -586,17 +612,18 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _validate(args: argparse.Namespace) -> str | None:
     """The one line to print for bad options (checked before any model loads), or None."""
-    from engine.cli_checks import InputError, at_least, output_folder, positive
+    from engine.cli_checks import InputError, at_least, output_folder, sandbox_limits, seed
 
     try:
         at_least("--limit", args.limit, 1)
         at_least("--workers", args.workers, 1)
-        positive("--timeout", args.timeout)
         at_least("--steps", args.steps, 1)
         at_least("--entropy-bound", args.entropy_bound, 0)
         at_least("--max-tokens", args.max_tokens, 1)
-        # The sandbox reads 0 as "no limit"; the command keeps the memory-bomb guard: 1 MiB or more.
-        at_least("--memory-mb", args.memory_mb, 1)
+        sandbox_limits(args.timeout, args.memory_mb)
+        seed("--seed", args.seed)  # problem i gets seed + i: torch takes up to 2**64 - 1, room enough
+        if args.model and Path(args.model).is_file():  # the engine would say "folder not found"
+            raise InputError(f"--model {args.model}: is a file, not a folder (name the checkpoint folder)")
         if args.out:
             output_folder(args.out, "--out")
     except InputError as e:
@@ -606,12 +633,14 @@ def _validate(args: argparse.Namespace) -> str | None:
             points = parse_sweep(args.sweep)
         except ValueError as e:
             return f"--sweep: {e}"
-        floors = {"max_steps": 1, "max_tokens": 1, "candidates": 1, "window": 0, "entropy_bound": 0}
         for point in points:
             for field, value in point.items():
-                if field in floors and value < floors[field]:
+                # `not value >= floor`: NaN compares False both ways; a number must also be finite, as the
+                # command-line options must (cli_checks)
+                bad = isinstance(value, float) and not math.isfinite(value)
+                if field in SWEEP_FLOORS and (bad or not value >= SWEEP_FLOORS[field]):
                     name = "steps" if field == "max_steps" else field
-                    return f"--sweep: {name} must be at least {floors[field]} (got {value})"
+                    return f"--sweep: {name} must be at least {SWEEP_FLOORS[field]} (got {value})"
     return None
 
 
@@ -662,18 +691,23 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         print(f"dfim eval: --sweep: {e}", file=sys.stderr)
         return 2
 
-    out = Path(args.out) if args.out else Path("runs/eval") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-
     if not args.reference:  # warm-up: the first call pays one-time costs (allocation, kernel selection)
         try:
             fill(problems[0], configs[0], args.seed)
         except EngineError:
             pass
 
+    # Made only now, once nothing before the run can fail (no empty run folder left behind), and before the
+    # run, so a folder that cannot be made costs nothing (`output_folder` checked only its nearest parent).
+    out = Path(args.out) if args.out else Path("runs/eval") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fills_log = open(out / "fills.jsonl", "w", encoding="utf-8")  # streamed: survives a killed run
+    except OSError as e:
+        print(f"dfim eval: --out {out}: cannot create ({e.strerror or e})", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     progress = Progress(len(problems) * len(configs), enabled=not args.quiet)
-    fills_log = open(out / "fills.jsonl", "w", encoding="utf-8")  # streamed: survives a killed run
 
     def log_fill(record: dict[str, Any]) -> None:
         fills_log.write(json.dumps(_finite(record), allow_nan=False) + "\n")
@@ -722,11 +756,15 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         "platform": platform.platform(),
     }
     results = {"meta": meta, "summary": summary, "early_stop_checks": checks, "problems": records}
-    with open(out / "results.json", "w", encoding="utf-8") as f:
-        json.dump(_finite(results), f, indent=1, allow_nan=False)
-        f.write("\n")
     table = markdown_summary(meta, summary, checks)
-    (out / "summary.md").write_text(table, encoding="utf-8")
+    try:
+        with open(out / "results.json", "w", encoding="utf-8") as f:
+            json.dump(_finite(results), f, indent=1, allow_nan=False)
+            f.write("\n")
+        (out / "summary.md").write_text(table, encoding="utf-8")
+    except OSError as e:  # (fills.jsonl has every fill so far)
+        print(f"dfim eval: --out {out}: cannot write ({e.strerror or e})", file=sys.stderr)
+        return 2
     stdout.write(table + f"\nwritten: {out / 'results.json'}, {out / 'summary.md'}\n")
     if args.reference:
         from engine.cli_checks import reference_warning

@@ -212,6 +212,11 @@ def read_fill_input(args: argparse.Namespace) -> tuple[str, str, str]:
     candidates = getattr(args, "candidates", 1)
     if candidates is not None and not 1 <= candidates <= 16:
         raise InputError(f"--candidates must be between 1 and 16 (got {args.candidates})")
+    from engine.cli_checks import seed  # (cli_checks imports this module: a late import)
+
+    seed("--seed", args.seed)
+    if args.model is not None and Path(args.model).is_file():  # the engine would say "folder not found"
+        raise InputError(f"--model {args.model}: is a file, not a folder (name the checkpoint folder)")
     path = Path(args.file)
     # The model reads and writes "\n"; a CRLF file would leave a stray "\r" before every stop.
     text = read_source(path).replace("\r\n", "\n")
@@ -227,9 +232,10 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(err))
 
     from engine.api import EngineError  # torch loads (engine.infill) only once the input is known good
-    from engine.infill import Engine
 
     try:
+        from engine.infill import Engine
+
         engine = Engine.load(args.model, device=args.device)
         if engine.is_random:
             print(
@@ -240,6 +246,9 @@ def run(args: argparse.Namespace) -> int:
         result = engine.fill(fill_request(prefix, suffix, args, engine.settings))
     except EngineError as err:
         return fail(str(err))
+    except KeyboardInterrupt:  # Ctrl-C while torch loads or the model fills: a line, not a traceback
+        print("dfim fill: interrupted", file=sys.stderr)
+        return 130
 
     if args.json:
         out = {

@@ -20,6 +20,7 @@ evaluations of untrusted models as an unprivileged user or in a container.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -37,10 +38,11 @@ cpu, mem, fsize, nproc, nofile = (int(x) for x in sys.argv[1:6])
 def limit(kind, value):
     try:
         resource.setrlimit(kind, (value, value))
-    except (ValueError, OSError):
-        pass  # a limit the platform does not support, or one above the inherited hard limit
+    except (ValueError, OSError, OverflowError):
+        pass  # a limit the platform does not support or cannot hold, or one above the inherited hard limit
 limit(resource.RLIMIT_CORE, 0)
-limit(resource.RLIMIT_CPU, cpu)
+if cpu > 0:
+    limit(resource.RLIMIT_CPU, cpu)
 if mem > 0:
     limit(resource.RLIMIT_AS, mem)
 limit(resource.RLIMIT_FSIZE, fsize)
@@ -48,6 +50,12 @@ limit(resource.RLIMIT_NPROC, nproc)
 limit(resource.RLIMIT_NOFILE, nofile)
 os.execv(sys.executable, [sys.executable, "-I", "-S", sys.argv[6]])
 """
+
+
+# Past these a limit is no limit, and is not set: `setrlimit` overflows its C long, and Linux mishandles some
+# huge CPU limits (RLIMIT_CPU of 2**62 s killed the child at once).
+MAX_CPU_S = 2**31
+MAX_BYTES = 2**62
 
 
 @dataclass(frozen=True)
@@ -99,7 +107,10 @@ def _kill_group(pid: int) -> None:
 def run_program(source: str, limits: SandboxLimits | None = None) -> SandboxResult:
     """Write `source` to a fresh directory and run it under the limits. Never raises for the program's sake."""
     limits = limits or SandboxLimits()
-    cpu_s = limits.cpu_s or int(limits.timeout_s) + 1
+    finite = math.isfinite(limits.timeout_s)
+    cpu_s = limits.cpu_s or (int(limits.timeout_s) + 1 if finite and limits.timeout_s < MAX_CPU_S else 0)
+    cpu_s = cpu_s if cpu_s < MAX_CPU_S else 0  # 0: no CPU limit
+    memory = limits.memory_bytes if limits.memory_bytes < MAX_BYTES else 0  # 0: no address-space limit
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dfim-sandbox-", ignore_cleanup_errors=True) as tmp:
         work = Path(tmp)
@@ -113,7 +124,7 @@ def run_program(source: str, limits: SandboxLimits | None = None) -> SandboxResu
             "-c",
             _LAUNCHER,
             str(cpu_s),
-            str(limits.memory_bytes),
+            str(memory),
             str(limits.file_bytes),
             str(limits.processes),
             str(limits.open_files),
@@ -135,7 +146,7 @@ def run_program(source: str, limits: SandboxLimits | None = None) -> SandboxResu
             except OSError as e:
                 return SandboxResult(False, False, None, f"could not start: {e}", "", 0.0)
             try:
-                returncode = proc.wait(timeout=limits.timeout_s)
+                returncode = proc.wait(timeout=limits.timeout_s if finite else None)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _kill_group(proc.pid)

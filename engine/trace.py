@@ -355,9 +355,10 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(err))
 
     from engine.api import EngineError  # torch loads (engine.infill) only once the input is known good
-    from engine.infill import Engine
 
     try:
+        from engine.infill import Engine
+
         engine = Engine.load(args.model)
         if engine.is_random:
             print(f"dfim trace: note: {engine.path} is an untrained (random) checkpoint", file=sys.stderr)
@@ -365,6 +366,9 @@ def run(args: argparse.Namespace) -> int:
         trace = record(engine, fill_request(prefix, suffix, args, engine.settings))
     except EngineError as err:
         return fail(str(err))
+    except KeyboardInterrupt:  # Ctrl-C while torch loads or the model fills: a line, not a traceback
+        print("dfim trace: interrupted", file=sys.stderr)
+        return 130
     try:
         out.write_text(build_html(trace), encoding="utf-8")
     except OSError as err:

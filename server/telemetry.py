@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,11 +170,28 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def _number(value: object) -> bool:
+    """A finite JSON number (not a bool, not NaN or Infinity, which Python's json reads)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def well_formed(event: dict) -> bool:
+    """Whether `summarize` can count the event: the fields it reads have their types, or are absent. The
+    file is ours, but may be hand-edited or written by another version; a bad event is skipped like a torn
+    line, rather than failing the whole summary."""
+    return (
+        isinstance(event.get("event"), str | type(None))
+        and isinstance(event.get("id"), str | type(None))
+        and (event.get("acceptedChars") is None or _number(event["acceptedChars"]))
+    )
+
+
 def summarize(events: list[dict]) -> dict:
     counts = {name: 0 for name in ("shown", "accepted", "partial", "rejected")}
     latencies: list[float] = []
     model_latencies: list[float] = []
     accepted_chars = 0
+    events = [event for event in events if well_formed(event)]
     # the last outcome of each suggestion (a partial accept may be followed by a bigger one, or accepted)
     last = {event.get("id"): n for n, event in enumerate(events) if event.get("event") != "shown"}
     for n, event in enumerate(events):
@@ -181,7 +200,7 @@ def summarize(events: list[dict]) -> dict:
         kind = event.get("event")
         if kind in counts:
             counts[kind] += 1
-        if kind == "shown" and isinstance(event.get("latencyMs"), (int, float)):
+        if kind == "shown" and _number(event.get("latencyMs")):  # NaN would make every percentile NaN
             latencies.append(float(event["latencyMs"]))
             if event.get("source", "model") == "model":
                 model_latencies.append(float(event["latencyMs"]))
@@ -199,11 +218,15 @@ def summarize(events: list[dict]) -> dict:
 
 
 def read_events(path: Path) -> list[dict]:
+    """The events of `path` and its rotated predecessor (missing files hold none). OSError when one cannot
+    be read (a folder in its place, no permission)."""
     events = []
     for candidate in (path.with_name(path.name + ".1"), path):
-        if not candidate.exists():
+        try:
+            text = candidate.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
             continue
-        for line in candidate.read_text(encoding="utf-8", errors="replace").splitlines():
+        for line in text.splitlines():
             try:
                 event = json.loads(line)
             except json.JSONDecodeError:
@@ -219,14 +242,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = data_dir(args.data_dir) / FILE_NAME
-    events = read_events(path)
-    if not events:
-        print(f"no telemetry at {path}")
+    folder = data_dir(args.data_dir)
+    if folder.exists() and not folder.is_dir():
+        print(f"dfim stats: --data-dir {folder}: is a file, not a folder", file=sys.stderr)
+        return 2
+    path = folder / FILE_NAME
+    try:
+        events = read_events(path)
+    except OSError as e:
+        print(f"dfim stats: {e.filename or path}: cannot read ({e.strerror or e})", file=sys.stderr)
+        return 2
+    if not events:  # on stderr: `dfim stats --json | jq` must never read this line as the summary
+        print(f"dfim stats: no telemetry at {path}", file=sys.stderr)
         return 1
     summary = summarize(events)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary, indent=2, allow_nan=False))
         return 0
 
     def ms(value):

@@ -181,6 +181,9 @@ def test_replay_refuses_bad_options_and_files(files: dict[str, Path]) -> None:
         (["--git", ROOT, "--rev", "no-such-revision-xyz"], ("no-such-revision-xyz", "unknown revision")),
         ([source, "--out", files["file"]], ("--out", "not a folder")),
         ([source, "--model", tmp / "no-model"], ("--model", "no such folder")),
+        # passes the ancestor check as root (/proc is writable) but cannot be made: refused before the
+        # replay runs, not with a traceback after it
+        ([source, "--out", "/proc/dfim-no-such/out"], ("--out", "/proc")),
     ]
     for args, needles in cases:
         assert_refused(cli("replay", *args, cwd=tmp), "dfim replay", *needles)
@@ -265,6 +268,30 @@ def test_realcode_score_refuses_bad_input(files: dict[str, Path]) -> None:
         assert_refused(cli("bench-realcode", "score", *args, cwd=tmp), "dfim bench-realcode", *needles)
     build = cli("bench-realcode", "build", ROOT / "fixtures" / "realcode" / "project", "--out", tmp, cwd=tmp)
     assert_refused(build, "dfim bench-realcode", "--out", "is a folder")
+    more = [
+        ([REALCODE, "--reference", "--timeout", "inf"], ("--timeout",)),  # an OverflowError traceback
+        ([REALCODE, "--reference", "--memory-mb", "100000000000000"], ("--memory-mb",)),
+        ([REALCODE, "--model", "default", "--seed", str(2**64)], ("--seed",)),
+        ([REALCODE, "--reference", "--out", "/proc/dfim-no-such/out"], ("--out", "/proc")),
+    ]
+    for args, needles in more:
+        assert_refused(cli("bench-realcode", "score", *args, cwd=tmp), "dfim bench-realcode", *needles)
+
+
+def test_realcode_build_refuses_a_test_command_it_cannot_run(files: dict[str, Path]) -> None:
+    tmp, project = files["tmp"], ROOT / "fixtures" / "realcode" / "project"
+    out = tmp / "built" / "problems.jsonl"
+    cases = [
+        ('python -m unittest "x', ("--test-command", "No closing quotation")),  # shlex's ValueError
+        ("rm -rf /", ("--test-command", "python SCRIPT.py")),  # was run as a Python script named `rm`
+        ("python missing_runner.py", ("--test-command", "missing_runner.py", "no such script")),
+    ]
+    for command, needles in cases:
+        proc = cli("bench-realcode", "build", project, "--out", out, "--test-command", command, cwd=tmp)
+        assert_refused(proc, "dfim bench-realcode", *needles)
+    assert not out.parent.exists()  # refused before anything ran or was made
+    proc = cli("bench-realcode", "build", project, "--out", "/proc/dfim-no-such/p.jsonl", cwd=tmp)
+    assert_refused(proc, "dfim bench-realcode", "--out", "/proc")
 
 
 def test_realcode_reference_below_100_is_a_warning_and_exit_1(files: dict[str, Path]) -> None:
@@ -293,6 +320,11 @@ def test_eval_refuses_bad_options_before_loading_a_model(files: dict[str, Path])
         (["--sweep", "steps=abc"], ("--sweep", "'steps'", "abc")),
         (["--sweep", "early_stop=maybe"], ("--sweep", "'early_stop'")),
         (["--memory-mb", "5"], ("sandbox", "--memory-mb")),  # every test would die: pass@1 0 of nothing
+        (["--timeout", "inf"], ("--timeout", "inf")),  # was an OverflowError traceback in the sandbox
+        (["--timeout", "nan"], ("--timeout", "nan")),
+        (["--timeout", "1e300"], ("--timeout", "86400")),  # overflowed setrlimit: "raise --timeout"
+        (["--memory-mb", "100000000000000"], ("--memory-mb", "1073741824")),
+        (["--seed", "99999999999999999999"], ("--seed", "64-bit")),  # torch's generator overflowed
     ]
     for args, needles in cases:
         assert_refused(cli("eval", EVAL_FIXTURE, *absent_model, *args, cwd=tmp), "dfim eval", *needles)
@@ -314,6 +346,65 @@ def test_eval_script_uses_the_repository_environment() -> None:
     script = (ROOT / "scripts" / "eval_humaneval.sh").read_text()
     assert ".venv/bin/python" in script and 'dfim=("$PYTHON" -m dfim.cli eval' in script
     assert "dfim=(python " not in script
+
+
+def test_a_bad_generation_config_names_its_file_and_key(files: dict[str, Path], capsys) -> None:
+    from dfim.cli import main
+    from engine.api import CheckpointError
+    from engine.checkpoint import read_settings
+
+    folder = files["tmp"] / "gen-config"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (folder / name).write_bytes((ROOT / "engine" / "weights" / "dfim-small" / name).read_bytes())
+    for config, key in [
+        ({"max_denoising_steps": "abc"}, "max_denoising_steps"),  # was int()'s ValueError, a traceback
+        ({"max_denoising_steps": 0}, "max_denoising_steps"),  # named no file: "max_steps must be at least 1"
+        ({"t_max": [1]}, "t_max"),
+        ({"sampler_config": {"entropy_bound": "NaN"}}, "entropy_bound"),
+        ({"sampler_config": "fast"}, "sampler_config"),  # was an AttributeError
+    ]:
+        (folder / "generation_config.json").write_text(json.dumps(config))
+        with pytest.raises(CheckpointError, match=f"generation_config.json: bad {key}"):
+            read_settings(folder)
+    # through `dfim fill`: one line, status 2 (the settings are read before the weights)
+    code = main(["fill", str(files["source"]), "--line", "1", "--col", "1", "--model", str(folder)])
+    assert_refused(
+        subprocess.CompletedProcess([], code, "", capsys.readouterr().err), "dfim fill", "sampler_config"
+    )
+
+
+# ----------------------------------------------------------------------------- dfim stats
+
+
+def test_stats_skips_malformed_events_and_says_no_telemetry_on_stderr(files: dict[str, Path]) -> None:
+    tmp = files["tmp"] / "telemetry"
+    good = '{"event": "shown", "id": "a", "latencyMs": 80.0}\n{"event": "accepted", "id": "a", "acceptedChars": 5}\n'
+    bad = [
+        '{"event": "accepted", "id": "b", "acceptedChars": "lots"}',  # was int()'s ValueError
+        '{"event": "rejected", "id": ["b"]}',  # was "unhashable type: 'list'"
+        '{"event": "shown", "id": "c", "latencyMs": NaN}',  # counted as shown; the latency made p50 NaN
+    ]
+    tmp.mkdir()
+    (tmp / "telemetry.jsonl").write_text(good + "\n".join(bad) + "\n")
+    proc = cli("stats", "--data-dir", tmp, "--json", cwd=files["tmp"])
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+    def strict(name: str) -> None:
+        raise AssertionError(f"not JSON: {name}")
+
+    summary = json.loads(proc.stdout, parse_constant=strict)
+    assert (summary["shown"], summary["accepted"], summary["accepted_chars"]) == (2, 1, 5)
+    assert summary["latency_p50"] == 80.0
+    # no telemetry: the line goes to stderr, so `--json | jq` never reads it as the summary
+    empty = files["tmp"] / "no-telemetry"
+    empty.mkdir()
+    proc = cli("stats", "--data-dir", empty, "--json", cwd=files["tmp"])
+    assert proc.returncode == 1 and proc.stdout == "" and proc.stderr.startswith("dfim stats: no telemetry")
+    # a file where the folder should be, and a folder where the file should be
+    assert_refused(cli("stats", "--data-dir", files["file"], cwd=tmp), "dfim stats", "not a folder")
+    (empty / "telemetry.jsonl").mkdir()
+    assert_refused(cli("stats", "--data-dir", empty, cwd=tmp), "dfim stats", "telemetry.jsonl", "cannot read")
 
 
 # ----------------------------------------------------------------------------- dfim serve

@@ -75,6 +75,15 @@ def test_load_problems_reports_bad_lines(tmp_path):
         ev.load_problems(missing)
     with pytest.raises(ev.DataError):
         ev.load_problems(tmp_path / "absent.jsonl")
+    for value in ("[1, 2, 3]", '"hello"'):  # valid JSON, but not a problem: was an AttributeError
+        (tmp_path / "list.jsonl").write_text(value + "\n")
+        with pytest.raises(ev.DataError, match=r"list.jsonl:1: not a JSON object"):
+            ev.load_problems(tmp_path / "list.jsonl")
+    corrupt = bytearray(gzip.compress(FIXTURE.read_bytes(), mtime=0))
+    corrupt[20] ^= 0xFF  # inside the deflate stream: zlib.error, not an OSError
+    (tmp_path / "corrupt.jsonl.gz").write_bytes(bytes(corrupt))
+    with pytest.raises(ev.DataError, match=r"corrupt.jsonl.gz: cannot read"):
+        ev.load_problems(tmp_path / "corrupt.jsonl.gz")
 
 
 def test_first_line_keeps_one_line_and_ends_it():
@@ -104,6 +113,12 @@ def test_parse_sweep_grid_and_union():
     for bad in ("temperature=1", "steps", "steps=", "early_stop=maybe", ""):
         with pytest.raises(ValueError):
             ev.parse_sweep(bad)
+    # a field given twice in one grid kept only its last value: steps=8 was silently dropped
+    with pytest.raises(ValueError, match="'steps'.*twice"):
+        ev.parse_sweep("steps=8;steps=16")
+    with pytest.raises(ValueError, match="'max_steps' sets the same field as 'steps'"):
+        ev.parse_sweep("steps=8;max_steps=16")
+    assert len(ev.parse_sweep("steps=8 | steps=16")) == 2  # in separate grids it is a comparison
 
 
 def test_build_configs_applies_overrides_under_the_sweep():
@@ -234,6 +249,41 @@ def test_eval_command_rejects_bad_input(tmp_path, capsys):
     assert main(["eval", str(FIXTURE), "--reference", "--sweep", "colour=red", "--out", str(tmp_path)]) == 2
     assert main(["eval", str(FIXTURE), "--reference", "--workers", "0", "--out", str(tmp_path)]) == 2
     assert "dfim eval:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "sweep, needle",
+    [
+        ("steps=8;steps=16", "twice"),
+        ("t_max=5;t_min=-3", "t_min must be at least 0"),  # a negative temperature ran
+        ("entropy_bound=nan", "entropy_bound"),  # NaN < 0 is False: it passed the floor
+        ("confidence_threshold=-5", "confidence_threshold"),
+        ("stability_threshold=-2", "stability_threshold"),
+        ("t_max=-1", "t_max"),
+    ],
+)
+def test_eval_sweep_values_are_checked_like_the_options(tmp_path, capsys, sweep, needle):
+    out = tmp_path / "out"
+    assert main(["eval", str(FIXTURE), "--reference", "--quiet", "--sweep", sweep, "--out", str(out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("dfim eval: --sweep") and needle in line
+    assert not out.exists()
+
+
+def test_eval_refuses_a_seed_past_int64_and_leaves_no_run_folder(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["eval", str(FIXTURE), "--reference", "--seed", str(2**64), "--out", str(out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("dfim eval: --seed")
+    assert not out.exists()
+
+
+def test_eval_out_that_cannot_be_made_is_one_line(capsys):
+    # /proc passes the nearest-parent check as root, and mkdir fails: was a FileNotFoundError traceback
+    argv = ["eval", str(FIXTURE), "--reference", "--quiet", "--out", "/proc/dfim-no-such/out"]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("dfim eval: --out /proc")
 
 
 def test_eval_command_with_a_random_checkpoint(tmp_path):

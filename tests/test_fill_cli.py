@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -191,6 +192,40 @@ def test_bad_numbers(capsys):
     assert_one_line_error(
         *dfim_fill(capsys, EXAMPLE, "--line", 1, "--col", 1, "--max-tokens", -3)[::2], "--max-tokens"
     )
+    for seed in (2**64, -(2**63) - 1):  # past int64: torch's generator raised a traceback
+        assert_one_line_error(
+            *dfim_fill(capsys, EXAMPLE, "--line", 1, "--col", 1, "--seed", seed)[::2], "--seed"
+        )
+
+
+def test_model_that_is_a_file(capsys):
+    code, _, err = dfim_fill(capsys, EXAMPLE, "--line", 1, "--col", 1, "--model", EXAMPLE)
+    assert_one_line_error(code, err, "--model", "is a file, not a folder")  # was "folder not found"
+
+
+@pytest.mark.parametrize("command", ["fill", "trace"])
+def test_ctrl_c_during_a_fill_is_one_line_and_status_130(tmp_path, checkpoint, command):
+    # 100000 steps of a random model (no early stop: it is never confident) run far longer than the test
+    argv = [str(EXAMPLE), "--line", "1", "--col", "1", "--model", checkpoint, "--steps", "100000"]
+    argv += ["--out", str(tmp_path / "t.html")] if command == "trace" else []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dfim", command, *argv],
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        note = proc.stderr.readline()  # printed once the model is loaded, just before the fill starts
+        assert "untrained" in note, note
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.strip() == f"dfim {command}: interrupted"
 
 
 def test_real_process_exit_status(tmp_path):

@@ -100,3 +100,8 @@ def test_test_command_forms():
     assert realcode.parse_test_command("run_tests.py -v") == ["run_tests.py", "-v"]
     with pytest.raises(realcode.RealcodeError):
         realcode.parse_test_command("python -c 'print(1)'")
+    assert realcode.parse_test_command("python_tests.py") == ["python_tests.py"]  # a script, not python
+    # an unbalanced quote (was shlex's ValueError), and commands the sandbox would run as a script `rm`
+    for bad in ('python -m unittest "x', "rm -rf /", "python rm", "pytest -q"):
+        with pytest.raises(realcode.RealcodeError, match="python -m MODULE"):
+            realcode.parse_test_command(bad)

@@ -144,3 +144,13 @@ def test_background_children_are_killed_with_the_group():
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid)
+
+
+@pytest.mark.parametrize("timeout_s", [float("inf"), 1e300])
+def test_limits_too_large_to_set_are_no_limits(timeout_s):
+    # int(inf) and setrlimit of a value past a C long raised (OverflowError) or failed every program; and
+    # Linux kills a child at once under some huge CPU limits (2**62 s)
+    limits = SandboxLimits(timeout_s=timeout_s, memory_bytes=1 << 70)
+    result = run_program("print(sum(range(10**5)))\n", limits)
+    assert result.passed, result.stderr
+    assert result.stdout.strip() == str(sum(range(10**5)))

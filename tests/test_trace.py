@@ -170,6 +170,7 @@ def test_cli_bad_input_is_one_line_and_status_2(tmp_path):
         ([str(source), "--line", "9", "--col", "1"], "out of range"),
         ([str(source), "--line", "1", "--col", "1", "--out", str(tmp_path / "no/dir/t.html")], "no such"),
         ([str(source), "--line", "1", "--col", "1", "--steps", "0"], "--steps"),
+        ([str(source), "--line", "1", "--col", "1", "--seed", str(2**64)], "--seed"),  # was a traceback
     ]:
         done = trace_cli(*argv)
         assert done.returncode == 2, done.stderr

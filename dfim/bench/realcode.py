@@ -116,14 +116,19 @@ sys.exit(code)
 def parse_test_command(command: str) -> list[str]:
     """`python -m unittest discover -s tests` -> ["-m", "unittest", "discover", "-s", "tests"].
 
-    Only `python -m MODULE ...` and `python SCRIPT ...` are accepted: the sandbox supplies the interpreter."""
-    argv = shlex.split(command)
-    if argv and Path(argv[0]).name.startswith("python"):
-        argv = argv[1:]
-    if not argv or (argv[0] == "-m" and len(argv) < 2) or (argv[0].startswith("-") and argv[0] != "-m"):
-        raise RealcodeError(
-            f"test command must be `python -m MODULE ...` or `python SCRIPT ...`: {command!r}"
-        )
+    Only `python -m MODULE ...` and `python SCRIPT.py ...` are accepted: the sandbox supplies the interpreter,
+    so anything else (`rm -rf /`, `pytest`) would be run as a Python script of that name."""
+    form = f"test command must be `python -m MODULE ...` or `python SCRIPT.py ...`: {command!r}"
+    try:
+        argv = shlex.split(command)
+    except ValueError as e:  # an unbalanced quote
+        raise RealcodeError(f"{form} ({e})") from None
+    if argv and Path(argv[0]).name.startswith("python") and not argv[0].endswith(".py"):
+        argv = argv[1:]  # the interpreter (python, python3, /usr/bin/python3.12), not `python_tests.py`
+    module = bool(argv) and argv[0] == "-m" and len(argv) >= 2
+    script = bool(argv) and argv[0].endswith(".py")
+    if not (module or script):
+        raise RealcodeError(form)
     return argv
 
 
@@ -700,17 +705,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Refuse bad options before any test suite runs or model loads (InputError: the line to print)."""
-    from engine.cli_checks import at_least, existing_dir, output_file, output_folder, positive
+    from engine.cli_checks import (
+        InputError,
+        at_least,
+        existing_dir,
+        output_file,
+        output_folder,
+        sandbox_limits,
+        seed,
+    )
 
-    positive("--timeout", args.timeout)
-    at_least("--memory-mb", args.memory_mb, 1)  # the sandbox reads 0 as "no limit": not from here
+    sandbox_limits(args.timeout, args.memory_mb)
     at_least("--workers", args.workers, 1)
     if args.action == "build":
-        existing_dir(args.project, "project")
+        project = existing_dir(args.project, "project")
         output_file(args.out, "--out")
+        try:  # a command the sandbox cannot run is refused before the suite is copied and run
+            argv = parse_test_command(args.test_command)
+        except RealcodeError as e:
+            raise InputError(f"--test-command: {e}") from None
+        if argv[0] != "-m" and not (project / argv[0]).is_file():
+            raise InputError(f"--test-command: {argv[0]}: no such script in the project {project}")
     else:
         at_least("--limit", args.limit, 1)
         at_least("--max-tokens", args.max_tokens, 1)
+        seed("--seed", args.seed)  # problem i gets seed + i: torch takes up to 2**64 - 1, room enough
         if args.out:
             output_folder(args.out, "--out")
 
@@ -735,6 +754,10 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
             return 2
         out = Path(args.out)
         field = os.path.relpath(Path(args.project).resolve(), out.resolve().parent) if args.relative else None
+        try:  # before the suite runs: a folder that cannot be made must not cost the build
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            return fail(prog, f"--out {out}: cannot create {out.parent} ({e.strerror or e})")
         try:
             problems, info = build(
                 args.project,
@@ -750,8 +773,10 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         except RealcodeError as e:
             print(f"dfim bench-realcode: {e}", file=sys.stderr)
             return 2
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_jsonl(problems, out)
+        try:
+            write_jsonl(problems, out)
+        except OSError as e:
+            return fail(prog, f"--out {out}: cannot write ({e.strerror or e})")
         stdout.write(json.dumps(info, indent=1) + f"\nwritten: {out}\n")
         return 0
 
@@ -764,16 +789,19 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         problem = sandbox_problem(limits)
         if problem:
             return fail(prog, problem)
+    if args.completions:
+        missing = [p["task_id"] for p in problems if p["task_id"] not in by_id]
+        if missing:
+            return fail(prog, f"no completion for {missing[0]} (+{len(missing) - 1})")
+    out = Path(args.out) if args.out else Path("runs/realcode") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    try:  # before the model fills and the suites run: a folder that cannot be made must not cost the run
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return fail(prog, f"--out {out}: cannot create ({e.strerror or e})")
     info: list[dict[str, Any]] = [{} for _ in problems]
     if args.reference:
         completions, source = [p["canonical_solution"] for p in problems], "reference"
     elif args.completions:
-        missing = [p["task_id"] for p in problems if p["task_id"] not in by_id]
-        if missing:
-            print(
-                f"dfim bench-realcode: no completion for {missing[0]} (+{len(missing) - 1})", file=sys.stderr
-            )
-            return 2
         completions, source = [by_id[p["task_id"]] for p in problems], f"completions {args.completions}"
     else:
         from engine.api import EngineError
@@ -807,13 +835,15 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         "sandbox": {"timeout_s": limits.timeout_s, "memory_bytes": limits.memory_bytes},
     }
     rows = summarize(records)
-    out = Path(args.out) if args.out else Path("runs/realcode") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(
-        json.dumps({"meta": meta, "summary": rows, "problems": records}, indent=1) + "\n", encoding="utf-8"
-    )
     table = markdown(rows, meta)
-    (out / "summary.md").write_text(table, encoding="utf-8")
+    try:
+        (out / "results.json").write_text(
+            json.dumps({"meta": meta, "summary": rows, "problems": records}, indent=1) + "\n",
+            encoding="utf-8",
+        )
+        (out / "summary.md").write_text(table, encoding="utf-8")
+    except OSError as e:
+        return fail(prog, f"--out {out}: cannot write ({e.strerror or e})")
     stdout.write(table + f"\nwritten: {out / 'results.json'}, {out / 'summary.md'}\n")
     if args.reference:
         passed = sum(r["passed"] for r in records)
