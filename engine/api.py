@@ -135,6 +135,9 @@ class FillRequest:
     # above the code after the cursor is followed by a line break, not glued to that code. Likelihood
     # ranking (SamplerSettings.rank) scores candidates against it; the denoiser still sees `suffix`.
     scored_suffix: str | None = None
+    # Texts a draft must not write again (a retry after the server dropped them): the greedy decode leaves
+    # them at the first word where it would follow one, taking the next most likely token there.
+    avoid: tuple[str, ...] = ()
 
 
 @dataclass

@@ -58,13 +58,17 @@ def decode(
     ends: Callable[[str], bool] | None = None,
     park: Sequence[int] = (),
     lookahead: int = lookup.LOOKAHEAD,
+    avoid: Sequence[str] = (),
 ) -> Decoded:
     """Greedy decoding of the middle after `plan.context_ids`; the cache holds the context again after.
     `budget`: at most this many tokens (default: the request's `max_tokens`, or the plan if longer).
     `ends(text)`: True once the text so far is complete (as a stop string would end it).
     `park`: tokens the cache will need after the context later (see `ContextCache.next_logits`).
     `lookahead`: tokens guessed per pass (`engine.lookup`; 0: one token per pass). Guesses change the
-    cost, never the tokens: each is kept only where the greedy choice agrees with it."""
+    cost, never the tokens: each is kept only where the greedy choice agrees with it.
+    `avoid`: texts not to write again (`FillRequest.avoid`): until the text has left all of them, a token
+    that would follow one of them at a word (or end the text where one ends) gives way to the next most
+    likely token; whitespace may follow them (the indentation is rarely what was wrong)."""
     eos_id, pad_id = tokenizer.eos_id, tokenizer.pad_id
     context = plan.context_ids
     recent = cache.recent_for(context)
@@ -96,6 +100,10 @@ def decode(
                 probs = torch.softmax(x, dim=-1)
                 conf_t, token_t = probs.max(dim=-1)
                 token, conf, pinned = int(token_t), float(conf_t), False
+                if avoid:
+                    token, conf, avoid = _leave_avoided(
+                        probs, tokens, avoid, tokenizer, plan.heal_bytes, request.stop
+                    )
             if token == eos_id:
                 reason = "eos"
                 break
@@ -128,6 +136,41 @@ def decode(
         cache.recent, cache.recent_after = [t for t, _, _ in tokens], len(context)
         cache.prepare(context)  # drop the generated tokens: the next request shares the context only
     return Decoded(tokens, passes + 1, reason)
+
+
+def _leave_avoided(
+    probs: torch.Tensor,
+    tokens: list[tuple[int, float, bool]],
+    avoid: Sequence[str],
+    tokenizer: Tokenizer,
+    heal_bytes: bytes,
+    stop: Sequence[str],
+) -> tuple[int, float, Sequence[str]]:
+    """(token, probability, what is still to avoid) for the next token after `tokens`: the most likely one
+    that does not follow an avoided text at a word or end the text where one ends (see `decode`). Texts
+    are compared as the result reads, token healing undone. Once a word has left all of them nothing is
+    avoided any more; when the 16 likeliest all follow one, the likeliest is taken."""
+    top = torch.topk(probs, min(16, probs.numel()))
+    for p, t in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+        if p <= 0.0:
+            break
+        if t == tokenizer.eos_id:
+            written, ends = assemble_text(tokens, tokenizer, heal_bytes)[0], True
+        else:
+            written = assemble_text([*tokens, (t, p, False)], tokenizer, heal_bytes)[0]
+            cuts = [written.find(s) for s in stop if s and s in written]
+            ends = bool(cuts)
+            written = written[: min(cuts)] if cuts else written
+        if ends:
+            if any(a.strip() == written.strip() for a in avoid):
+                continue
+            return t, p, ()
+        if not written.strip():
+            return t, p, avoid  # nothing but whitespace yet: still on the avoided texts' track
+        if any(a.lstrip().startswith(written.lstrip()) for a in avoid):
+            continue
+        return t, p, ()
+    return int(top.indices[0]), float(top.values[0]), avoid
 
 
 def _reached_stop(

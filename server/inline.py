@@ -126,9 +126,10 @@ async def fill_until_shown(
     the first that leaves something worth showing; None if a fill was cancelled. When post-processing drops
     everything (the model copied the line below, or wrote nothing), another draw often has a line to offer.
     `last_try` (a request and its context) replaces the last retry: the indentation typed for a column-0
-    cursor (`context.with_lead`). `again` replaces the request on the other retries (a drafted fill's
-    retry draws from noise: the same greedy draft again would show nothing new)."""
+    cursor (`context.with_lead`). `again` replaces the request on the other retries, told to avoid every
+    text dropped so far (a drafted fill: the same greedy draft again would show the same text; decision 44)."""
     ranked: list[str] = []
+    dropped: list[str] = []
     steps = attempt = 0
     tries = 1 + max(0, retries)
     for attempt in range(tries):
@@ -136,12 +137,13 @@ async def fill_until_shown(
         if last_try is not None and attempt == tries - 1 and attempt > 0:
             request, ctx = last_try
         elif again is not None and attempt > 0:
-            request = again
+            request = replace(again, avoid=tuple(dropped))
         result = await fill_once(replace(request, seed=seed))
         if result is None:
             return None
         steps += result.steps
         raw = [result.text, *result.alternatives]
+        dropped += raw
         if pinned:
             raw = [strip_pinned_tail(r, pinned) for r in raw]
         ranked = rank_candidates(raw, ctx)
@@ -395,11 +397,9 @@ async def complete(ls, params):
 
     led = with_lead(ctx, text)  # only on a blank line, so never with a pinned rest of line
     last_try = (replace(request, prefix=led.prefix), led) if led is not None else None
-    again = None
-    if drafted:
-        again = replace(
-            request, settings=replace(settings, draft=False), candidates=options.inline.candidates
-        )
+    # A drafted line's retry: a draft that leaves the dropped text at its first word, beside canvases from
+    # noise (`inline.candidates` in all), ranked by the model (decision 44).
+    again = replace(request, candidates=options.inline.candidates) if drafted else None
     outcome = await fill_until_shown(
         fill_once, request, ctx, pinned, options.inline.retries, flag.is_set, last_try=last_try, again=again
     )

@@ -173,7 +173,7 @@ def test_a_several_line_draft_keeps_the_tokens_before_the_line_that_left_the_hol
     written = tok.encode("    y += 1\n    return y\n    z = 2")
     original = autoregressive.decode
 
-    def writes(cache, p, r, banned, tokenizer, budget=None, ends=None, park=()):
+    def writes(cache, p, r, banned, tokenizer, budget=None, ends=None, park=(), avoid=()):
         out = []
         for t in written:
             out.append((t, 1.0, False))
@@ -380,3 +380,53 @@ def test_a_drafted_fill_reports_its_draft_as_step_0(engine):
     reports.clear()
     engine.fill(replace(request, settings=replace(DRAFT, draft=False), on_step=reports.append))
     assert reports[0].step == 1
+
+
+def test_leaving_avoided_texts_at_their_first_word():
+    from engine.autoregressive import _leave_avoided
+    from engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_file(TOKENIZER_JSON)
+    one = {piece: tok.encode(piece) for piece in ("return", " x", "result", "    ", "\n", ")\n")}
+    assert all(len(ids) == 1 for ids in one.values())  # single tokens in the shipped vocabulary
+
+    def probs(*pieces: str) -> torch.Tensor:
+        p = torch.zeros(8192)
+        for rank, piece in enumerate(pieces):
+            p[tok.eos_id if piece == "<eos>" else one[piece][0]] = 0.5**rank
+        return p / p.sum()
+
+    def leave(p: torch.Tensor, text: str, avoid: tuple[str, ...], heal: bytes = b""):
+        tokens = [(t, 1.0, False) for t in tok.encode(text)]
+        t, conf, left = _leave_avoided(p, tokens, avoid, tok, heal, ("\n",))
+        return ("<eos>" if t == tok.eos_id else tok.decode([t])), conf, left
+
+    avoid = ("    return x",)
+    # whitespace may follow the avoided text: still on its track
+    assert leave(probs("    ", "return"), "", avoid)[0::2] == ("    ", avoid)
+    # the word that would follow it gives way to the next most likely token, and then nothing is avoided
+    word, p, left = leave(probs("return", "result"), "    ", avoid)
+    assert word == "result" and left == () and 0 < p < 0.5
+    # a text that differs already is left alone
+    assert leave(probs("return", "result"), "    x = ", avoid)[0::2] == ("return", ())
+    # ending where an avoided text ends (EOS, or the stop string) gives way too: a blank line was dropped
+    assert leave(probs("<eos>", "\n", "result"), "  ", ("",))[0] == "result"
+    # texts are compared healed: a re-written last prefix token (`)\n`) is not the text's first word
+    assert leave(probs(")\n"), "", avoid, heal=b")\n")[0::2] == (")\n", avoid)
+
+
+def test_the_shipped_model_writes_another_line_when_told_to_avoid_its_first():
+    engine = Engine.load(DEFAULT_MODEL_DIR, threads=1)
+    request = FillRequest(
+        prefix="def add(a, b):\n    ",
+        suffix="\n\ndef sub(a, b):\n    return a - b\n",
+        stop=("\n",),
+        max_tokens=32,
+        settings=engine.settings,
+        seed=0,
+    )
+    first = engine.fill(request).text
+    second = engine.fill(replace(request, avoid=(first,))).text
+    third = engine.fill(replace(request, avoid=(first, second))).text
+    assert first.strip() and second.strip() and third.strip()
+    assert len({first.split()[0], second.split()[0], third.split()[0]}) == 3  # each leaves at its first word

@@ -550,19 +550,20 @@ def test_fill_until_shown_asks_again_with_the_next_seed_only_when_nothing_is_lef
     assert run([None], retries=1) == (None, [7])
 
 
-def test_a_drafted_fills_retries_ask_the_request_drawn_from_noise():
-    """The greedy draft is the same every time: a retry asks `again` (draft off, more canvases) instead."""
+def test_a_drafted_fills_retries_draft_again_avoiding_what_was_dropped():
+    """The greedy draft is the same every time: a retry asks `again` (the server's: the draft beside canvases
+    from noise) told to avoid every dropped text (decision 44)."""
     import asyncio
     from dataclasses import replace
 
     from engine.api import FillRequest, FillResult, SamplerSettings
 
     ctx = context.one_line(ctx_for("def f(x):\n    y = x\n    |\n    return y\n"))
-    asked: list[tuple[bool, int, int | None]] = []
-    texts = ["return y", "y += 1"]  # the draft copies the line below: dropped
+    asked: list[tuple[bool, int, int | None, tuple[str, ...]]] = []
+    texts = ["return y", "   ", "y += 1"]  # the draft copies the line below, then writes nothing: dropped
 
     async def fill_once(request: FillRequest) -> FillResult:
-        asked.append((request.settings.draft, request.candidates, request.seed))
+        asked.append((request.settings.draft, request.candidates, request.seed, request.avoid))
         text = texts[len(asked) - 1]
         return FillResult(
             text, 1, 32, 3, encoded_tokens=0, context_tokens=0, latency_ms=1.0, stop_reason="stable"
@@ -571,10 +572,10 @@ def test_a_drafted_fills_retries_ask_the_request_drawn_from_noise():
     drafted = FillRequest(
         prefix=ctx.prefix, suffix=ctx.suffix, seed=7, settings=SamplerSettings(draft=True), candidates=1
     )
-    again = replace(drafted, settings=SamplerSettings(draft=False), candidates=2)
-    out = asyncio.run(inline.fill_until_shown(fill_once, drafted, ctx, "", 1, lambda: False, again=again))
-    assert out == (["y += 1"], 2, 2)
-    assert asked == [(True, 1, 7), (False, 2, 8)]
+    again = replace(drafted, candidates=2)
+    out = asyncio.run(inline.fill_until_shown(fill_once, drafted, ctx, "", 2, lambda: False, again=again))
+    assert out == (["y += 1"], 3, 3)
+    assert asked == [(True, 1, 7, ()), (True, 2, 8, ("return y",)), (True, 2, 9, ("return y", "   "))]
 
 
 def test_a_column_0_cursor_on_a_blank_line_gets_its_indentation_typed_on_the_last_try():
