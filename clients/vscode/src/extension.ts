@@ -208,8 +208,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     }
     const instruction = await vscode.window.showInputBox({
       title: "dfim: Rewrite the selection",
-      prompt: "What should change? (optional; leave empty to let the model redo it)",
-      placeHolder: "e.g. use a list comprehension",
+      prompt: "Optional instruction; the shipped model ignores it (kept for checkpoints that will follow instructions). Enter redoes the selection.",
+      placeHolder: "instruction (leave empty)",
     });
     if (instruction === undefined) return; // Escape
     await runAction("rewriteSelection", "Rewrite the selection", true, instruction.trim() || undefined);
