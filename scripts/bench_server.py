@@ -111,6 +111,11 @@ async def main(args: argparse.Namespace) -> int:
         latencies.append((time.perf_counter() - t0) * 1000)
         empty += result is None
         steps.append((await session.stats()).status.lastSteps or 0)
+        if args.verbose:
+            text = result.items[0].insert_text if result and result.items else None
+            print(
+                f"{latencies[-1]:7.0f} ms {steps[-1]:2} steps {Path(uri).name}:{line + 1}:{ch + 1} -> {text!r}"
+            )
     actions = 0
     if busy is not None:
         busy.cancel()
@@ -227,6 +232,6 @@ if __name__ == "__main__":
     parser.add_argument(
         "--source", default=str(ROOT / "scripts" / "data" / "typing.py.txt"), help="for --typing"
     )
-    parser.add_argument("--verbose", action="store_true", help="--typing: print every request")
+    parser.add_argument("--verbose", action="store_true", help="print every request")
     parser.add_argument("--during-action", action="store_true", help="keep a code action running meanwhile")
     sys.exit(asyncio.run(main(parser.parse_args())))

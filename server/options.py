@@ -27,8 +27,8 @@ class ModelOptions:
 
 @dataclass
 class SamplingOptions:
-    # Inline fills: 16 steps cap a fill at about a second on two CPU cores with the shipped model (it stops
-    # early at 11-12 steps on average); more bought no better lines (docs/benchmarks.md).
+    # Inline fills: 16 steps cap a fill from noise at about a second on two CPU cores with the shipped model
+    # (more bought no better lines, docs/benchmarks.md); a drafted line usually stops after one step.
     max_steps: int = field(default=16, metadata=_bounds(1, 256))
     entropy_bound: float = field(default=0.1, metadata=_bounds(0.0, 100.0))
     max_canvas: int = field(default=128, metadata=_bounds(16, 256))  # tokens; rewrites may use all of it
@@ -54,12 +54,14 @@ class InlineOptions:
     debounce_ms: int = field(default=0, metadata=_bounds(0, 2000))  # editors already debounce; 0 = none
     # Canvases denoised in one batch; the model ranks them (dfim-small: by the encoder's likelihood) and the
     # best that parses is shown. Two lift pass@1 through the server from 12% to 17% for ~1.4x the latency on
-    # a 2-core CPU (decision 33); on a GPU more cost little (8: 15.0% of all HumanEval at the engine).
+    # a 2-core CPU (decision 33); on a GPU more cost little (8: 15.0% of all HumanEval at the engine). A
+    # drafted line is one canvas (below); this applies to fills from noise and to retries.
     candidates: int = field(default=2, metadata=_bounds(1, 8))
     # A single-line fill starts from the encoder's draft where the checkpoint supports it (dfim.json's
     # `"sampler": {"draft": true}`, as dfim-small's): one canvas, usually confirmed in one denoising step, at
-    # about a third of the wait of `candidates` canvases from noise (decision 38). Retries draw from noise
-    # (but the column-0 retry of decision 37, whose typed indentation makes a new draft).
+    # about a third of the wait of `candidates` canvases from noise (decision 38). A retry drafts again away
+    # from the dropped text, beside `candidates - 1` canvases from noise (decision 44); the column-0 retry of
+    # decision 37 drafts with the indentation typed.
     draft: bool = True
     # Several lines on a blank line. Off: one line at a time there, as on any other line (the shipped small
     # model's lines after the first are rarely right, and one line answers ~40% sooner; decision 25).
