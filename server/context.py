@@ -550,18 +550,18 @@ def build_context(
 
 
 def _build_context(
-    text,
-    cursor,
-    lang,
-    prefix_tokens,
-    suffix_tokens,
-    max_canvas,
-    count_tokens,
-    mode,
-    span,
-    origin=0,
-    total=None,
-):
+    text: str,
+    cursor: int,
+    lang: str | None,
+    prefix_tokens: int,
+    suffix_tokens: int,
+    max_canvas: int,
+    count_tokens: Callable[[str], int] | None,
+    mode: str | None,
+    span: tuple[int, int] | None,
+    origin: int = 0,  # `text` is the document from this offset (the parsed region)
+    total: int | None = None,  # the document's length counted from `origin`
+) -> FillContext:
     source = Source(text, lang)
     decided, start, end, indent = decide_mode(source, cursor)
     if mode is not None:
