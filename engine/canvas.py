@@ -167,6 +167,10 @@ def layout_middle(middle: Sequence[str | Hole], tokenizer, max_tokens: int, limi
 def build_canvas(request: FillRequest, tokenizer, table: TokenTable, limit: int) -> CanvasPlan:
     """The canvas plan for a request: layout, FIM context, token healing, warm start."""
     plan = layout_middle(request.middle, tokenizer, request.max_tokens, limit)
+    if tokenizer.chat:  # an instruction-tuned checkpoint: the request as a user turn (engine.chat)
+        plan.context_ids = tokenizer.prompt_context(request)
+        _warm_start(plan, request, tokenizer)
+        return plan
     prefix_ids = tokenizer.encode(request.prefix)
     suffix_ids = tokenizer.encode(request.suffix)
     # Heal only where canvas position 0 is free and the text there is new (a rewrite's warm start
@@ -176,16 +180,22 @@ def build_canvas(request: FillRequest, tokenizer, table: TokenTable, limit: int)
         if plan.heal_bytes:
             plan.heal_allowed = table.starting_with(plan.heal_bytes)
     plan.context_ids = tokenizer.fim_context(prefix_ids, suffix_ids)
-    if request.warm_start is not None:
-        if plan.open_start is None:
-            raise EngineError("warm_start needs an open hole at the end of the middle")
-        old = tokenizer.encode(request.warm_start) + [tokenizer.eos_id]
-        plan.warm_ids, plan.warm_mask = [0] * plan.length, [False] * plan.length
-        for p in range(plan.open_start, plan.length):
-            i = p - plan.open_start
-            plan.warm_ids[p] = old[i] if i < len(old) else tokenizer.pad_id
-            plan.warm_mask[p] = True
+    _warm_start(plan, request, tokenizer)
     return plan
+
+
+def _warm_start(plan: CanvasPlan, request: FillRequest, tokenizer) -> None:
+    """A rewrite's old text seeds the open hole (not pinned: the sampler may renoise it)."""
+    if request.warm_start is None:
+        return
+    if plan.open_start is None:
+        raise EngineError("warm_start needs an open hole at the end of the middle")
+    old = tokenizer.encode(request.warm_start) + [tokenizer.eos_id]
+    plan.warm_ids, plan.warm_mask = [0] * plan.length, [False] * plan.length
+    for p in range(plan.open_start, plan.length):
+        i = p - plan.open_start
+        plan.warm_ids[p] = old[i] if i < len(old) else tokenizer.pad_id
+        plan.warm_mask[p] = True
 
 
 def continuation_plan(length: int) -> CanvasPlan:

@@ -42,6 +42,7 @@ from engine.canvas import (
     continuation_plan,
     middle_tokens,
 )
+from engine.chat import load_tokenizer
 from engine.checkpoint import DEFAULT_MODEL_DIR, load_model, read_info
 from engine.threads import AdaptiveThreads, limit_threads, usable_cores
 from engine.tokenizer import Tokenizer
@@ -142,7 +143,9 @@ class Engine:
         if not tokenizer_path.is_file():
             raise CheckpointError(f"{tokenizer_path}: missing")
         try:
-            tokenizer = Tokenizer.from_file(tokenizer_path)
+            tokenizer = load_tokenizer(folder)
+        except CheckpointError:
+            raise
         except Exception as err:  # tokenizers raises plain Exceptions for unreadable files
             raise CheckpointError(f"{tokenizer_path}: not a usable tokenizer ({err})") from None
         model, settings = load_model(folder, device=str(dev))
@@ -267,7 +270,7 @@ class Engine:
             # context tokens new to the cache (a draft also re-runs the last prefix token where the cache held it)
             encoded = len(plan.context_ids) - common_prefix_length(cache.ids, plan.context_ids)
             seed = None
-            if request.settings.draft and draft.can_draft(plan, request):
+            if request.settings.draft and not self.tokenizer.chat and draft.can_draft(plan, request):
                 seed = draft.draft_canvas(cache, plan, request, self.banned, self.tokenizer)
                 if request.candidates == 1:  # rows from noise keep the room the request asked for
                     plan, seed = draft.fit_canvas(plan, seed, self.tokenizer.eos_id, self.canvas_limit)
@@ -288,7 +291,7 @@ class Engine:
                     self._denoise(continuation_plan(length), [cand], request, generator, cache, block=block)
                     block += 1
 
-            if len(candidates) > 1 and request.settings.rank != "entropy":
+            if len(candidates) > 1 and request.settings.rank != "entropy" and not self.tokenizer.chat:
                 self._score_likelihood(request, plan, candidates, cache)
                 ranked = sorted(candidates, key=lambda c: -c.likelihood)
             else:

@@ -101,6 +101,8 @@ def enumerate_byte_alphabet() -> dict[int, str]:
 class Tokenizer:
     """The engine's tokenizer (see docs/interfaces.md)."""
 
+    chat = False  # True for an instruction-tuned checkpoint's vocabulary (`engine.chat.ChatTokenizer`)
+
     def __init__(self, hf: HFTokenizer) -> None:
         self._hf = hf
         # Encode special-token strings found in text as plain bytes (no control-token injection).
