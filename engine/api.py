@@ -138,6 +138,9 @@ class FillRequest:
     # Texts a draft must not write again (a retry after the server dropped them): the greedy decode leaves
     # them at the first word where it would follow one, taking the next most likely token there.
     avoid: tuple[str, ...] = ()
+    # What a rewrite (a warm start) should change, in words. Only an instruction-tuned checkpoint reads it
+    # (engine.chat); a FIM checkpoint has no way to.
+    instruction: str = ""
 
 
 @dataclass

@@ -6,8 +6,9 @@ gives the engine the same interface as the FIM `Tokenizer` over such a vocabular
 `prompt_context` replaces `fim_context`: the encoder reads the request as one user turn (`engine.prompts`:
 the code with a marker at the gap, "reply with exactly the missing text") rendered with the checkpoint's
 chat template, followed by the opening of the model's turn; the canvas is the model's answer, which ends at
-`<end_of_turn>`. The markup's special tokens come from the template; the user's code is encoded with special
-tokens read as plain text, so a file cannot inject a turn.
+`<end_of_turn>`. A rewrite with an instruction (`FillRequest.instruction`) asks for the selection rewritten
+as told instead. The markup's special tokens come from the template; the user's code is encoded with
+special tokens read as plain text, so a file cannot inject a turn.
 
 Not done for these checkpoints: token healing (the code is not at the end of the context), the encoder's
 draft and the likelihood ranking (both read the FIM layout).
@@ -23,7 +24,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.api import FillRequest
-from engine.prompts import infill_message, load_chat_template, render
+from engine.prompts import infill_message, load_chat_template, render, rewrite_message
 from engine.tokenizer import SPECIAL_TOKENS, Tokenizer, _byte_decoder
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -101,7 +102,13 @@ class ChatTokenizer(Tokenizer):
     def prompt_context(self, request: FillRequest, language: str = "") -> list[int]:
         """The encoder input for `request`: its user turn and the opening of the model's turn."""
         head, _, tail = render(_USER, self.template).partition(_USER)
-        return self.markup(head) + self.encode(infill_message(request, language)) + self.markup(tail)
+        if request.warm_start is not None and request.instruction.strip() and not request.middle:
+            message = rewrite_message(
+                request.prefix, request.warm_start, request.suffix, request.instruction, language
+            )
+        else:
+            message = infill_message(request, language)
+        return self.markup(head) + self.encode(message) + self.markup(tail)
 
 
 def _piece_bytes(piece: str | None, byte_level: dict[str, int] | None) -> bytes:

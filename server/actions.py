@@ -679,6 +679,7 @@ async def run_action(ls, data: dict):
             middle=plan.middle,
             max_tokens=plan.max_tokens,
             warm_start=plan.warm_start,
+            instruction=plan.instruction or "",  # read by instruction-tuned checkpoints only (engine.chat)
             settings=settings,
             seed=options.sampling.seed,
             candidates=options.actions.candidates,

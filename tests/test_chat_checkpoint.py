@@ -74,6 +74,17 @@ def test_the_request_is_a_user_turn_and_the_model_turn_is_open(chat_checkpoint):
     )
 
 
+def test_a_rewrite_with_an_instruction_asks_for_it(chat_checkpoint):
+    tok = load_tokenizer(chat_checkpoint)
+    rewrite = FillRequest(prefix="xs = ", suffix="\n", warm_start="[x for x in ys]", instruction="use map")
+    shown = tok.decode(tok.prompt_context(rewrite))
+    assert "<selection>[x for x in ys]</selection>" in shown and "use map" in shown
+    plain = tok.decode(
+        tok.prompt_context(FillRequest(prefix="xs = ", suffix="\n", warm_start="[x for x in ys]"))
+    )
+    assert "<selection>" not in plain and "xs = <|fill|>" in plain  # no instruction: the gap, as a fill
+
+
 def test_the_engine_fills_with_a_chat_checkpoint(chat_checkpoint):
     engine = Engine.load(chat_checkpoint)
     request = FillRequest(prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=16, seed=0)

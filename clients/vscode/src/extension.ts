@@ -208,7 +208,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     }
     const instruction = await vscode.window.showInputBox({
       title: "dfim: Rewrite the selection",
-      prompt: "Optional instruction; the shipped model ignores it (kept for checkpoints that will follow instructions). Enter redoes the selection.",
+      prompt: "Optional instruction; the shipped model ignores it (an instruction-tuned checkpoint reads it). Enter redoes the selection.",
       placeHolder: "instruction (leave empty)",
     });
     if (instruction === undefined) return; // Escape

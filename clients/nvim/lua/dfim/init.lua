@@ -555,7 +555,7 @@ function M.setup(opts)
   cmd('DfimRestart', function() M.restart() end,
     { desc = 'dfim: (re)start the server, also after it failed to start' })
   cmd('DfimRewrite', function(a)
-    -- the shipped model ignores the instruction (kept for checkpoints that will follow instructions)
+    -- the shipped model ignores the instruction (an instruction-tuned checkpoint reads it)
     local prompt = 'dfim rewrite (optional instruction, ignored by the shipped model): '
     local instruction = a.args ~= '' and a.args or vim.fn.input(prompt)
     M.action('rewriteSelection', a.line1 - 1, a.line2 - 1, instruction)
