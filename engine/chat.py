@@ -25,15 +25,19 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from engine.api import FillRequest
 from engine.prompts import infill_message, load_chat_template, render, rewrite_message
-from engine.tokenizer import SPECIAL_TOKENS, Tokenizer, _byte_decoder
+from engine.tokenizer import Tokenizer, _byte_decoder
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _USER = "\x00dfim-user-turn\x00"  # stands for the user's text while the template is split around it
 
 
+FIM_NAMES = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+
+
 def is_fim_vocabulary(hf: HFTokenizer) -> bool:
-    """Whether the tokenizer has dfim's special-token layout (pad 0, eos 1, bos 2, ..., FIM 4-6)."""
-    return all(hf.token_to_id(name) == i for i, name in enumerate(SPECIAL_TOKENS))
+    """Whether the tokenizer is meant for FIM: it has any of dfim's FIM tokens. (`Tokenizer` then insists
+    on the exact layout, so a damaged FIM vocabulary is refused, not served as a chat one.)"""
+    return any(hf.token_to_id(name) is not None for name in FIM_NAMES)
 
 
 def load_tokenizer(folder: str | Path) -> Tokenizer:
@@ -79,6 +83,9 @@ class ChatTokenizer(Tokenizer):
             b"" if i in self._special else _piece_bytes(hf.id_to_token(i), byte_level)
             for i in range(self.vocab_size)
         ]
+        # The turn around the user's text, rendered and encoded once (the template is the same every time).
+        head, _, tail = render(_USER, template).partition(_USER)
+        self._turn = (self.markup(head), self.markup(tail))
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ChatTokenizer:
@@ -101,14 +108,14 @@ class ChatTokenizer(Tokenizer):
 
     def prompt_context(self, request: FillRequest, language: str = "") -> list[int]:
         """The encoder input for `request`: its user turn and the opening of the model's turn."""
-        head, _, tail = render(_USER, self.template).partition(_USER)
         if request.warm_start is not None and request.instruction.strip() and not request.middle:
             message = rewrite_message(
                 request.prefix, request.warm_start, request.suffix, request.instruction, language
             )
         else:
             message = infill_message(request, language)
-        return self.markup(head) + self.encode(message) + self.markup(tail)
+        head, tail = self._turn
+        return head + self.encode(message) + tail
 
 
 def _piece_bytes(piece: str | None, byte_level: dict[str, int] | None) -> bytes:

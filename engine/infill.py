@@ -149,6 +149,8 @@ class Engine:
         except Exception as err:  # tokenizers raises plain Exceptions for unreadable files
             raise CheckpointError(f"{tokenizer_path}: not a usable tokenizer ({err})") from None
         model, settings = load_model(folder, device=str(dev))
+        if tokenizer.chat and settings.draft:  # the draft reads the FIM layout (engine.chat)
+            settings = dataclasses.replace(settings, draft=False)
         if dev.type == "cpu":
             model.prepare_cpu_inference()  # fused and transposed weights: same values, faster products
         if tokenizer.vocab_size > model.config.vocab_size:

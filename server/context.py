@@ -181,6 +181,8 @@ CHARS_PER_TOKEN_GUESS = 4.0  # the first window tried when a tokenizer checks it
 
 def _line_starts(text: str, lo: int, hi: int) -> list[int]:
     """Offsets in [lo, hi] where a line starts."""
+    if lo >= len(text):
+        return []
     pos = lo if lo <= 0 or text[lo - 1] in "\r\n" else next_line_start(text, lo)
     starts = []
     while pos <= hi and pos < len(text):
@@ -196,18 +198,24 @@ def _opens_unit(text: str, pos: int) -> bool:
     """Whether the line at `pos` is where a reader would start: not indented, or the first after a blank
     line. Windows prefer to start at one and to end just before one (fewer cut statements)."""
     line = text[pos : line_end(text, pos)]
-    before = text[line_start(text, max(0, pos - 1)) : pos]
-    return bool(line.strip()) and (indent_width(line) == 0 or pos == 0 or not before.strip())
+    if pos == 0:
+        return bool(line.strip())
+    end = pos - 2 if text.startswith("\r\n", pos - 2) else pos - 1  # the previous line's end (CRLF too)
+    before = text[line_start(text, end) : end]
+    return bool(line.strip()) and (indent_width(line) == 0 or not before.strip())
 
 
 def prefix_window(text: str, cursor: int, budget_chars: int, origin: int = 0, cell: int | None = None) -> int:
     """Start offset of a prefix window of at most `budget_chars` before `cursor`: a line start in the first
     grid cell at or after `cursor - budget_chars`, the grid counted from the document's start (`text` starts
     at offset `origin` in it), which typing at the cursor does not move."""
-    if cursor <= budget_chars:
-        return 0
+    if cursor + origin <= budget_chars:
+        return 0  # the window reaches the document's start
     cell = cell or max(16, budget_chars // GRID_CELLS)
     lo = -(-(cursor - budget_chars + origin) // cell) * cell - origin  # rounded up onto the grid
+    if lo >= cursor:
+        return cursor  # a budget under one cell: nothing before the cursor
+    lo = max(lo, 0)  # the parsed region is smaller than the window (it is sized not to be)
     starts = _line_starts(text, lo, min(cursor, lo + cell - 1))
     if starts:
         return next((pos for pos in starts if _opens_unit(text, pos)), starts[0])
@@ -274,17 +282,35 @@ def fit_window(
     w_end = suffix_window(text, end, schars, total, scell)
     if count_tokens is None:
         return w_start, w_end
+    # Step in while the window is over budget. Where a cell is too coarse for the text (dense text: CJK, emoji,
+    # a minified line; the cells assume ~3 characters a token), the window is cut by the measured ratio from
+    # the last one over budget instead, off the grid: when the next step would leave less than a cell, or
+    # when the window that fits holds less than 3/4 of the budget.
+    over = None
     for _ in range(MAX_GRID_STEPS):
-        if w_start >= start or count_tokens(text[w_start:start]) <= prefix_tokens:
+        if w_start >= start or (used := count_tokens(text[w_start:start])) <= prefix_tokens:
+            if over is not None and w_start < start and used < prefix_tokens * 3 / 4:
+                w_start = start - len(tail_within(text[over:start], prefix_tokens, count_tokens))
             break
-        pchars = max(0, pchars - pcell)  # one cell in: the grid stays the same
+        over = w_start
+        if pchars - pcell < pcell:
+            w_start = start - len(tail_within(text[w_start:start], prefix_tokens, count_tokens))
+            break
+        pchars -= pcell  # one cell in: the grid stays the same
         w_start = prefix_window(text, start, pchars, origin, pcell)
     else:
         w_start = start - len(tail_within(text[w_start:start], prefix_tokens, count_tokens))
+    over = None
     for _ in range(MAX_GRID_STEPS):
-        if w_end <= end or count_tokens(text[end:w_end]) <= suffix_tokens:
+        if w_end <= end or (used := count_tokens(text[end:w_end])) <= suffix_tokens:
+            if over is not None and w_end > end and used < suffix_tokens * 3 / 4:
+                w_end = end + len(head_within(text[end:over], suffix_tokens, count_tokens))
             break
-        schars = max(0, schars - scell)
+        over = w_end
+        if schars - scell < scell:
+            w_end = end + len(head_within(text[end:w_end], suffix_tokens, count_tokens))
+            break
+        schars -= scell
         w_end = suffix_window(text, end, schars, total, scell)
     else:
         w_end = end + len(head_within(text[end:w_end], suffix_tokens, count_tokens))
@@ -527,8 +553,8 @@ def build_context(
         text,
         min(cursor, s_start),
         max(cursor, s_end),
-        int(prefix_tokens * CHARS_PER_TOKEN) + PARSE_MARGIN,
-        int(suffix_tokens * CHARS_PER_TOKEN) + PARSE_MARGIN,
+        int(prefix_tokens * CHARS_PER_TOKEN_GUESS) + PARSE_MARGIN,  # the windows' first, widest try
+        int(suffix_tokens * CHARS_PER_TOKEN_GUESS) + PARSE_MARGIN,
     )
     ctx = _build_context(
         text[lo:hi],

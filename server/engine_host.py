@@ -111,6 +111,7 @@ class EngineHost:
         request.middle = [scrub(part) if isinstance(part, str) else part for part in request.middle]
         if request.warm_start is not None:
             request.warm_start = scrub(request.warm_start)
+        request.instruction = scrub(request.instruction)
         previous = request.cancel
         request.cancel = (lambda: cancel.is_set() or previous()) if previous else cancel.is_set
         finish = self.watch(engine, request) if self.watch is not None else None

@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from lsprotocol import types
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers
 
@@ -111,10 +112,26 @@ def test_the_server_serves_a_chat_checkpoint(chat_checkpoint, tmp_path):
             result = await session.inline(uri, 1, 11)  # answered or empty, never an error
             assert result is None or all(isinstance(i.insert_text, str) for i in result.items)
             assert (await session.stats()).engine_fills_completed >= 1
+            # the rewrite's instruction reaches the prompt, scrubbed like the code (a lone surrogate)
+            rng = {"start": {"line": 1, "character": 4}, "end": {"line": 1, "character": 10}}
+            await session.client.workspace_execute_command_async(
+                types.ExecuteCommandParams(
+                    command="dfim.rewriteSelection", arguments=[uri, rng, "use \ud800 map"]
+                )
+            )
         finally:
             await session.stop()
 
     asyncio.run(run())
+
+
+def test_a_damaged_fim_vocabulary_is_refused_not_read_as_a_chat_one(tmp_path):
+    shipped = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+    (tmp_path / "ckpt").mkdir()
+    damaged = shipped.read_text(encoding="utf-8").replace("<fim_middle>", "<fim_center>")
+    (tmp_path / "ckpt" / "tokenizer.json").write_text(damaged, encoding="utf-8")
+    with pytest.raises(CheckpointError, match="not a usable tokenizer.*fim_middle"):
+        Engine.load(tmp_path / "ckpt")
 
 
 def test_a_vocabulary_with_neither_layout_is_refused_in_a_line(tmp_path):

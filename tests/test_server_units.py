@@ -200,6 +200,43 @@ def test_windows_are_cut_on_the_documents_grid_not_the_parsed_regions():
         assert (far.start - len(far.prefix), far.end + len(far.suffix)) == near
 
 
+def test_dense_text_keeps_a_full_window_and_never_breaks_the_context():
+    # review of decision 43: budgets under one grid cell crashed (IndexError), and CJK/emoji text stepped
+    # the windows down to nothing
+    count = shipped_token_count()
+    for budgets in ((339, 169), (1024, 256)):
+        for n in range(1, 300, 7):
+            text = "s = '" + "\U0001f600" * n
+            ctx = context.build_context(text, len(text), "python", *budgets, count_tokens=count)
+            assert count(ctx.prefix) <= budgets[0] and text.endswith(ctx.prefix)
+    cjk = "".join(f"# 第{i}行的注释，说明这个函数做什么\nx{i} = {i}\n" for i in range(400))
+    cursor = len(cjk) // 2
+    ctx = context.build_context(cjk, cursor, "python", 256, 128, count_tokens=count)
+    assert 256 * 0.6 <= count(ctx.prefix) <= 256 and 128 * 0.6 <= count(ctx.suffix) <= 128
+
+
+def test_crlf_windows_start_where_lf_windows_do():
+    body = "".join(f"def f{i}(x):\n    y = x + {i}\n    return y\n\n" for i in range(300))
+    cursor = body.index("def f150")
+    lf = context.build_context(body, cursor, "python", 300, 100)
+    crlf_text = body.replace("\n", "\r\n")
+    crlf = context.build_context(crlf_text, crlf_text.index("def f150"), "python", 300, 100)
+    assert lf.prefix.startswith("def f") and crlf.prefix.startswith("def f")
+
+
+def test_a_large_budget_keeps_its_window_while_the_user_types():
+    # the parsed region is sized for the widest window tried, so the window stays on the document's grid
+    body = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(6000))
+    at = body.index("def f5000")
+    count = shipped_token_count()
+    starts = {
+        c.start - len(c.prefix)
+        for doc, cur in _typing(body, at, "    total = compute(alpha)\n", step=6)
+        for c in [context.build_context(doc, cur, "python", 6000, 256, count_tokens=count)]
+    }
+    assert len(starts) <= 2
+
+
 def test_windows_without_grammar_cut_at_lines():
     text = "\n".join(f"line {i} of the file" for i in range(500))
     cursor = text.index("line 250") + 4
