@@ -28,6 +28,7 @@ from engine.prompts import infill_message, load_chat_template, render, rewrite_m
 from engine.tokenizer import Tokenizer, _byte_decoder
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+_MARKUP = re.compile(r"<[^<>\s]+>")
 _USER = "\x00dfim-user-turn\x00"  # stands for the user's text while the template is split around it
 
 
@@ -61,7 +62,13 @@ class ChatTokenizer(Tokenizer):
         self._hf.encode_special_tokens = True  # the user's text never becomes control tokens
         self.template = template
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
-        self._special = {i for i, t in hf.get_added_tokens_decoder().items() if t.special}
+        # Control tokens: the added tokens flagged special, and added ones that look like markup (`<unused3>`,
+        # `<start_of_image>`: not always flagged, never text a fill should write). Byte fallbacks are text.
+        self._special = {
+            i
+            for i, t in hf.get_added_tokens_decoder().items()
+            if t.special or (_MARKUP.fullmatch(t.content) and not _BYTE_PIECE.fullmatch(t.content))
+        }
 
         def need(*names: str) -> int:
             for name in names:

@@ -38,6 +38,7 @@ def gemma_like_tokenizer(path: Path) -> Path:
         [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     )
     hf.add_special_tokens(SPECIALS)
+    hf.add_tokens(["<unused0>"])  # markup added without the special flag, as some vocabularies have it
     hf.save(str(path))
     return path
 
@@ -58,6 +59,9 @@ def test_a_chat_vocabulary_round_trips_and_reads_specials_only_in_markup(chat_ch
     injected = tok.encode("<start_of_turn>user")
     assert 4 not in injected and tok.decode(injected) == "<start_of_turn>user"  # code cannot open a turn
     assert tok.markup("<start_of_turn>model\n")[0] == 4
+    unused = tok._hf.token_to_id("<unused0>")
+    assert tok.is_special(unused) and tok.token_bytes(unused) == b""  # never written into a fill
+    assert not tok.is_special(tok._hf.token_to_id("<0x0A>"))  # byte fallbacks are text
     # dfim's own vocabulary is still the FIM tokenizer
     shipped = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small"
     assert type(load_tokenizer(shipped)) is Tokenizer and not load_tokenizer(shipped).chat
