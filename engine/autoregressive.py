@@ -23,7 +23,7 @@ import torch
 from engine import lookup
 from engine.api import FillCancelled, FillRequest, StepInfo
 from engine.cache import ContextCache
-from engine.canvas import CanvasPlan, assemble_text
+from engine.canvas import CanvasPlan, assemble_text, cut_at_stop
 from engine.tokenizer import Tokenizer
 
 NEG_INF = float("-inf")
@@ -157,10 +157,9 @@ def _leave_avoided(
         if t == tokenizer.eos_id:
             written, ends = assemble_text(tokens, tokenizer, heal_bytes)[0], True
         else:
-            written = assemble_text([*tokens, (t, p, False)], tokenizer, heal_bytes)[0]
-            cuts = [written.find(s) for s in stop if s and s in written]
-            ends = bool(cuts)
-            written = written[: min(cuts)] if cuts else written
+            whole = assemble_text([*tokens, (t, p, False)], tokenizer, heal_bytes)[0]
+            written = cut_at_stop(whole, tuple(stop))
+            ends = written != whole
         if ends:
             if any(a.strip() == written.strip() for a in avoid):
                 continue

@@ -240,3 +240,9 @@ def assemble_text(
         if piece:
             scores.append(TokenScore(piece.decode("utf-8", errors="replace"), conf, is_pin))
     return text, scores
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    """`text` up to (not including) the earliest of the stop strings."""
+    cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))
+    return text[:cut]

@@ -60,7 +60,6 @@ class ChatTokenizer(Tokenizer):
         # Not Tokenizer.__init__: that one insists on the FIM layout.
         self._hf = hf
         self._hf.encode_special_tokens = True  # the user's text never becomes control tokens
-        self.template = template
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
         # Control tokens: the added tokens flagged special, and added ones that look like markup (`<unused3>`,
         # `<start_of_image>`: not always flagged, never text a fill should write). Byte fallbacks are text.
@@ -93,11 +92,6 @@ class ChatTokenizer(Tokenizer):
         # The turn around the user's text, rendered and encoded once (the template is the same every time).
         head, _, tail = render(_USER, template).partition(_USER)
         self._turn = (self.markup(head), self.markup(tail))
-
-    @classmethod
-    def from_folder(cls, folder: str | Path) -> ChatTokenizer:
-        folder = Path(folder)
-        return cls(HFTokenizer.from_file(str(folder / "tokenizer.json")), load_chat_template(folder))
 
     def is_special(self, token_id: int) -> bool:
         return int(token_id) in self._special

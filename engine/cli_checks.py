@@ -27,6 +27,7 @@ __all__ = [
     "output_folder",
     "positive",
     "read_text_file",
+    "not_a_file",
     "sandbox_limits",
     "seed",
     "within",
@@ -86,6 +87,13 @@ def seed(flag: str, value: int | None) -> None:
     low, high = SEED_RANGE
     if value is not None and not low <= value <= high:
         raise InputError(f"{flag} must be a 64-bit integer, in [{low}, {high}] (got {value})")
+
+
+def not_a_file(flag: str, path: str | os.PathLike | None) -> None:
+    """A checkpoint option (`--model`) that names a file, said as such (the engine would say "folder not
+    found"); a missing folder is left for the engine to report."""
+    if path and Path(path).is_file():
+        raise InputError(f"{flag} {path}: is a file, not a folder (name the checkpoint folder)")
 
 
 def sandbox_limits(timeout: float, memory_mb: int) -> None:

@@ -612,7 +612,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _validate(args: argparse.Namespace) -> str | None:
     """The one line to print for bad options (checked before any model loads), or None."""
-    from engine.cli_checks import InputError, at_least, output_folder, sandbox_limits, seed
+    from engine.cli_checks import InputError, at_least, not_a_file, output_folder, sandbox_limits, seed
 
     try:
         at_least("--limit", args.limit, 1)
@@ -622,8 +622,7 @@ def _validate(args: argparse.Namespace) -> str | None:
         at_least("--max-tokens", args.max_tokens, 1)
         sandbox_limits(args.timeout, args.memory_mb)
         seed("--seed", args.seed)  # problem i gets seed + i: torch takes up to 2**64 - 1, room enough
-        if args.model and Path(args.model).is_file():  # the engine would say "folder not found"
-            raise InputError(f"--model {args.model}: is a file, not a folder (name the checkpoint folder)")
+        not_a_file("--model", args.model)
         if args.out:
             output_folder(args.out, "--out")
     except InputError as e:

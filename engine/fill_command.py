@@ -212,11 +212,10 @@ def read_fill_input(args: argparse.Namespace) -> tuple[str, str, str]:
     candidates = getattr(args, "candidates", 1)
     if candidates is not None and not 1 <= candidates <= 16:
         raise InputError(f"--candidates must be between 1 and 16 (got {args.candidates})")
-    from engine.cli_checks import seed  # (cli_checks imports this module: a late import)
+    from engine.cli_checks import not_a_file, seed  # (cli_checks imports this module: a late import)
 
     seed("--seed", args.seed)
-    if args.model is not None and Path(args.model).is_file():  # the engine would say "folder not found"
-        raise InputError(f"--model {args.model}: is a file, not a folder (name the checkpoint folder)")
+    not_a_file("--model", args.model)
     path = Path(args.file)
     # The model reads and writes "\n"; a CRLF file would leave a stray "\r" before every stop.
     text = read_source(path).replace("\r\n", "\n")

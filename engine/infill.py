@@ -40,6 +40,7 @@ from engine.canvas import (
     bucket_length,
     build_canvas,
     continuation_plan,
+    cut_at_stop,
     middle_tokens,
 )
 from engine.chat import load_tokenizer
@@ -59,12 +60,6 @@ def check_device(device: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise EngineError(f"device {device!r} requested but CUDA is not available on this machine")
     return dev
-
-
-def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
-    """`text` up to (not including) the earliest of the stop strings."""
-    cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))
-    return text[:cut]
 
 
 @dataclass

@@ -205,13 +205,12 @@ def _opens_unit(text: str, pos: int) -> bool:
     return bool(line.strip()) and (indent_width(line) == 0 or not before.strip())
 
 
-def prefix_window(text: str, cursor: int, budget_chars: int, origin: int = 0, cell: int | None = None) -> int:
+def prefix_window(text: str, cursor: int, budget_chars: int, origin: int, cell: int) -> int:
     """Start offset of a prefix window of at most `budget_chars` before `cursor`: a line start in the first
     grid cell at or after `cursor - budget_chars`, the grid counted from the document's start (`text` starts
     at offset `origin` in it), which typing at the cursor does not move."""
     if cursor + origin <= budget_chars:
         return 0  # the window reaches the document's start
-    cell = cell or max(16, budget_chars // GRID_CELLS)
     lo = -(-(cursor - budget_chars + origin) // cell) * cell - origin  # rounded up onto the grid
     if lo >= cursor:
         return cursor  # a budget under one cell: nothing before the cursor
@@ -223,16 +222,12 @@ def prefix_window(text: str, cursor: int, budget_chars: int, origin: int = 0, ce
     return nxt if nxt <= line_start(text, cursor) else min(lo, cursor)
 
 
-def suffix_window(
-    text: str, end: int, budget_chars: int, total: int | None = None, cell: int | None = None
-) -> int:
+def suffix_window(text: str, end: int, budget_chars: int, total: int, cell: int) -> int:
     """End offset of a suffix window of at most `budget_chars` after `end`: a line start in the last grid cell
     before `end + budget_chars`, the grid counted back from the document's end (the document is `total`
     characters long counted from `text`'s start), which typing before `end` does not move."""
-    total = len(text) if total is None else total
     if end + budget_chars >= len(text):
         return len(text)
-    cell = cell or max(16, budget_chars // GRID_CELLS)
     hi = total - -(-(total - end - budget_chars) // cell) * cell  # rounded down onto the grid
     cuts = [pos for pos in _line_starts(text, max(end, hi - cell + 1), hi) if pos > end]
     if cuts:
@@ -273,6 +268,7 @@ def fit_window(
     they start from a generous guess and step in a cell at a time until they fit (each step keeps them on
     the grid), and only past MAX_GRID_STEPS cut by the measured ratio."""
     text = source.text
+    total = len(text) if total is None else total
     # the cells follow from the budgets alone (a measured ratio would move the grid as the user types)
     pcell = max(16, int(prefix_tokens * CHARS_PER_TOKEN) // GRID_CELLS)
     scell = max(16, int(suffix_tokens * CHARS_PER_TOKEN) // GRID_CELLS)
