@@ -11,12 +11,14 @@ import hashlib
 import logging
 import math
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from engine.api import FillRequest, FillResult
+from engine.api import FillRequest, FillResult, Hole, SamplerSettings
 from server.context import FillContext, line_end, line_start
+from server.options import Options
 from server.postprocess import fit_whitespace, rank_candidates
 
 log = logging.getLogger("dfim.server")
@@ -206,20 +208,164 @@ def register(ls) -> None:
         ls.tracker.rejected(str(_field(params, "id")))
 
 
-async def complete(ls, params):
-    """textDocument/inlineCompletion: typed-ahead reuse, then the cache, then one engine call."""
+@dataclass
+class Place:
+    """Where an inline request asks: the document's text when the request came, and the cursor in it."""
+
+    uri: str
+    language_id: str
+    text: str
+    cursor: int
+    encoding: str
+    started: float  # time.perf_counter() when the request came (the shown suggestion's latency)
+
+
+def fill_request(
+    ctx: FillContext, settings: SamplerSettings, options: Options, count_tokens: Callable[[str], int]
+) -> tuple[FillRequest, str]:
+    """The engine request for a fill context, and the rest of the line pinned after its hole ("" if none).
+
+    A single-line open hole is drafted by the checkpoint's encoder (engine.draft): one canvas, which the
+    denoiser mostly confirms in a step. Anything else (several lines, a pinned rest of line) denoises
+    `inline.candidates` canvases from noise."""
+    settings = replace(
+        settings, max_steps=options.sampling.max_steps, entropy_bound=options.sampling.entropy_bound
+    )
+    suffix, middle, pinned = ctx.suffix, (), ""
+    if (
+        options.context.pin_rest_of_line
+        and ctx.mode == "line"
+        and ctx.rest_of_line.strip()
+        and not ctx.opens_line
+    ):
+        pinned = ctx.rest_of_line
+        width = max(4, min(ctx.max_tokens, count_tokens(ctx.rest_of_line) * 2))
+        middle, suffix = (Hole(width), pinned), suffix[len(pinned) :]
+    drafted = settings.draft and options.inline.draft and ctx.mode == "line" and not middle
+    request = FillRequest(
+        prefix=ctx.prefix,
+        suffix=suffix,
+        middle=middle,
+        max_tokens=ctx.max_tokens,
+        settings=replace(settings, draft=drafted),
+        seed=options.sampling.seed,
+        stop=("\n",) if ctx.mode == "line" else (),
+        candidates=1 if drafted else options.inline.candidates,
+        # shown as a new line above the code (postprocess.clean): ranked as the document the user gets
+        scored_suffix=ctx.newline + ctx.before_on_line + suffix if ctx.opens_line else None,
+    )
+    return request, pinned
+
+
+def result_key(lang: str | None, ctx: FillContext, options: Options, model: object) -> str:
+    """The result cache's key: exactly what the model would see, and every setting that changes the answer."""
+    return ResultCache.key(
+        lang,  # an empty Go file and an empty Python file have the same context
+        ctx.prefix,
+        ctx.suffix,
+        ctx.mode,
+        ctx.max_tokens,
+        options.sampling,
+        options.inline.candidates,
+        options.inline.draft,
+        options.inline.retries,  # an empty result with no retry must not answer for one with a retry
+        model,
+    )
+
+
+def accept_command(suggestion_id: str):
+    from lsprotocol import types
+
+    return types.Command(title="dfim: accepted", command=ACCEPT_COMMAND, arguments=[suggestion_id])
+
+
+def inline_items(ls, place: Place, candidates: list[str], ctx: FillContext, source: str, **fields):
+    """The LSP items for cleaned fills, each an edit on the cursor's line; the first one is remembered as
+    shown (typed-ahead reuse) and reported to telemetry. None when no fill makes such an edit."""
+    from lsprotocol import types
+
+    from server.documents import Document
+    from server.telemetry import Shown
+
+    text, cursor = place.text, place.cursor
+    snapshot = Document(uri=place.uri, text=text)
+    original = text[ctx.start : ctx.end]
+    out = []
+    for rank, fill in enumerate(candidates):
+        if ctx.mode == "block" and original.strip(" \t") != original.strip():
+            # an empty body spanning lines (`{\n  ▮\n}`, or a blank line before a Python cursor): the fill
+            # keeps the line breaks around the cursor's line, so that the edit can stay on it
+            fill = fit_body_fill(fill, text, ctx, cursor)
+        edit = one_line_edit(text, ctx.start, ctx.end, fill, cursor)
+        if edit is None or not edit[2]:
+            continue
+        r_start, r_end, insert = edit
+        suggestion_id = new_id()
+        if rank == 0 and r_start == cursor:
+            ls.shown[place.uri] = ShownSuggestion(suggestion_id, text[:cursor], text[r_end:], insert)
+            latency = (time.perf_counter() - place.started) * 1000
+            ls.tracker.shown(
+                Shown(suggestion_id, place.uri, insert, place.language_id),
+                source=source,
+                latencyMs=round(latency, 1),
+                **fields,
+            )
+        out.append(
+            types.InlineCompletionItem(
+                insert_text=insert,
+                range=snapshot.range_at(r_start, r_end, place.encoding),
+                command=accept_command(suggestion_id),
+            )
+        )
+    return types.InlineCompletionList(items=out) if out else None
+
+
+async def run_fill(ls, request: FillRequest, flag) -> FillResult | None:
+    """One engine call for an inline request, counted; None when it was cancelled. An engine error fails
+    this request only (InternalError), never the server."""
     import asyncio
-    import dataclasses
-    import time
+
+    from pygls.exceptions import JsonRpcInternalError
+
+    from engine.api import EngineError, FillCancelled
+
+    ls.counters["fills"] += 1
+    ls.status.begin_fill()
+    try:
+        result = await ls.host.fill(request, flag, urgent=True)
+    except FillCancelled:
+        ls.counters["cancelled"] += 1
+        ls.status.end_fill()
+        return None
+    except asyncio.CancelledError:
+        ls.counters["cancelled"] += 1
+        ls.status.end_fill()
+        raise
+    except EngineError as exc:
+        ls.counters["failed"] += 1
+        ls.status.end_fill()
+        raise JsonRpcInternalError(f"the engine failed: {exc}") from None
+    except Exception as exc:  # a bug in the engine fails this request only
+        ls.counters["failed"] += 1
+        ls.status.end_fill()
+        raise JsonRpcInternalError(f"the engine failed: {type(exc).__name__}: {exc}") from None
+    ls.counters["completed"] += 1
+    ls.counters["model_ms"] += result.latency_ms
+    ls.status.end_fill(result.latency_ms, result.steps, result.stop_reason)
+    ls.note_fallback()
+    return result
+
+
+async def complete(ls, params):
+    """textDocument/inlineCompletion: typed-ahead reuse, then the result cache, then the engine."""
+    import asyncio
 
     from lsprotocol import types
-    from pygls.exceptions import JsonRpcInternalError, JsonRpcInvalidParams
+    from pygls.exceptions import JsonRpcInvalidParams
 
-    from engine.api import EngineError, FillCancelled, Hole
     from server.context import build_context, language_for, one_line, with_lead
     from server.documents import Document, PositionError
     from server.options import language_enabled
-    from server.telemetry import Shown
 
     started = time.perf_counter()
     uri = params.text_document.uri
@@ -238,41 +384,7 @@ async def complete(ls, params):
     if not options.inline.enabled or not language_enabled(options, doc.language_id):
         return None
     text = doc.text
-    snapshot = Document(uri=uri, text=text, version=doc.version)
-    lang = language_for(doc.language_id, uri)
-
-    def items(candidates: list[str], ctx: FillContext, source: str, **fields):
-        out = []
-        original = text[ctx.start : ctx.end]
-        for rank, fill in enumerate(candidates):
-            if ctx.mode == "block" and original.strip(" \t") != original.strip():
-                # an empty body spanning lines (`{\n  ▮\n}`, or a blank line before a Python cursor): the
-                # fill keeps the line breaks around the cursor's line, so that the edit can stay on it
-                fill = fit_body_fill(fill, text, ctx, cursor)
-            edit = one_line_edit(text, ctx.start, ctx.end, fill, cursor)
-            if edit is None or not edit[2]:
-                continue
-            r_start, r_end, insert = edit
-            suggestion_id = new_id()
-            if rank == 0 and r_start == cursor:
-                ls.shown[uri] = ShownSuggestion(suggestion_id, text[:cursor], text[r_end:], insert)
-                latency = (time.perf_counter() - started) * 1000
-                ls.tracker.shown(
-                    Shown(suggestion_id, uri, insert, doc.language_id),
-                    source=source,
-                    latencyMs=round(latency, 1),
-                    **fields,
-                )
-            out.append(
-                types.InlineCompletionItem(
-                    insert_text=insert,
-                    range=snapshot.range_at(r_start, r_end, encoding),
-                    command=types.Command(
-                        title="dfim: accepted", command=ACCEPT_COMMAND, arguments=[suggestion_id]
-                    ),
-                )
-            )
-        return types.InlineCompletionList(items=out) if out else None
+    place = Place(uri, doc.language_id, text, cursor, encoding, started)
 
     # 1. typed-ahead: the user typed the start of what is shown; serve the rest without the model
     shown = ls.shown.get(uri)
@@ -280,21 +392,13 @@ async def complete(ls, params):
     if rest is not None:
         ls.counters["typed_ahead"] += 1
         ls.tracker.typed(uri, cursor - len(shown.before))
-        return types.InlineCompletionList(
-            items=[
-                types.InlineCompletionItem(
-                    insert_text=rest,
-                    range=snapshot.range_at(cursor, cursor, encoding),
-                    command=types.Command(
-                        title="dfim: accepted", command=ACCEPT_COMMAND, arguments=[shown.id]
-                    ),
-                )
-            ]
-        )
+        here = Document(uri=uri, text=text).range_at(cursor, cursor, encoding)
+        item = types.InlineCompletionItem(insert_text=rest, range=here, command=accept_command(shown.id))
+        return types.InlineCompletionList(items=[item])
     ls.shown.pop(uri, None)
 
     # 2. the context, and the cache keyed by exactly what the model would see
-    count_tokens = ls.host.count_tokens if ls.host.ready else None
+    lang = language_for(doc.language_id, uri)
     prefix_tokens, suffix_tokens = ls.host.context_budget(
         options.context.prefix_tokens, options.context.suffix_tokens
     )
@@ -305,103 +409,40 @@ async def complete(ls, params):
         prefix_tokens=prefix_tokens,
         suffix_tokens=suffix_tokens,
         max_canvas=options.sampling.max_canvas,
-        count_tokens=count_tokens,
+        count_tokens=ls.host.count_tokens if ls.host.ready else None,
     )
     if ctx.mode == "block" and not (ctx.start <= cursor <= ctx.end):
         return None
     if not options.inline.multiline:
         ctx = one_line(ctx)
-    key = ResultCache.key(
-        lang,  # an empty Go file and an empty Python file have the same context
-        ctx.prefix,
-        ctx.suffix,
-        ctx.mode,
-        ctx.max_tokens,
-        options.sampling,
-        options.inline.candidates,
-        options.inline.draft,
-        options.inline.retries,  # an empty result with no retry must not answer for one with a retry
-        ls._loaded,
-    )
+    key = result_key(lang, ctx, options, ls._loaded)
     cached = ls.cache.get(key)
     if cached is not None:
         ls.counters["cache_hits"] += 1
-        return items(cached, ctx, "cache", mode=ctx.mode)
+        return inline_items(ls, place, cached, ctx, "cache", mode=ctx.mode)
     if not ls.host.ready:
         return None
 
-    # 3. one engine call, cancelled by a newer request for this document or by $/cancelRequest
+    # 3. the engine, cancelled by a newer request for this document or by $/cancelRequest
     if options.inline.debounce_ms:
         await asyncio.sleep(options.inline.debounce_ms / 1000)
         if flag.is_set():
             return None
-    engine = ls.host.engine
-    settings = dataclasses.replace(
-        engine.settings, max_steps=options.sampling.max_steps, entropy_bound=options.sampling.entropy_bound
-    )
-    prefix, suffix, middle = ctx.prefix, ctx.suffix, ()
-    pinned = ""
-    if (
-        options.context.pin_rest_of_line
-        and ctx.mode == "line"
-        and ctx.rest_of_line.strip()
-        and not ctx.opens_line
-    ):
-        pinned = ctx.rest_of_line
-        width = max(4, min(ctx.max_tokens, ls.host.count_tokens(ctx.rest_of_line) * 2))
-        middle, suffix = (Hole(width), pinned), suffix[len(pinned) :]
-    # The checkpoint's draft (engine.draft) seeds a single-line open hole: one canvas, which the denoiser
-    # mostly confirms in a step. Anything else (several lines, a pinned rest of line) denoises from noise.
-    drafted = settings.draft and options.inline.draft and ctx.mode == "line" and not middle
-    settings = dataclasses.replace(settings, draft=drafted)
-    request = FillRequest(
-        prefix=prefix,
-        suffix=suffix,
-        middle=middle,
-        max_tokens=ctx.max_tokens,
-        settings=settings,
-        seed=options.sampling.seed,
-        stop=("\n",) if ctx.mode == "line" else (),
-        candidates=1 if drafted else options.inline.candidates,
-        # shown as a new line above the code (postprocess.clean): ranked as the document the user gets
-        scored_suffix=ctx.newline + ctx.before_on_line + suffix if ctx.opens_line else None,
-    )
-
-    async def fill_once(request: FillRequest):
-        """One engine call; None when it was cancelled."""
-        ls.counters["fills"] += 1
-        ls.status.begin_fill()
-        try:
-            result = await ls.host.fill(request, flag, urgent=True)
-        except FillCancelled:
-            ls.counters["cancelled"] += 1
-            ls.status.end_fill()
-            return None
-        except asyncio.CancelledError:
-            ls.counters["cancelled"] += 1
-            ls.status.end_fill()
-            raise
-        except EngineError as exc:
-            ls.counters["failed"] += 1
-            ls.status.end_fill()
-            raise JsonRpcInternalError(f"the engine failed: {exc}") from None
-        except Exception as exc:  # a bug in the engine fails this request only
-            ls.counters["failed"] += 1
-            ls.status.end_fill()
-            raise JsonRpcInternalError(f"the engine failed: {type(exc).__name__}: {exc}") from None
-        ls.counters["completed"] += 1
-        ls.counters["model_ms"] += result.latency_ms
-        ls.status.end_fill(result.latency_ms, result.steps, result.stop_reason)
-        ls.note_fallback()
-        return result
-
+    request, pinned = fill_request(ctx, ls.host.engine.settings, options, ls.host.count_tokens)
     led = with_lead(ctx, text)  # only on a blank line, so never with a pinned rest of line
     last_try = (replace(request, prefix=led.prefix), led) if led is not None else None
     # A drafted line's retry: a draft that leaves the dropped text at its first word, beside canvases from
     # noise (`inline.candidates` in all), ranked by the model (decision 44).
-    again = replace(request, candidates=options.inline.candidates) if drafted else None
+    again = replace(request, candidates=options.inline.candidates) if request.settings.draft else None
     outcome = await fill_until_shown(
-        fill_once, request, ctx, pinned, options.inline.retries, flag.is_set, last_try=last_try, again=again
+        lambda r: run_fill(ls, r, flag),
+        request,
+        ctx,
+        pinned,
+        options.inline.retries,
+        flag.is_set,
+        last_try=last_try,
+        again=again,
     )
     if outcome is None:
         return None
@@ -412,4 +453,4 @@ async def complete(ls, params):
     ls.cache.put(key, ranked)
     if flag.is_set():
         return None  # superseded while it ran: a newer request answers for this document
-    return items(ranked, ctx, "model", mode=ctx.mode, steps=steps)
+    return inline_items(ls, place, ranked, ctx, "model", mode=ctx.mode, steps=steps)

@@ -1139,3 +1139,42 @@ def test_a_relative_telemetry_dir_is_refused_and_an_unwritable_one_is_named(tmp_
         broken.record("shown", id="1")
         broken.record("shown", id="2")
     assert len([r for r in caplog.records if "telemetry" in r.getMessage()]) == 1  # said once, never raised
+
+
+def test_the_inline_request_drafts_a_single_line_and_denoises_the_rest():
+    """`inline.fill_request`: a single-line open hole is drafted on one canvas and stops at the line break;
+    several lines or a pinned rest of the line denoise `inline.candidates` canvases from noise."""
+    from dataclasses import replace
+
+    from engine.api import Hole, SamplerSettings
+
+    settings = SamplerSettings(draft=True)
+    opts = options.Options()
+    count = len  # one token per character: the pinned hole's width is easy to predict
+
+    line = context.one_line(ctx_for("def f(x):\n    y = x\n    return |\n"))
+    request, pinned = inline.fill_request(line, settings, opts, count)
+    assert (request.settings.draft, request.candidates, request.stop, pinned) == (True, 1, ("\n",), "")
+    assert request.settings.max_steps == opts.sampling.max_steps
+    assert request.prefix == line.prefix and request.suffix == line.suffix and request.middle == ()
+
+    no_draft = replace(opts, inline=replace(opts.inline, draft=False))
+    request, _ = inline.fill_request(line, settings, no_draft, count)
+    assert (request.settings.draft, request.candidates) == (False, opts.inline.candidates)
+
+    block = ctx_for("def f(x):\n    |\n")
+    assert block.mode != "line"
+    request, _ = inline.fill_request(block, settings, opts, count)
+    assert (request.settings.draft, request.candidates, request.stop) == (False, opts.inline.candidates, ())
+
+    inside = ctx_for("def f(x):\n    return g(|x)\n")
+    assert inside.rest_of_line == "x)"
+    pin = replace(opts, context=replace(opts.context, pin_rest_of_line=True))
+    request, pinned = inline.fill_request(inside, settings, pin, count)
+    assert pinned == "x)" and request.middle == (Hole(4), "x)")
+    assert request.suffix == inside.suffix[len("x)") :] and not request.settings.draft
+
+    above = ctx_for("def f(x):\n|    return x\n")
+    assert above.opens_line
+    request, _ = inline.fill_request(above, settings, opts, count)
+    assert request.scored_suffix == "\n" + above.before_on_line + above.suffix
