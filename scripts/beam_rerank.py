@@ -1,0 +1,177 @@
+"""Search error or model error? Beam search over the draft's decode, and rankers for its lines (session 18).
+
+The shipped draft is greedy: the encoder read as an AR FIM model writes the middle after `<fim_middle>`. If
+many wrong lines were search errors (a line the model itself prefers was missed), a beam would find them.
+For each HumanEval problem this keeps the `--width` best lines (a line ends at its first line break or
+EOS), runs every distinct line against the problem's tests, and reports how many problems each ranker
+passes: the beam's own score ("fim"), the same per token ("fim/token"), the prefix continuation with the
+head of the suffix that the engine ranks candidates by ("continuation"), their sum, and the denoiser's
+score of the line laid on a clean canvas, without and with self-conditioning ("denoiser", "denoiser+sc");
+"oracle" counts problems where any kept line passes. `--width 1` is the plain greedy decode.
+
+    python scripts/beam_rerank.py ../shared/data/humaneval-infilling/HumanEval-SingleLineInfilling.jsonl.gz \
+        --limit 200 --width 4
+
+Lines are taken raw (no server post-processing), so the greedy row reads a little below the server's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine import Engine, sandbox
+from engine.api import FillRequest
+from engine.canvas import CanvasPlan, build_canvas
+from engine.evaluate import Problem, load_problems
+from engine.infill import SUFFIX_HEAD_CHARS
+from engine.model import KVCache
+
+MAX_TOKENS = 32  # what the server asks for a line
+
+
+@dataclass
+class Line:
+    text: str
+    fim: float  # the beam's log-probability (tokens and the end)
+    tokens: int
+    continuation: float = 0.0
+    denoiser: float = 0.0
+    denoiser_sc: float = 0.0
+    passed: bool = False
+
+
+def beam_lines(engine: Engine, problem: Problem, width: int) -> tuple[list[Line], CanvasPlan, KVCache]:
+    """The `width` best lines after `<fim_middle>`, with the plan and a cache holding its context."""
+    tok, model = engine.tokenizer, engine.model
+    plan = build_canvas(
+        FillRequest(prefix=problem.prompt, suffix=problem.suffix, max_tokens=MAX_TOKENS),
+        tok,
+        engine.table,
+        engine.canvas_limit,
+    )
+    heal = plan.heal_bytes.decode("utf-8", "replace")
+    banned = engine.banned.clone()
+    banned[tok.pad_id] = True
+    first_banned = banned.clone()
+    if plan.heal_allowed:  # token healing: the first token must start with the backed-off bytes
+        allowed = torch.zeros_like(banned)
+        allowed[plan.heal_allowed] = True
+        first_banned |= ~allowed
+    kv = model.new_cache()
+    context = len(plan.context_ids)
+    logits = model.context_lm(torch.tensor([plan.context_ids]), kv, last=1)[:, -1]
+    beams: list[tuple[list[int], float]] = [([], 0.0)]
+    done: list[tuple[list[int], float]] = []
+    for step in range(MAX_TOKENS):
+        if step > 0:
+            batch = torch.tensor([ids for ids, _ in beams])
+            logits = model.context_lm(batch, kv.shared_prefix(context, len(beams)), last=1)[:, -1]
+        mask = first_banned if step == 0 else banned
+        logp = torch.log_softmax(logits.float().masked_fill(mask, float("-inf")), dim=-1)
+        grown = []
+        for row, (ids, score) in enumerate(beams):
+            top = logp[row].topk(width)
+            grown += [
+                (ids + [t], score + v) for v, t in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+            ]
+        grown.sort(key=lambda b: -b[1])
+        beams = []
+        for ids, score in grown:
+            if ids[-1] == tok.eos_id:
+                done.append((ids[:-1], score))
+            elif "\n" in tok.decode(ids)[len(heal) :]:
+                done.append((ids, score))
+            elif len(beams) < width:
+                beams.append((ids, score))
+        if not beams or (len(done) >= width and max(s for _, s in done) > beams[0][1]):
+            break
+    lines: dict[str, Line] = {}
+    for ids, score in sorted(done + beams, key=lambda b: -b[1]):
+        text = tok.decode(ids)[len(heal) :].split("\n")[0]
+        if text.strip() and text not in lines:
+            lines[text] = Line(text, score, len(ids))
+    return list(lines.values()), plan, kv
+
+
+def score_lines(engine: Engine, problem: Problem, plan: CanvasPlan, kv: KVCache, lines: list[Line]) -> None:
+    """The continuation likelihood (as `Engine._score_likelihood` ranks candidates) and the denoiser's."""
+    tok, model = engine.tokenizer, engine.model
+    heal = plan.heal_bytes.decode("utf-8", "replace")
+    head = problem.suffix[:SUFFIX_HEAD_CHARS]
+    prefix_end = plan.context_ids[:-1]  # without <fim_middle>: the prefix goes on
+    cont_kv = model.new_cache()
+    model.context_lm(torch.tensor([prefix_end[:-1]]), cont_kv, last=1)
+    for line in lines:
+        ids = tok.encode(heal + line.text + "\n" + head)
+        batch = torch.tensor([[prefix_end[-1], *ids]])
+        logp = torch.log_softmax(
+            model.context_lm(batch, cont_kv.shared_prefix(len(prefix_end) - 1, 1))[0], -1
+        )
+        line.continuation = float(logp[torch.arange(len(ids)), torch.tensor(ids)].sum())
+    seqs = [tok.encode(heal + line.text + "\n") + [tok.eos_id] for line in lines]
+    length = next(n for n in (16, 32, 64, 128) if n >= max(len(s) for s in seqs) or n == 128)
+    canvas = torch.full((len(seqs), length), tok.pad_id)
+    for row, seq in enumerate(seqs):
+        canvas[row, : min(len(seq), length)] = torch.tensor(seq[:length])
+    view = kv.shared_prefix(len(plan.context_ids), 1)
+    first = model.denoise(canvas, view)
+    second = model.denoise(canvas, view, first)
+    for logits, field in ((first, "denoiser"), (second, "denoiser_sc")):
+        logp = torch.log_softmax(logits.float(), -1).gather(2, canvas[..., None])[..., 0]
+        for row, line in enumerate(lines):
+            setattr(line, field, float(logp[row, : min(len(seqs[row]), length)].sum()))
+
+
+RANKERS: dict[str, Callable[[Line], float]] = {
+    "fim": lambda x: x.fim,
+    "fim/token": lambda x: x.fim / (x.tokens + 1),
+    "continuation": lambda x: x.continuation,
+    "fim+continuation": lambda x: x.fim + x.continuation,
+    "denoiser": lambda x: x.denoiser,
+    "denoiser+sc": lambda x: x.denoiser_sc,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("data", help="HumanEval infilling .jsonl[.gz]")
+    parser.add_argument("--limit", type=int, default=200)
+    parser.add_argument("--width", type=int, default=4)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--out", default=None, help="write every line and its scores here (JSON lines)")
+    args = parser.parse_args()
+    engine = Engine.load(args.model, threads=1)
+    passed = dict.fromkeys([*RANKERS, "oracle"], 0)
+    out = open(args.out, "w") if args.out else None
+    problems = load_problems(args.data, args.limit)
+    with torch.inference_mode():
+        for problem in problems:
+            lines, plan, kv = beam_lines(engine, problem, args.width)
+            if not lines:
+                continue
+            score_lines(engine, problem, plan, kv, lines)
+            for line in lines:
+                program = sandbox.humaneval_program(
+                    problem.prompt, line.text + "\n", problem.suffix, problem.test, problem.entry_point
+                )
+                line.passed = sandbox.run_program(program).passed
+            for name, rank in RANKERS.items():
+                passed[name] += max(lines, key=rank).passed
+            passed["oracle"] += any(line.passed for line in lines)
+            if out:
+                out.write(json.dumps({"task_id": problem.task_id, "lines": [vars(x) for x in lines]}) + "\n")
+    if out:
+        out.close()
+    n = len(problems)
+    print(f"width {args.width}, {n} problems: pass@1 by ranker")
+    for name, count in passed.items():
+        print(f"  {name:18s} {count:4d}  {100 * count / n:5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
