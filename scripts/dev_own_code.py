@@ -31,18 +31,30 @@ from engine.evaluate import SWEEP_KEYS
 from engine.metrics import edit_similarity, exact_match
 
 ROOT = Path(__file__).resolve().parents[1]
+# The files lines are drawn from (globs under the source root): our own Python.
+OWN_CODE = ("engine/*.py", "server/*.py", "dfim/**/*.py")
+# Lines never asked: comments and strings (Python; other languages also C-like comments).
+PYTHON_SKIP = ("#", '"', "'")
+OTHER_SKIP = (*PYTHON_SKIP, "//", "/*", "*")
 
 
-def problems(seed: int = 7, per_file: int = 6, kind: str = "line", root: Path = ROOT) -> list[dict[str, str]]:
+def problems(
+    seed: int = 7,
+    per_file: int = 6,
+    kind: str = "line",
+    root: Path = ROOT,
+    patterns: tuple[str, ...] = OWN_CODE,
+) -> list[dict[str, str]]:
     rng = random.Random(seed)
-    files = sorted([*root.glob("engine/*.py"), *root.glob("server/*.py"), *root.glob("dfim/**/*.py")])
+    files = sorted({path for pattern in patterns for path in root.glob(pattern) if path.is_file()})
     out = []
     for path in files:
         lines = path.read_text(encoding="utf-8").split("\n")
+        skip = PYTHON_SKIP if path.suffix == ".py" else OTHER_SKIP
         candidates = [
             i
             for i, line in enumerate(lines)
-            if i > 20 and 12 <= len(line.strip()) <= 70 and not line.strip().startswith(("#", '"', "'"))
+            if i > 20 and 12 <= len(line.strip()) <= 70 and not line.strip().startswith(skip)
         ]
         for i in rng.sample(candidates, min(per_file, len(candidates))):
             line = lines[i]

@@ -31,6 +31,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+EXTENSIONS = {
+    "python": ".py",
+    "javascript": ".js",
+    "typescript": ".ts",
+    "go": ".go",
+    "rust": ".rs",
+    "java": ".java",
+}
 sys.path.insert(0, str(ROOT))
 
 from dfim.bench.replay import Client, _get, utf16_offset  # noqa: E402
@@ -82,7 +90,9 @@ def apply_workspace_edit(doc: str, reply) -> str:
     return doc
 
 
-async def fill_all(problems: list[Problem], model: str, settings: dict, action: str = "") -> list[dict]:
+async def fill_all(
+    problems: list[Problem], model: str, settings: dict, action: str = "", language: str = "python"
+) -> list[dict]:
     client = Client()
     rows = []
     with tempfile.TemporaryDirectory() as data_dir:
@@ -91,12 +101,12 @@ async def fill_all(problems: list[Problem], model: str, settings: dict, action: 
             raise SystemExit(f"the server did not start: {_get(status, 'message')}")
         try:
             for i, problem in enumerate(problems):
-                uri = f"file:///eval/problem_{i}.py"
+                uri = f"file:///eval/problem_{i}{EXTENSIONS.get(language, '.txt')}"
                 if action:
                     doc, start, end = with_hole(problem)
                 else:
                     doc = problem.prompt + problem.suffix
-                client.open(uri, doc, "python")
+                client.open(uri, doc, language)
                 started = time.perf_counter()
                 if action:
                     try:
@@ -127,6 +137,12 @@ def main() -> None:
         "--kind", default="line", choices=("line", "midline"), help="--dev: where the cursor sits in the line"
     )
     parser.add_argument("--source", type=Path, default=ROOT, help="--dev: the checkout to draw lines from")
+    parser.add_argument(
+        "--glob",
+        action="append",
+        help="--dev: files to draw lines from, under --source (repeatable; default: our own Python)",
+    )
+    parser.add_argument("--language", default="python", help="the documents' languageId (default python)")
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--model", default="", help="checkpoint folder (default: the shipped model)")
     parser.add_argument("--settings", default="{}", help="server settings (JSON, as initializationOptions)")
@@ -139,13 +155,17 @@ def main() -> None:
 
         problems = [
             Problem(f"dev/{i}", p["prefix"], p["suffix"], p["want"], "", "")
-            for i, p in enumerate(dev_own_code.problems(kind=args.kind, root=args.source)[: args.limit])
+            for i, p in enumerate(
+                dev_own_code.problems(
+                    kind=args.kind, root=args.source, patterns=tuple(args.glob or dev_own_code.OWN_CODE)
+                )[: args.limit]
+            )
         ]
     elif args.data:
         problems = load_problems(args.data, args.limit)
     else:
         parser.error("give a HumanEval-infilling file or --dev")
-    rows = asyncio.run(fill_all(problems, args.model, json.loads(args.settings), args.action))
+    rows = asyncio.run(fill_all(problems, args.model, json.loads(args.settings), args.action, args.language))
     for problem, row in zip(problems, rows, strict=True):
         completion = row["completion"]
         if completion is None:  # an edit outside the hole: counts as a wrong answer
