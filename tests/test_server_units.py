@@ -1150,12 +1150,13 @@ def test_the_inline_request_drafts_a_single_line_and_denoises_the_rest():
 
     settings = SamplerSettings(draft=True)
     opts = options.Options()
+    opts = replace(opts, sampling=replace(opts.sampling, entropy_bound=0.3, max_steps=9))
     count = len  # one token per character: the pinned hole's width is easy to predict
 
     line = context.one_line(ctx_for("def f(x):\n    y = x\n    return |\n"))
     request, pinned = inline.fill_request(line, settings, opts, count)
     assert (request.settings.draft, request.candidates, request.stop, pinned) == (True, 1, ("\n",), "")
-    assert request.settings.max_steps == opts.sampling.max_steps
+    assert (request.settings.max_steps, request.settings.entropy_bound) == (9, 0.3)  # the server's settings
     assert request.prefix == line.prefix and request.suffix == line.suffix and request.middle == ()
 
     no_draft = replace(opts, inline=replace(opts.inline, draft=False))
@@ -1167,12 +1168,13 @@ def test_the_inline_request_drafts_a_single_line_and_denoises_the_rest():
     request, _ = inline.fill_request(block, settings, opts, count)
     assert (request.settings.draft, request.candidates, request.stop) == (False, opts.inline.candidates, ())
 
-    inside = ctx_for("def f(x):\n    return g(|x)\n")
-    assert inside.rest_of_line == "x)"
+    inside = ctx_for("def f(x):\n    return g(|x, y, z)\n")
+    assert inside.rest_of_line == "x, y, z)"
     pin = replace(opts, context=replace(opts.context, pin_rest_of_line=True))
     request, pinned = inline.fill_request(inside, settings, pin, count)
-    assert pinned == "x)" and request.middle == (Hole(4), "x)")
-    assert request.suffix == inside.suffix[len("x)") :] and not request.settings.draft
+    assert pinned == "x, y, z)" and request.middle == (Hole(16), "x, y, z)")  # twice the rest's tokens
+    assert request.suffix == inside.suffix[len(pinned) :]
+    assert (request.settings.draft, request.candidates) == (False, opts.inline.candidates)
 
     above = ctx_for("def f(x):\n|    return x\n")
     assert above.opens_line
