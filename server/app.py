@@ -147,6 +147,11 @@ class DfimServer(LanguageServer):
         self._load_task: asyncio.Task | None = None
         self._loaded = ("", "")
 
+    @property
+    def model_key(self) -> tuple[str, str]:
+        """(model path, device) of the model asked for last: results of another model are not reused."""
+        return self._loaded
+
     # ---- settings --------------------------------------------------------------------------------------
 
     def apply_settings(self, raw, source: str) -> list[str]:

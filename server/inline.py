@@ -415,7 +415,7 @@ async def complete(ls, params):
         return None
     if not options.inline.multiline:
         ctx = one_line(ctx)
-    key = result_key(lang, ctx, options, ls._loaded)
+    key = result_key(lang, ctx, options, ls.model_key)
     cached = ls.cache.get(key)
     if cached is not None:
         ls.counters["cache_hits"] += 1
