@@ -74,6 +74,17 @@ async def test_inline_item_fits_between_prefix_and_suffix(session):
     assert stats.status.lastSteps is not None and stats.status.lastLatencyMs is not None
 
 
+async def test_a_notebook_cell_is_served_like_a_file(session):
+    """VS Code sends each Jupyter cell as its own document, under a `vscode-notebook-cell:` URI with a fragment."""
+    uri = "vscode-notebook-cell:/work/analysis.ipynb#W1sZmlsZQ%3D%3D"
+    session.open(uri, PY)
+    result = await session.inline(uri, 1, 11)
+    assert result is not None and result.items
+    item = result.items[0]
+    assert item.range.start.line == item.range.end.line == 1 and item.range.start.character == 11
+    assert item.insert_text and "\n" not in item.insert_text
+
+
 async def test_blank_line_gets_one_line_unless_multiline_is_on(session):
     uri = "file:///work/blank.py"
     text = "def scale(xs, k):\n    out = []\n    \n    return out\n"

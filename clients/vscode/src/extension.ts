@@ -11,7 +11,7 @@ import {
   State,
 } from "vscode-languageclient/node";
 import { LastTrace, showLastCanvas } from "./canvas";
-import { serverCommand, serverKeys, serverSettings, settingsReader } from "./settings";
+import { DOCUMENT_SELECTOR, serverCommand, serverKeys, serverSettings, settingsReader } from "./settings";
 import { ClientState, formatStats, formatStatus, ServerStatus, STATUS_METHOD } from "./status";
 import { ACCEPT_COMMAND, Change, suggestionId, SuggestionWatcher, TelemetryEvent } from "./telemetry";
 
@@ -75,7 +75,7 @@ function buildClient(): LanguageClient {
   // No `transport`: the client then talks over the process's stdio without appending `--stdio` to args.
   const serverOptions: ServerOptions = { command, args };
   const clientOptions: LanguageClientOptions = {
-    documentSelector: [{ scheme: "file" }, { scheme: "untitled" }],
+    documentSelector: DOCUMENT_SELECTOR,
     outputChannel: output,
     initializationOptions: currentServerSettings(),
     middleware: {

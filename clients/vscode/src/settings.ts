@@ -4,6 +4,17 @@
 // server's tree (camelCase, nested: `dfim.sampling.maxSteps` -> {sampling: {maxSteps}}) and keep its own
 // keys (how to start the server, tracing) to itself. Pure: no `vscode` import, so it is unit-tested in node.
 
+/**
+ * The documents the client hands to the server: files, unsaved editors, and the cells of notebooks (Jupyter),
+ * each cell a document of its own with its kernel's languageId. The server's `languages` setting decides
+ * which languages get completions, for cells as for files.
+ */
+export const DOCUMENT_SELECTOR: { scheme: string }[] = [
+  { scheme: "file" },
+  { scheme: "untitled" },
+  { scheme: "vscode-notebook-cell" },
+];
+
 /** Keys (below `dfim.`) that only the client reads; they are never sent to the server. */
 export const CLIENT_ONLY = ["serverPath", "serverArgs", "trace"];
 

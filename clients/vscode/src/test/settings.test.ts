@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 import {
   CLIENT_ONLY,
+  DOCUMENT_SELECTOR,
   explicitValue,
   flagValue,
   Inspected,
@@ -150,4 +151,11 @@ test("flagValue and explicitValue", () => {
   assert.equal(explicitValue({ defaultValue: "cpu" }), undefined);
   assert.equal(explicitValue({ defaultValue: "cpu", globalValue: "cuda" }), "cuda");
   assert.equal(explicitValue({ globalValue: "cuda", workspaceValue: "cpu" }), "cpu");
+});
+
+test("files, unsaved editors and notebook cells go to the server", () => {
+  const schemes = DOCUMENT_SELECTOR.map((filter) => filter.scheme);
+  assert.deepEqual(schemes, ["file", "untitled", "vscode-notebook-cell"]);
+  // no language filter: the server's `languages` setting decides, for cells as for files
+  assert.ok(DOCUMENT_SELECTOR.every((filter) => Object.keys(filter).length === 1));
 });
