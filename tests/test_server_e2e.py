@@ -55,8 +55,8 @@ async def test_initialize_advertises_capabilities(session):
     assert ready.isRandom is True and ready.model
 
 
-async def test_inline_item_fits_between_prefix_and_suffix(session):
-    uri = "file:///work/add.py"
+async def line_item_after_return(session, uri: str):
+    """Open PY under `uri` and ask at the end of `return `: the first item, checked to be one line there."""
     session.open(uri, PY)
     result = await session.inline(uri, 1, 11)
     assert result is not None and result.items
@@ -64,6 +64,11 @@ async def test_inline_item_fits_between_prefix_and_suffix(session):
     assert item.range.start.line == item.range.end.line == 1
     assert item.range.start.character == 11
     assert item.insert_text and "\n" not in item.insert_text  # single-line mode at the end of `return `
+    return item
+
+
+async def test_inline_item_fits_between_prefix_and_suffix(session):
+    item = await line_item_after_return(session, "file:///work/add.py")
     assert item.command.command == "dfim.inlineAccepted"
     # accept it: the command is recorded, the server keeps answering
     await session.client.workspace_execute_command_async(
@@ -76,13 +81,7 @@ async def test_inline_item_fits_between_prefix_and_suffix(session):
 
 async def test_a_notebook_cell_is_served_like_a_file(session):
     """VS Code sends each Jupyter cell as its own document, under a `vscode-notebook-cell:` URI with a fragment."""
-    uri = "vscode-notebook-cell:/work/analysis.ipynb#W1sZmlsZQ%3D%3D"
-    session.open(uri, PY)
-    result = await session.inline(uri, 1, 11)
-    assert result is not None and result.items
-    item = result.items[0]
-    assert item.range.start.line == item.range.end.line == 1 and item.range.start.character == 11
-    assert item.insert_text and "\n" not in item.insert_text
+    await line_item_after_return(session, "vscode-notebook-cell:/work/analysis.ipynb#W1sZmlsZQ%3D%3D")
 
 
 async def test_blank_line_gets_one_line_unless_multiline_is_on(session):
