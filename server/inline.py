@@ -15,11 +15,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from engine.api import FillRequest, FillResult, Hole, SamplerSettings
 from server.context import FillContext, line_end, line_start
 from server.options import Options
 from server.postprocess import fit_whitespace, rank_candidates
+
+if TYPE_CHECKING:
+    from server.documents import Document
 
 log = logging.getLogger("dfim.server")
 
@@ -210,11 +214,9 @@ def register(ls) -> None:
 
 @dataclass
 class Place:
-    """Where an inline request asks: the document's text when the request came, and the cursor in it."""
+    """Where an inline request asks: the document as it was when the request came, and the cursor in it."""
 
-    uri: str
-    language_id: str
-    text: str
+    snapshot: Document  # a copy: the store's document may change while the fill runs
     cursor: int
     encoding: str
     started: float  # time.perf_counter() when the request came (the shown suggestion's latency)
@@ -284,11 +286,10 @@ def inline_items(ls, place: Place, candidates: list[str], ctx: FillContext, sour
     shown (typed-ahead reuse) and reported to telemetry. None when no fill makes such an edit."""
     from lsprotocol import types
 
-    from server.documents import Document
     from server.telemetry import Shown
 
-    text, cursor = place.text, place.cursor
-    snapshot = Document(uri=place.uri, text=text)
+    snapshot, cursor = place.snapshot, place.cursor
+    text = snapshot.text
     original = text[ctx.start : ctx.end]
     out = []
     for rank, fill in enumerate(candidates):
@@ -302,10 +303,10 @@ def inline_items(ls, place: Place, candidates: list[str], ctx: FillContext, sour
         r_start, r_end, insert = edit
         suggestion_id = new_id()
         if rank == 0 and r_start == cursor:
-            ls.shown[place.uri] = ShownSuggestion(suggestion_id, text[:cursor], text[r_end:], insert)
+            ls.shown[snapshot.uri] = ShownSuggestion(suggestion_id, text[:cursor], text[r_end:], insert)
             latency = (time.perf_counter() - place.started) * 1000
             ls.tracker.shown(
-                Shown(suggestion_id, place.uri, insert, place.language_id),
+                Shown(suggestion_id, snapshot.uri, insert, snapshot.language_id),
                 source=source,
                 latencyMs=round(latency, 1),
                 **fields,
@@ -331,25 +332,24 @@ async def run_fill(ls, request: FillRequest, flag) -> FillResult | None:
 
     ls.counters["fills"] += 1
     ls.status.begin_fill()
+    result, outcome = None, "failed"
     try:
         result = await ls.host.fill(request, flag, urgent=True)
+        outcome = "completed"
     except FillCancelled:
-        ls.counters["cancelled"] += 1
-        ls.status.end_fill()
+        outcome = "cancelled"
         return None
     except asyncio.CancelledError:
-        ls.counters["cancelled"] += 1
-        ls.status.end_fill()
+        outcome = "cancelled"
         raise
     except EngineError as exc:
-        ls.counters["failed"] += 1
-        ls.status.end_fill()
         raise JsonRpcInternalError(f"the engine failed: {exc}") from None
     except Exception as exc:  # a bug in the engine fails this request only
-        ls.counters["failed"] += 1
-        ls.status.end_fill()
         raise JsonRpcInternalError(f"the engine failed: {type(exc).__name__}: {exc}") from None
-    ls.counters["completed"] += 1
+    finally:
+        ls.counters[outcome] += 1
+        if result is None:
+            ls.status.end_fill()
     ls.counters["model_ms"] += result.latency_ms
     ls.status.end_fill(result.latency_ms, result.steps, result.stop_reason)
     ls.note_fallback()
@@ -384,7 +384,8 @@ async def complete(ls, params):
     if not options.inline.enabled or not language_enabled(options, doc.language_id):
         return None
     text = doc.text
-    place = Place(uri, doc.language_id, text, cursor, encoding, started)
+    snapshot = Document(uri=uri, text=text, version=doc.version, language_id=doc.language_id)
+    place = Place(snapshot, cursor, encoding, started)
 
     # 1. typed-ahead: the user typed the start of what is shown; serve the rest without the model
     shown = ls.shown.get(uri)
@@ -392,7 +393,7 @@ async def complete(ls, params):
     if rest is not None:
         ls.counters["typed_ahead"] += 1
         ls.tracker.typed(uri, cursor - len(shown.before))
-        here = Document(uri=uri, text=text).range_at(cursor, cursor, encoding)
+        here = snapshot.range_at(cursor, cursor, encoding)
         item = types.InlineCompletionItem(insert_text=rest, range=here, command=accept_command(shown.id))
         return types.InlineCompletionList(items=[item])
     ls.shown.pop(uri, None)
