@@ -110,19 +110,16 @@ def beam_lines(
 
 
 def score_lines(engine: Engine, problem: Problem, plan: CanvasPlan, kv: KVCache, lines: list[Line]) -> None:
-    """The continuation likelihood (as `Engine._score_likelihood` ranks candidates) and the denoiser's."""
+    """The continuation likelihood (as `Engine._score_likelihood` ranks candidates, over a view of the same
+    cache) and the denoiser's."""
     tok, model = engine.tokenizer, engine.model
     heal = plan.heal_bytes.decode("utf-8", "replace")
     head = problem.suffix[:SUFFIX_HEAD_CHARS]
-    prefix_end = plan.context_ids[:-1]  # without <fim_middle>: the prefix goes on
-    cont_kv = model.new_cache()
-    model.context_lm(torch.tensor([prefix_end[:-1]]), cont_kv, last=1)
+    keep = len(plan.context_ids) - 2  # without <fim_middle>, and the last prefix token runs again
     for line in lines:
         ids = tok.encode(heal + line.text + "\n" + head)
-        batch = torch.tensor([[prefix_end[-1], *ids]])
-        logp = torch.log_softmax(
-            model.context_lm(batch, cont_kv.shared_prefix(len(prefix_end) - 1, 1))[0], -1
-        )
+        batch = torch.tensor([[plan.context_ids[keep], *ids]])
+        logp = torch.log_softmax(model.context_lm(batch, kv.shared_prefix(keep, 1))[0], -1)
         line.continuation = float(logp[torch.arange(len(ids)), torch.tensor(ids)].sum())
     view = kv.shared_prefix(len(plan.context_ids), 1)
     for line in lines:  # each on the canvas the engine would give it (`draft.fit_canvas`)

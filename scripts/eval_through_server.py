@@ -31,20 +31,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTENSIONS = {
-    "python": ".py",
-    "javascript": ".js",
-    "typescript": ".ts",
-    "go": ".go",
-    "rust": ".rs",
-    "java": ".java",
-}
 sys.path.insert(0, str(ROOT))
 
 from dfim.bench.replay import Client, _get, utf16_offset  # noqa: E402
 from engine import sandbox  # noqa: E402
 from engine.evaluate import Problem, load_problems  # noqa: E402
 from engine.metrics import edit_similarity, exact_match  # noqa: E402
+from server.context import EXTENSIONS  # noqa: E402
 
 
 def between(problem: Problem, new: str) -> str | None:
@@ -94,6 +87,7 @@ async def fill_all(
     problems: list[Problem], model: str, settings: dict, action: str = "", language: str = "python"
 ) -> list[dict]:
     client = Client()
+    extension = next((ext for ext, lang in EXTENSIONS.items() if lang == language), ".txt")
     rows = []
     with tempfile.TemporaryDirectory() as data_dir:
         status = await client.start(model, "cpu", {"telemetry": {"enabled": False}, **settings}, data_dir)
@@ -101,7 +95,7 @@ async def fill_all(
             raise SystemExit(f"the server did not start: {_get(status, 'message')}")
         try:
             for i, problem in enumerate(problems):
-                uri = f"file:///eval/problem_{i}{EXTENSIONS.get(language, '.txt')}"
+                uri = f"file:///eval/problem_{i}{extension}"
                 if action:
                     doc, start, end = with_hole(problem)
                 else:
