@@ -81,23 +81,12 @@ def draft_canvas(
     quiet = dataclasses.replace(request, on_step=None)  # progress reports belong to the denoising steps
     ends = None if request.stop else (lambda text: hole_end(text, request.prefix, request.suffix) is not None)
     if request.settings.draft_from == "middle":  # the AR FIM decode: it ends at its own EOS
-        out = autoregressive.decode(
-            cache, plan, quiet, banned, tokenizer, budget=plan.length, ends=ends, avoid=request.avoid
-        )
-    else:
-        prefix_end = dataclasses.replace(plan, context_ids=plan.context_ids[:-1])
-        park = plan.context_ids[-1:]  # `<fim_middle>`
-        out = autoregressive.decode(
-            cache,
-            prefix_end,
-            quiet,
-            banned,
-            tokenizer,
-            budget=plan.length,
-            ends=ends,
-            park=park,
-            avoid=request.avoid,
-        )
+        start, park = plan, []
+    else:  # continue the prefix; `<fim_middle>` is parked for the fill's `prepare`
+        start, park = dataclasses.replace(plan, context_ids=plan.context_ids[:-1]), plan.context_ids[-1:]
+    out = autoregressive.decode(
+        cache, start, quiet, banned, tokenizer, budget=plan.length, ends=ends, park=park, avoid=request.avoid
+    )
     tokens = out.tokens[: plan.length]
     if ends is not None:  # keep the tokens before the line break where the draft left the hole
         text, _ = assemble_text(tokens, tokenizer, plan.heal_bytes)
