@@ -13,6 +13,7 @@ Hq/Hkv query/key-value heads, D head dim.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,56 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     if weight is not None:
         y = y * weight.float()
     return y.type_as(x)
+
+
+# Products with at most this many rows go through fbgemm's fp16-weight GEMM when the weights fit fp16
+# (`pack_fp16`): a drafted token's pass reads every weight it uses from memory (~46 MB in fp32, more
+# than the L3), and half the bytes make its products ~3x faster on the 2-core AVX2 machine; the
+# arithmetic stays fp32. Larger products (encoding a context) are compute-bound: MKL's fp32 stays.
+PACKED_MAX_ROWS = 64
+
+
+@dataclass
+class Packed:
+    """fbgemm's fp16 copy of a [out, in] weight for `linear` (CPU inference). `source` is the parameter it
+    was made from: a changed parameter (a new `.data`, an in-place update) makes the copy stale."""
+
+    op: object  # torch.ops.quantized.linear_prepack_fp16's packed weight
+    source: Tensor
+    ptr: int
+    version: int
+
+    def fresh(self) -> bool:
+        return self.source.data_ptr() == self.ptr and self.source._version == self.version
+
+
+def pack_fp16(weight: Tensor, source: Tensor | None = None) -> Packed | None:
+    """`weight` [out, in] packed for `linear`, or None where fbgemm is missing (ARM) or fp16 would change a
+    weight by more than a subnormal's rounding (fp32 checkpoints; bf16 ones fit: 1,112 of dfim-small's
+    15.5 M weights move, by <= 3e-8). `source`: the parameter `weight` is read from (default: itself)."""
+    source = weight if source is None else source
+    if weight.dtype != torch.float32 or weight.device.type != "cpu":
+        return None
+    try:
+        if (weight.half().float() - weight).abs().max() > 2**-24:  # also catches fp16 overflow (inf)
+            return None
+        op = torch.ops.quantized.linear_prepack_fp16(weight.contiguous(), None)
+    except (AttributeError, NotImplementedError, RuntimeError):
+        return None
+    return Packed(op, source, source.data_ptr(), source._version)
+
+
+def linear(x: Tensor, weight: Tensor, packed: Packed | None = None) -> Tensor:
+    """`x @ weight.T`, through the fp16 copy for a few rows (see PACKED_MAX_ROWS): the same values up to
+    fp32 rounding."""
+    if (
+        packed is not None
+        and x.numel() <= PACKED_MAX_ROWS * x.shape[-1]
+        and not torch.is_grad_enabled()
+        and packed.fresh()
+    ):
+        return torch.ops.quantized.linear_dynamic_fp16(x, packed.op)
+    return F.linear(x, weight)
 
 
 def gelu(x: Tensor) -> Tensor:
@@ -154,6 +205,8 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d, config.rms_norm_eps)
         self.v_norm = RMSNorm(d, config.rms_norm_eps, with_scale=False)
         self.qkv: Tensor | None = None  # [H, (Hq + 2 Hkv) D] after `fuse_linears` (CPU inference)
+        self.qkv_packed: Packed | None = None  # fp16 copies for few-row products (`pack_fp16`)
+        self.o_packed: Packed | None = None
 
     def project(
         self, x: Tensor, cos: Tensor, sin: Tensor, rolled: bool = False
@@ -167,7 +220,9 @@ class Attention(nn.Module):
         ):
             # One GEMM instead of two or three, and one norm over every head's row instead of three (the
             # q and k norm weights are applied after it; v's norm has none): per-op cost dominates here.
-            heads = rms_norm(torch.matmul(x, self.qkv).view(b, t, -1, d), None, self.q_norm.eps)
+            heads = rms_norm(
+                linear(x, self.qkv.t(), self.qkv_packed).view(b, t, -1, d), None, self.q_norm.eps
+            )
             rope = apply_rolled_rope if rolled else apply_rope
             q = rope(heads[:, :, :hq] * self.q_norm.weight, cos, sin)
             k = rope(heads[:, :, hq : hq + hkv] * self.k_norm.weight, cos, sin)
@@ -190,7 +245,11 @@ class Attention(nn.Module):
             v = v.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
         b, _, t, _ = q.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+        return linear(
+            out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim),
+            self.o_proj.weight,
+            self.o_packed,
+        )
 
     def attend_cached(
         self,
@@ -230,7 +289,7 @@ class Attention(nn.Module):
         out_new = torch.matmul(probs[..., p:].reshape(hkv, b, rows // b, length).transpose(0, 1), v)
         out_past = torch.matmul(probs[..., :p], past_v[0]).reshape(hkv, b, rows // b, d).transpose(0, 1)
         out = (out_past + out_new).reshape(b, hq, length, d)
-        return self.o_proj(out.transpose(1, 2).reshape(b, length, hq * d))
+        return linear(out.transpose(1, 2).reshape(b, length, hq * d), self.o_proj.weight, self.o_packed)
 
 
 class MLP(nn.Module):
@@ -242,11 +301,13 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.gate_up: Tensor | None = None  # [H, 2I] after `fuse_linears` (CPU inference)
+        self.gate_up_packed: Packed | None = None  # fp16 copies for few-row products (`pack_fp16`)
+        self.down_packed: Packed | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         if fused_views(self.gate_up, self.gate_proj, self.up_proj):
-            gate, up = torch.matmul(x, self.gate_up).chunk(2, dim=-1)
-            return self.down_proj(gelu(gate) * up)
+            gate, up = linear(x, self.gate_up.t(), self.gate_up_packed).chunk(2, dim=-1)
+            return linear(gelu(gate) * up, self.down_proj.weight, self.down_packed)
         return self.down_proj(gelu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -284,6 +345,8 @@ class Experts(nn.Module):
         self.num_experts = e
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
+        self.gate_up_packed: list[Packed | None] = [None] * e  # fp16 copies per expert (`pack_fp16`)
+        self.down_packed: list[Packed | None] = [None] * e
 
     def forward(self, x: Tensor, weights: Tensor, index: Tensor) -> Tensor:
         """x: [N, H], weights/index: [N, k] -> [N, H]."""
@@ -305,11 +368,10 @@ class Experts(nn.Module):
             # One token (the encoder's draft): its k experts in turn, no sorting or scatter (~2x faster).
             out = None
             for slot, expert in enumerate(index[0].tolist()):
-                gate, up = F.linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)
+                gate, up = linear(x, self.gate_up_proj[expert], self.gate_up_packed[expert]).chunk(2, dim=-1)
+                y = linear(gelu(gate) * up, self.down_proj[expert], self.down_packed[expert])
                 # weighted in fp32 and summed in x's dtype, as the general path below does
-                y = (F.linear(gelu(gate) * up, self.down_proj[expert]) * weights[0, slot : slot + 1]).to(
-                    x.dtype
-                )
+                y = (y * weights[0, slot : slot + 1]).to(x.dtype)
                 out = y if out is None else out + y
             assert out is not None
             return out
@@ -324,8 +386,10 @@ class Experts(nn.Module):
             if count == 0:
                 continue
             tokens = token_of_slot[start : start + count]
-            gate, up = F.linear(x[tokens], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            y = F.linear(gelu(gate) * up, self.down_proj[expert])
+            gate, up = linear(x[tokens], self.gate_up_proj[expert], self.gate_up_packed[expert]).chunk(
+                2, dim=-1
+            )
+            y = linear(gelu(gate) * up, self.down_proj[expert], self.down_packed[expert])
             out.index_add_(0, tokens, (y * weight_of_slot[start : start + count, None]).to(x.dtype))
             start += count
         return out
@@ -371,12 +435,14 @@ class SelfConditioning(nn.Module):
         self.up_proj = nn.Linear(hidden, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, hidden, bias=False)
         self.gate_up: Tensor | None = None  # [H, 2I] after `fuse_linears` (CPU inference)
+        self.gate_up_packed: Packed | None = None  # fp16 copies for few-row products (`pack_fp16`)
+        self.down_packed: Packed | None = None
 
     def forward(self, canvas_embeds: Tensor, soft_embeds: Tensor) -> Tensor:
         normed = self.pre_norm(soft_embeds)
         if fused_views(self.gate_up, self.gate_proj, self.up_proj):
-            gate, up = torch.matmul(normed, self.gate_up).chunk(2, dim=-1)
-            signal = self.down_proj(gelu(gate) * up)
+            gate, up = linear(normed, self.gate_up.t(), self.gate_up_packed).chunk(2, dim=-1)
+            signal = linear(gelu(gate) * up, self.down_proj.weight, self.down_packed)
         else:
             signal = self.down_proj(gelu(self.gate_proj(normed)) * self.up_proj(normed))
         return self.post_norm(canvas_embeds + signal)
@@ -539,6 +605,10 @@ class DiffusionGemma(nn.Module):
         self.rotary = Rotary(config)
         # ((device, dtype), RoPE tables over positions [0, N) per layer type): see `rope_rows`
         self._rope_table: tuple[tuple, dict[str, tuple[Tensor, Tensor]]] = ((), {})
+        # fp16 copies of the tied embedding for few-row products (`pack_fp16`): the LM head, and the
+        # self-conditioning's probabilities @ embedding
+        self.head_packed: Packed | None = None
+        self.soft_packed: Packed | None = None
 
     @property
     def decoder(self) -> Decoder:
@@ -554,7 +624,9 @@ class DiffusionGemma(nn.Module):
         Linears that read one input (q/k/v, gate/up) become views of one fused matrix (one GEMM, see
         `fuse_linears`); every other matrix, the experts and the tied embedding are stored transposed
         (column-major), so each product runs as an NN GEMM, measurably faster in MKL for the ~16-row
-        activations of a canvas (the LM head: 3.8 -> 3.2 ms on the 2-core dev machine)."""
+        activations of a canvas (the LM head: 3.8 -> 3.2 ms on the 2-core dev machine). Then every matrix
+        gets an fp16 copy for products of a few rows (`pack_fp16`, `linear`) where the weights fit fp16.
+        Weights must not change afterwards (a changed one falls back to its fp32 product)."""
 
         def transpose_storage(weight: Tensor) -> None:
             weight.data = weight.data.transpose(-1, -2).contiguous().transpose(-1, -2)
@@ -574,8 +646,24 @@ class DiffusionGemma(nn.Module):
         transpose_storage(conditioning.down_proj.weight)
         transpose_storage(self.decoder.embed_tokens.weight)
 
+        for layer in self.decoder.layers:
+            attn, mlp, experts = layer.self_attn, layer.mlp, layer.experts
+            assert attn.qkv is not None and mlp.gate_up is not None
+            attn.qkv_packed = pack_fp16(attn.qkv.t())
+            attn.o_packed = pack_fp16(attn.o_proj.weight)
+            mlp.gate_up_packed = pack_fp16(mlp.gate_up.t())
+            mlp.down_packed = pack_fp16(mlp.down_proj.weight)
+            experts.gate_up_packed = [pack_fp16(w, experts.gate_up_proj) for w in experts.gate_up_proj]
+            experts.down_packed = [pack_fp16(w, experts.down_proj) for w in experts.down_proj]
+        assert conditioning.gate_up is not None
+        conditioning.gate_up_packed = pack_fp16(conditioning.gate_up.t())
+        conditioning.down_packed = pack_fp16(conditioning.down_proj.weight)
+        embedding = self.decoder.embed_tokens.weight
+        self.head_packed = pack_fp16(embedding)
+        self.soft_packed = pack_fp16(embedding.t(), embedding)
+
     def logits(self, hidden: Tensor) -> Tensor:
-        logits = F.linear(self.decoder.norm(hidden), self.decoder.embed_tokens.weight).float()
+        logits = linear(self.decoder.norm(hidden), self.decoder.embed_tokens.weight, self.head_packed).float()
         cap = self.config.final_logit_softcapping
         if torch.is_grad_enabled():
             return torch.tanh(logits / cap) * cap
@@ -590,7 +678,9 @@ class DiffusionGemma(nn.Module):
         else:
             weight = decoder.embed_tokens.weight
             probs = self_cond_logits.softmax(dim=-1, dtype=torch.float32).to(weight.dtype)
-            soft = (probs @ weight) * torch.tensor(decoder.embed_scale, dtype=x.dtype)
+            soft = linear(probs, weight.t(), self.soft_packed) * torch.tensor(
+                decoder.embed_scale, dtype=x.dtype
+            )
         return decoder.self_conditioning(x, soft)
 
     # --- inference --------------------------------------------------------------------------------

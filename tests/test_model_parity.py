@@ -36,7 +36,7 @@ TEXT_CONFIG = dict(
 )
 
 
-def make_reference(tmp_path, **overrides):
+def make_reference(tmp_path, bf16_values: bool = False, **overrides):
     from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
     from engine.config import TINY_VISION_CONFIG
@@ -53,6 +53,9 @@ def make_reference(tmp_path, **overrides):
         for name, b in ref.named_buffers():
             if name.endswith("layer_scalar"):
                 b.copy_(0.5 + torch.rand_like(b))
+        if bf16_values:  # fp32 tensors holding bf16 values, as a bf16 checkpoint loads (fp16 fits them)
+            for p in ref.parameters():
+                p.copy_(p.bfloat16().float())
     ref.save_pretrained(tmp_path / "ref")
     return ref
 
@@ -178,3 +181,49 @@ def test_cpu_inference_layout_keeps_logits_and_state_dict(tmp_path):
         assert (
             copy.denoise(canvases, cache, None) - ours.denoise(canvases, cache, None)
         ).abs().max() <= TOLERANCE
+
+
+def test_fp16_copies_serve_few_rows_with_the_reference_logits(tmp_path):
+    """With weights that fit fp16 (a bf16 checkpoint's), `prepare_cpu_inference` adds fbgemm fp16 copies for
+    products of a few rows; the logits stay the reference's, in the denoiser and the causal draft pass."""
+    from engine import model as network
+
+    ref = make_reference(tmp_path, bf16_values=True)
+    ours, _ = load_model(tmp_path / "ref")
+    plain, _ = load_model(tmp_path / "ref")
+    ours.prepare_cpu_inference()
+    layer = ours.decoder.layers[0]
+    if ours.head_packed is None:
+        pytest.skip("no fbgemm fp16 GEMM in this torch build (ARM)")
+    assert layer.self_attn.qkv_packed is not None and all(p is not None for p in layer.experts.down_packed)
+    g = torch.Generator().manual_seed(7)
+    context = torch.randint(0, 96, (1, 11), generator=g)
+    canvas = torch.randint(0, 96, (1, 8), generator=g)
+    self_cond = torch.randn(1, 8, 96, generator=g) * 3
+    calls = []
+    real = network.linear
+
+    def counting(x, weight, packed=None):
+        calls.append(
+            packed is not None and packed.fresh() and x.numel() <= network.PACKED_MAX_ROWS * x.shape[-1]
+        )
+        return real(x, weight, packed)
+
+    for sc in (None, self_cond):
+        want = reference_logits(ref, context, canvas, sc)
+        with torch.inference_mode():
+            cache = ours.new_cache()
+            ours.encode(context, cache)
+            network.linear = counting
+            try:
+                got = ours.denoise(canvas, cache, sc)
+            finally:
+                network.linear = real
+        assert (got - want).abs().max().item() <= TOLERANCE
+    assert calls and all(calls)  # every product of the 8-row canvas went through an fp16 copy
+    with torch.inference_mode():  # a drafted token after the context: the causal pass, one row
+        drafted = ours.context_lm(torch.tensor([[5]]), cache, last=1)
+        plain_cache = plain.new_cache()
+        plain.encode(context, plain_cache)
+        want_drafted = plain.context_lm(torch.tensor([[5]]), plain_cache, last=1)
+    assert (drafted - want_drafted).abs().max().item() <= TOLERANCE
