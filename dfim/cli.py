@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module, one-line help). Modules are imported only when their command runs.
@@ -49,7 +50,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(module_name)
         except ImportError as err:  # a dependency is missing: say which when the command is asked for
-            command_parser.set_defaults(_missing=str(err) or type(err).__name__)
+            missing = str(err) or type(err).__name__
+            command_parser.set_defaults(_missing=missing)
+            command_parser.description = f"{help_text} (not available in this install: {missing})"
             continue
         module.add_arguments(command_parser)
     return parser
@@ -66,14 +69,31 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     missing = getattr(args, "_missing", None)
     if missing:
-        print(
-            f"dfim: the '{args.command}' command is not available in this install ({missing}); "
-            "reinstall with ./install.sh",
-            file=sys.stderr,
-        )
-        return 2
+        return not_installed(args.command, missing)
     module = importlib.import_module(args._module)
-    return int(module.run(args) or 0)
+    try:
+        status = int(module.run(args) or 0)
+        sys.stdout.flush()
+    except ModuleNotFoundError as err:  # a dependency a command imports only when it runs (torch)
+        if (err.name or "").partition(".")[0] in OWN_PACKAGES:
+            raise
+        return not_installed(args.command, str(err))
+    except BrokenPipeError:  # the reader of stdout left (`dfim stats | head -1`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 1
+    return status
+
+
+OWN_PACKAGES = {"dfim", "engine", "server"}  # a missing module of these is a bug, not an install problem
+
+
+def not_installed(command: str, missing: str) -> int:
+    print(
+        f"dfim: the '{command}' command is not available in this install ({missing}); "
+        "reinstall with ./install.sh",
+        file=sys.stderr,
+    )
+    return 2
 
 
 if __name__ == "__main__":

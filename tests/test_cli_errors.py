@@ -407,6 +407,56 @@ def test_stats_skips_malformed_events_and_says_no_telemetry_on_stderr(files: dic
     assert_refused(cli("stats", "--data-dir", empty, cwd=tmp), "dfim stats", "telemetry.jsonl", "cannot read")
 
 
+def test_stats_into_a_closed_pipe_stops_quietly(files: dict[str, Path]) -> None:
+    """`dfim stats | head -1`: the reader leaves early; that is no error worth a traceback."""
+    tmp = files["tmp"] / "telemetry-pipe"
+    tmp.mkdir()
+    (tmp / "telemetry.jsonl").write_text('{"event": "shown", "id": "a", "latencyMs": 80.0}\n')
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # closed before the command writes a byte: its first print hits EPIPE
+    proc = subprocess.run(
+        [sys.executable, "-m", "dfim", "stats", "--data-dir", str(tmp)],
+        cwd=files["tmp"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.DEVNULL,
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+    )
+    os.close(write_end)
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
+
+
+def test_a_missing_dependency_is_named_not_a_traceback(files: dict[str, Path]) -> None:
+    """torch is imported only when a command runs: without it, one line that says what to do."""
+    stub = files["tmp"] / "no-torch"
+    stub.mkdir()
+    (stub / "torch.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stub), str(ROOT)])}
+    for command in ("fill", "trace"):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dfim",
+                command,
+                str(ROOT / "fixtures" / "demo.py"),
+                "--line",
+                "8",
+                "--col",
+                "12",
+            ],
+            cwd=files["tmp"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert_refused(proc, "dfim", f"'{command}' command is not available", "torch", "./install.sh")
+
+
 # ----------------------------------------------------------------------------- dfim serve
 
 

@@ -672,7 +672,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("project", help="project folder (the test command runs in it)")
     b.add_argument("--out", required=True, help="problems JSONL to write")
     b.add_argument(
-        "--test-command", default=DEFAULT_TEST_COMMAND, help="`python -m MODULE ...` run in the project"
+        "--test-command",
+        default=DEFAULT_TEST_COMMAND,
+        help="`python -m MODULE ...` or `python SCRIPT.py ...` run in the project",
     )
     b.add_argument("--kinds", default=",".join(KINDS), help="comma-separated span kinds")
     b.add_argument(
