@@ -112,6 +112,14 @@ def quoted(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _encodable(path: str) -> bool:
+    try:
+        os.fsencode(path)
+    except UnicodeError:
+        return False
+    return True
+
+
 def _check_value(name: str, value, kind, meta) -> tuple[object, str | None]:
     """(converted value, error or None) for one leaf."""
     if kind is bool:
@@ -143,8 +151,12 @@ def _check_value(name: str, value, kind, meta) -> tuple[object, str | None]:
             value = ""
         if not isinstance(value, str):
             return None, f"{name} must be a string, got {quoted(value)}"
-        if meta.get("absolute_path") and value and not os.path.isabs(os.path.expanduser(value)):
-            return None, f"{name} must be an absolute path (or start with ~), got {quoted(value)}"
+        if meta.get("absolute_path") and value:
+            # a NUL or a lone surrogate is no path the OS takes: every telemetry write would raise
+            if "\x00" in value or not _encodable(value):
+                return None, f"{name} must be a path without NUL or lone surrogates, got {quoted(value)}"
+            if not os.path.isabs(os.path.expanduser(value)):
+                return None, f"{name} must be an absolute path (or start with ~), got {quoted(value)}"
     elif typing.get_origin(kind) is list:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             return None, f"{name} must be a list of strings, got {quoted(value)}"
@@ -166,7 +178,7 @@ def merge_options(previous, raw, prefix: str = "dfim") -> tuple[object, list[str
     if raw is None or raw == []:  # Lua clients encode an empty table as [] (no settings)
         return previous, errors
     if not isinstance(raw, dict):
-        return previous, [f"{prefix} settings must be an object, got {raw!r}"]
+        return previous, [f"{prefix} settings must be an object, got {quoted(raw)}"]
     hints = typing.get_type_hints(type(previous))
     fields = {f.name: f for f in dataclasses.fields(previous)}
     changes = {}

@@ -1141,6 +1141,20 @@ def test_a_relative_telemetry_dir_is_refused_and_an_unwritable_one_is_named(tmp_
     assert len([r for r in caplog.records if "telemetry" in r.getMessage()]) == 1  # said once, never raised
 
 
+def test_a_telemetry_dir_no_os_can_open_is_refused_and_the_previous_one_kept():
+    """A NUL byte or a lone surrogate in telemetry.dataDir made every telemetry write raise ValueError: the
+    setting was applied anyway, the change popped up "Error in server", and every inline request after it
+    failed with an internal error."""
+    before = options.merge_options(options.Options(), {"telemetry": {"dataDir": "/tmp/dfim-ok"}})[0]
+    for bad in ("/tmp/a\x00b", "/tmp/\ud800x"):
+        merged, errors = options.merge_options(before, {"telemetry": {"dataDir": bad}})
+        assert merged.telemetry.data_dir == "/tmp/dfim-ok" and "NUL" in errors[0], errors
+    # bytes that are not UTF-8 (os.fsdecode's escapes) still name a real directory
+    assert options.merge_options(before, {"telemetry": {"dataDir": "/tmp/\udc80"}})[1] == []
+    # a long non-object is quoted short in the popup
+    assert len(options.merge_options(before, "x" * 100000)[1][0]) < 100
+
+
 def test_the_inline_request_drafts_a_single_line_and_denoises_the_rest():
     """`inline.fill_request`: a single-line open hole is drafted on one canvas and stops at the line break;
     several lines or a pinned rest of the line denoise `inline.candidates` canvases from noise."""
