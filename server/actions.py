@@ -583,8 +583,16 @@ async def run_action(ls, data: dict):
     from engine.api import EngineError, FillCancelled, FillRequest
     from server.context import language_for
     from server.documents import Document, PositionError
+    from server.options import quoted
 
-    uri = data.get("uri")
+    # `data` comes back from the client (a resolve's data, a command's arguments): check its types before use
+    uri, action, instruction = data.get("uri"), data.get("action"), data.get("instruction")
+    if not isinstance(uri, str):
+        raise JsonRpcInvalidParams(f"the action's uri must be a string, got {quoted(uri)}")
+    if not isinstance(action, str) or action not in TITLES:
+        raise JsonRpcInvalidParams(f"dfim: unknown action {quoted(action)} (known: {', '.join(TITLES)})")
+    if instruction is not None and not isinstance(instruction, str):
+        raise JsonRpcInvalidParams(f"the action's instruction must be a string, got {quoted(instruction)}")
     doc = ls.docs.get(uri)
     if doc is None:
         raise JsonRpcInvalidParams(f"document {uri} is not open")
@@ -609,7 +617,7 @@ async def run_action(ls, data: dict):
     max_canvas = min(options.sampling.max_canvas, getattr(ls.host.engine, "canvas_limit", 256))
     try:
         plan = plan_action(
-            data["action"],
+            action,
             text,
             lang,
             start,
@@ -618,7 +626,7 @@ async def run_action(ls, data: dict):
             prefix_tokens=prefix_tokens,
             suffix_tokens=suffix_tokens,
             count_tokens=ls.host.count_tokens,
-            instruction=data.get("instruction"),
+            instruction=instruction,
         )
     except ActionError as exc:
         raise JsonRpcInvalidParams(f"dfim: {exc}") from None

@@ -388,6 +388,42 @@ async def test_a_request_whose_params_do_not_validate_is_answered_with_an_error(
     assert result is None or result.items
 
 
+async def test_an_actions_data_of_the_wrong_types_is_invalid_params_not_an_internal_error(session):
+    """The data a client sends back (a resolve's `data`, `dfim.runAction`'s argument, a direct command's
+    arguments) was used unchecked: a uri that is a list, a missing action or an instruction that is a number
+    answered InternalError with a traceback in the log."""
+    uri = "file:///work/wrong-types.py"
+    session.open(uri, PY)
+    count = len(session.messages)
+    here = {"start": {"line": 1, "character": 4}, "end": {"line": 1, "character": 11}}
+    whole = {"start": {"line": 0, "character": 0}, "end": {"line": 2, "character": 0}}
+    client = session.client
+    requests = [
+        client.code_action_resolve_async(
+            types.CodeAction(title="t", data={"action": "fillHole", "uri": [uri], "range": here})
+        ),
+        client.code_action_resolve_async(
+            types.CodeAction(
+                title="t", data={"action": "rewriteSelection", "uri": uri, "range": whole, "instruction": 7}
+            )
+        ),
+    ]
+    for command, arguments in [
+        ("dfim.runAction", [{"uri": uri, "range": here}]),
+        ("dfim.runAction", [{"uri": uri, "range": here, "action": ["fillHole"]}]),
+        ("dfim.fillHole", [{"uri": uri}, here]),
+    ]:
+        params = types.ExecuteCommandParams(command=command, arguments=arguments)
+        requests.append(client.workspace_execute_command_async(params))
+    for request in requests:
+        with pytest.raises(JsonRpcException) as info:
+            await asyncio.wait_for(request, 10)
+        assert info.value.code == -32602, info.value  # InvalidParams, not InternalError
+    assert session.messages[count:] == []
+    result = await session.inline(uri, 1, 11)  # still serving
+    assert result is None or result.items
+
+
 async def test_utf8_negotiation_and_missing_model(tmp_path):
     s = Session()
     result = await s.start(tmp_path / "no-such-model", tmp_path, encodings=["utf-16", "utf-8"])
