@@ -19,6 +19,7 @@ UTF32 = types.PositionEncodingKind.Utf32
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
 _LINE_CHAR = re.compile(r"[\r\n]")
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")  # two UTF-16 units each
 
 
 class PositionError(ValueError):
@@ -40,7 +41,7 @@ def units(text: str, encoding: str) -> int:
         return len(text)
     if encoding == UTF8:
         return len(text.encode("utf-8", "surrogatepass"))
-    return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def column_to_index(line: str, character: int, encoding: str) -> int:
@@ -48,7 +49,8 @@ def column_to_index(line: str, character: int, encoding: str) -> int:
 
     Raises PositionError past the end of the line. A column that falls inside one character (between the two
     halves of a surrogate pair, inside a UTF-8 sequence) snaps to the start of that character, so an edit
-    never splits a character in two.
+    never splits a character in two. Linear in the line's length, but in C: a keystroke at the end of a
+    200,000-character line (minified code) took 0.16 s of the event loop when this walked it in Python.
     """
     if character < 0:
         raise PositionError(f"negative character {character}")
@@ -56,18 +58,32 @@ def column_to_index(line: str, character: int, encoding: str) -> int:
         if character > len(line):
             raise PositionError(f"character {character} is past the end of the line ({len(line)})")
         return character
-    count = 0
-    for index, ch in enumerate(line):
-        if count >= character:
-            return index
-        width = units(ch, encoding)
-        if count + width > character:
-            return index  # inside this character: snap to its start
-        count += width
-    if count >= character:
-        return len(line)
-    raise PositionError(
-        f"character {character} is past the end of the line ({count} {getattr(encoding, 'value', encoding)} units)"
+    if encoding == UTF8:
+        data = line.encode("utf-8", "surrogatepass")
+        if character > len(data):
+            raise _past_the_end(line, character, encoding)
+        head = data[:character]
+        try:
+            return len(head.decode("utf-8", "surrogatepass"))
+        except UnicodeDecodeError as exc:  # the column cuts a character: snap to its start
+            return len(head[: exc.start].decode("utf-8", "surrogatepass"))
+    shift = 0  # UTF-16 units minus characters before the astral character looked at
+    for match in _ASTRAL.finditer(line, 0, min(len(line), character)):
+        at = match.start() + shift  # the astral character's first unit
+        if at >= character:
+            break
+        if at + 1 == character:  # between the two halves of its surrogate pair: snap to its start
+            return match.start()
+        shift += 1
+    if character - shift <= len(line):
+        return character - shift
+    raise _past_the_end(line, character, encoding)
+
+
+def _past_the_end(line: str, character: int, encoding: str) -> PositionError:
+    name = getattr(encoding, "value", encoding)
+    return PositionError(
+        f"character {character} is past the end of the line ({units(line, encoding)} {name} units)"
     )
 
 
