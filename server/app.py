@@ -35,7 +35,21 @@ TEXT_METHOD = "dfim/documentText"  # custom request: the server's copy of a docu
 class Unreadable:
     """A message whose params did not validate, already answered (`DfimProtocol.structure_message`)."""
 
-    jsonrpc = None  # pygls drops a message of another JSON-RPC version without a word
+    jsonrpc = None  # never handled: `DfimProtocol.handle_message` drops it
+
+
+class OneLineDeserializeErrors(logging.Filter):
+    """pygls logs a message whose params do not validate as a traceback at ERROR before
+    `DfimProtocol.structure_message` answers it; dfim logs such a message in one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Unable to deserialize message")
+
+
+def one_line(error: BaseException | None) -> str:
+    """The first line of why a message did not validate (cattrs' errors run over many lines)."""
+    text = str(error or "").strip().splitlines()
+    return text[0][:200] if text else type(error).__name__
 
 
 class DfimProtocol(LanguageServerProtocol):
@@ -45,21 +59,32 @@ class DfimProtocol(LanguageServerProtocol):
     client waited for ever); an error answer the server meant to give is logged in a line, not as a
     traceback at ERROR level."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        pygls_log = logging.getLogger("pygls.protocol.json_rpc")
+        if not any(isinstance(f, OneLineDeserializeErrors) for f in pygls_log.filters):
+            pygls_log.addFilter(OneLineDeserializeErrors())
+
     def structure_message(self, data):
         try:
             return super().structure_message(data)
-        except JsonRpcException:
+        except JsonRpcException as exc:
             if not isinstance(data, dict) or "method" not in data:
                 raise
-            method = data.get("method")
+            method, reason = data.get("method"), one_line(exc.__cause__)
             if "id" in data:
                 error = JsonRpcInvalidParams(f"{method}: the params do not match the protocol")
                 self._send_response(data["id"], error=error.to_response_error())
+                log.info("request %s (%s) answered InvalidParams: %s", data["id"], method, reason)
             else:
-                log.warning("ignored %s notification: its params do not match the protocol", method)
+                log.warning(
+                    "ignored %s notification: its params do not match the protocol (%s)", method, reason
+                )
             return Unreadable()
 
     def handle_message(self, message) -> None:
+        if isinstance(message, Unreadable):
+            return  # answered (a request) or logged (a notification) in structure_message
         if self._shutdown and isinstance(message, RPCRequest) and message.method != types.EXIT:
             error = JsonRpcInvalidRequest(f"{message.method}: the server is shutting down")
             self._send_response(message.id, error=error.to_response_error())

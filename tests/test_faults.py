@@ -7,6 +7,8 @@ checkpoints are loaded in turn through `model.path` (a reload each), then a good
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import shutil
 
 import pytest
@@ -167,3 +169,23 @@ async def test_out_of_memory_every_time_fails_that_request_only(session, checkpo
     result = await session.inline("file:///faults/good.py", 1, 11)
     assert result is not None and result.items
     assert (await session.stats()).status.state == "ready"
+
+
+async def test_params_that_do_not_validate_leave_one_line_in_the_log_not_a_traceback(session):
+    """pygls logged such a message as a 30-120 line traceback at ERROR, then a warning naming an internal
+    object; the server answers a request InvalidParams and logs an ignored notification in one line."""
+    protocol, answer = session.client.protocol, concurrent.futures.Future()
+    protocol._request_futures["bad-params"] = answer
+    bad = {"textDocument": {"uri": "file:///work/log.py"}, "position": {"line": -1, "character": 0}}
+    method = types.TEXT_DOCUMENT_INLINE_COMPLETION
+    protocol._send_data({"jsonrpc": "2.0", "id": "bad-params", "method": method, "params": bad})
+    with pytest.raises(JsonRpcException) as info:
+        await asyncio.wait_for(asyncio.wrap_future(answer), 10)
+    assert info.value.code == -32602  # InvalidParams
+    change = {"textDocument": {"uri": "file:///work/log.py", "version": None}, "contentChanges": []}
+    protocol._send_data({"jsonrpc": "2.0", "method": types.TEXT_DOCUMENT_DID_CHANGE, "params": change})
+    await session.stats()  # the notification was read before this request was answered
+    log = session.log.read_text(encoding="utf-8")
+    assert "Traceback" not in log and "Unable to deserialize" not in log and "Unreadable" not in log, log
+    ignored = [line for line in log.splitlines() if "textDocument/didChange notification" in line]
+    assert len(ignored) == 1 and "do not match the protocol" in ignored[0], log
