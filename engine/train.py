@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -40,6 +40,9 @@ import torch.nn.functional as F
 from engine.config import ModelConfig
 from engine.data import TokenShards
 from engine.tokenizer import FIM_SPECIALS, Tokenizer, tail_within
+
+if TYPE_CHECKING:
+    from engine.model import DiffusionGemma
 
 DEFAULT_TOKENIZER = Path(__file__).parent / "weights" / "dfim-small" / "tokenizer.json"
 
@@ -615,48 +618,102 @@ def default_name(out: str | os.PathLike) -> str:
     return Path(out).resolve().name or "dfim-small"
 
 
-def train(args: argparse.Namespace) -> dict[str, Any]:
-    t_start = time.time()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # data-loader workers fork this process
-    deadline = t_start + args.minutes * 60 if args.minutes else float("inf")
-    torch.manual_seed(args.seed)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cuda = device.type == "cuda"
-    if cuda:
+def pick_device(name: str | None) -> torch.device:
+    """--device, else CUDA where there is one; sets the matmul precision for it."""
+    device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     else:
         torch.set_flush_denormal(True)  # tiny CPU runs slow down badly on denormal activations
-    if not 0 <= args.ordered_noise_p <= 1 or (args.objective == "causal" and args.ordered_noise_p > 0):
-        raise SystemExit(f"--ordered-noise-p must be in [0, 1] on a diffusion run: {args.ordered_noise_p}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tok_path = Path(args.tokenizer)
-    tok = Tokenizer.from_file(tok_path)
-    meta_path = Path(args.data) / "meta.json"
-    if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        if meta.get("vocab_size") not in (None, tok.vocab_size):
-            raise SystemExit(f"{args.data} was tokenized with another vocabulary ({meta['vocab_size']})")
+    return device
 
-    buckets = tuple(sorted(int(b) for b in args.buckets.split(",")))
-    causal = args.objective == "causal"
-    if causal and (args.context_lm_weight > 0 or args.causal_weight > 0):
-        raise SystemExit("--context-lm-weight and --causal-weight are for the diffusion objective")
+
+def example_settings(
+    args: argparse.Namespace, buckets: tuple[int, ...]
+) -> tuple[ExampleSettings, ExampleSettings]:
+    """(the training stream's example settings, validation's). Validation keeps the default mix of spans
+    and pins, so val loss compares across runs that train on another mix (a continuation that favours
+    single lines, say)."""
     settings = ExampleSettings(
         context_tokens=args.context_tokens, buckets=buckets, pad_weight=args.pad_weight
     )
-    if causal:  # no canvas to pin, and the pads after EOS are never read by a causal model
+    if args.objective == "causal":  # no canvas to pin, and a causal model never reads the pads after EOS
         settings = replace(settings, pin_subset_p=0.0, pin_run_p=0.0, pad_weight=0.0)
-    # Validation keeps the default mix of spans and pins, so val loss compares across runs that train
-    # on another mix (a continuation that favours single lines, say).
-    val_settings = settings
-    settings = replace(settings, **example_mix(args, settings))
-    resuming = args.resume and (out / "state" / "trainer.json").is_file()
+    return replace(settings, **example_mix(args, settings)), settings
 
+
+@dataclass
+class Run:
+    """One training run: the model, its optimizer and the counters carried from step to step (nanoGPT
+    keeps these in globals). `step`, `tokens` and `train_seconds` are saved with the state (`scalars`)
+    and go on counting after --resume."""
+
+    args: argparse.Namespace
+    config: ModelConfig
+    model: DiffusionGemma
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    pad_id: int
+    origin: str | None  # the checkpoint this run started from (--init-from), remembered across resumes
+    compiled: Any  # torch.compile(model.forward_train_lm); None: eager (also after a compiler failure)
+    noise_gen: torch.Generator  # the noise of the diffusion objective
+    self_cond_rng: random.Random  # which steps self-condition
+    step: int
+    tokens: int  # real tokens trained on (non-pad context + canvas)
+    train_seconds: float  # time spent in training steps: the clock of a --plan-minutes schedule
+
+    @property
+    def causal(self) -> bool:
+        return self.args.objective == "causal"
+
+    def fwd_lm(self, context, canvas, self_cond, context_pad, context_lm: bool):
+        """The denoiser -> (canvas logits, with `context_lm` the encoder's hidden states over the
+        context, else None), compiled when --compile."""
+        if self.compiled is None:
+            return self.model.forward_train_lm(context, canvas, self_cond, context_pad, context_lm=context_lm)
+        # One graph for every canvas bucket instead of one per L (compile time is training time).
+        torch._dynamo.mark_dynamic(canvas, 1)
+        if self_cond is not None:
+            torch._dynamo.mark_dynamic(self_cond, 1)
+        return self.compiled(context, canvas, self_cond, context_pad, context_lm=context_lm)
+
+    def fwd(self, context, canvas, self_cond, context_pad):
+        """The denoiser's canvas logits alone (the self-conditioning pass, validation)."""
+        return self.fwd_lm(context, canvas, self_cond, context_pad, False)[0]
+
+    def autocast(self):
+        """bf16 autocast on CUDA; plain fp32 on CPU."""
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cpu", enabled=False)
+
+    def validate(self, batches: Sequence[Batch]) -> dict[str, float]:
+        # No eval()/train() toggling: the network has no dropout, and a changed mode would make
+        # torch.compile recompile.
+        return validate(
+            self.model, self.fwd, batches, self.causal, self.config, self.pad_id, self.device, self.autocast
+        )
+
+    def scalars(self) -> dict[str, Any]:
+        """trainer.json's fields besides the optimizer's param groups (see `save_state`)."""
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "train_seconds": self.train_seconds,
+            "model_config": self.config.to_dict(),
+            "init_from": self.origin,
+            "args": {k: v for k, v in vars(self.args).items() if not k.startswith("_") and not callable(v)},
+        }
+
+
+def setup(args: argparse.Namespace, out: Path, tok: Tokenizer, device: torch.device, max_canvas: int) -> Run:
+    """The model and its AdamW: a fresh init (--model-config), a checkpoint's weights (--init-from), or,
+    with --resume and a saved state in OUT/state, the saved run with its optimizer and counters."""
     from engine.model import DiffusionGemma
 
-    origin = args.init_from  # the checkpoint this run started from, remembered across resumes
+    resuming = args.resume and (out / "state" / "trainer.json").is_file()
+    origin = args.init_from
     if resuming:
         saved = json.loads((out / "state" / "trainer.json").read_text())
         config = ModelConfig.from_dict(saved["model_config"])
@@ -666,7 +723,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
         config = read_config(Path(args.init_from))
     else:
-        config = model_config(args.model_config, tok.vocab_size, max(buckets))
+        config = model_config(args.model_config, tok.vocab_size, max_canvas)
     if config.vocab_size != tok.vocab_size:
         raise SystemExit(f"model vocab {config.vocab_size} != tokenizer vocab {tok.vocab_size}")
     model = DiffusionGemma(config)
@@ -679,6 +736,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model.to(device)
     model.train()
 
+    # Weight decay on matrices and embeddings only, not on norms' scales and other vectors.
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
@@ -686,48 +744,239 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         lr=args.lr,
         betas=(0.9, 0.95),
         eps=1e-8,
-        fused=cuda,
+        fused=device.type == "cuda",
     )
-    step, tokens_seen, train_seconds = 0, 0, 0.0
+    step, tokens, train_seconds = 0, 0, 0.0
     if resuming:
         scalars = load_state(out, model, optimizer)
-        step, tokens_seen, train_seconds = scalars["step"], scalars["tokens"], scalars["train_seconds"]
-        print(f"resumed from {out / 'state'} at step {step} ({tokens_seen:,} tokens)", flush=True)
-    plan_seconds = (args.plan_minutes or args.minutes or 0) * 60
+        step, tokens, train_seconds = scalars["step"], scalars["tokens"], scalars["train_seconds"]
+        print(f"resumed from {out / 'state'} at step {step} ({tokens:,} tokens)", flush=True)
 
-    raw_model = model
-    eager = model.forward_train_lm
     compiled = torch.compile(model.forward_train_lm, mode=args.compile_mode) if args.compile else None
+    return Run(
+        args=args,
+        config=config,
+        model=model,
+        optimizer=optimizer,
+        device=device,
+        pad_id=tok.pad_id,
+        origin=origin,
+        compiled=compiled,
+        # Seeded by the step too, so a resumed run does not replay the noise of its first chunk.
+        noise_gen=torch.Generator(device=device).manual_seed(args.seed * 7 + step),
+        self_cond_rng=random.Random(args.seed + step),
+        step=step,
+        tokens=tokens,
+        train_seconds=train_seconds,
+    )
 
-    def fwd_lm(context, canvas, self_cond, context_pad, context_lm: bool):
-        if compiled is None:
-            return eager(context, canvas, self_cond, context_pad, context_lm=context_lm)
-        # One graph for every canvas bucket instead of one per L (compile time is training time).
-        torch._dynamo.mark_dynamic(canvas, 1)
-        if self_cond is not None:
-            torch._dynamo.mark_dynamic(self_cond, 1)
-        return compiled(context, canvas, self_cond, context_pad, context_lm=context_lm)
 
-    def fwd(context, canvas, self_cond, context_pad):
-        return fwd_lm(context, canvas, self_cond, context_pad, False)[0]
+def stop_reason(run: Run, deadline: float, plan_seconds: float) -> str | None:
+    """Why training stops before the next step ("steps", "time", "plan"), or None to go on."""
+    args = run.args
+    if args.steps and run.step >= args.steps:
+        return "steps"
+    if time.time() >= deadline - args.reserve_seconds:  # --minutes, less the time kept for saving
+        return "time"
+    if args.stop_at_plan and plan_seconds and run.train_seconds >= plan_seconds:
+        return "plan"  # the planned GPU minutes are spent (equal-budget comparisons)
+    return None
 
-    def autocast():
-        if cuda:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return torch.autocast("cpu", enabled=False)
 
+def lr_now(run: Run, plan_seconds: float) -> float:
+    """The learning rate of the next step: the WSD schedule at the run's progress through its plan, in
+    steps (--total-steps, else --steps) or training seconds (--plan-minutes, else --minutes)."""
+    args = run.args
+    if args.total_steps or args.steps:
+        progress = run.step / (args.total_steps or args.steps)
+    elif plan_seconds:
+        progress = run.train_seconds / plan_seconds
+    else:
+        progress = 0.0  # no plan: constant learning rate after warmup
+    return lr_at(run.step, progress, args.lr, args.warmup, args.decay_share, args.min_lr_ratio)
+
+
+def forward_backward(run: Run, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One step's gradients -> (the objective's own loss, the auxiliary LM loss or None).
+
+    causal: the AR FIM loss over `context middle <eos>`. diffusion: noise the canvas; on a share
+    --self-cond-p of the steps a first no-grad pass's logits self-condition the second; the weighted
+    denoising loss, plus --context-lm-weight x the encoder's next-token loss on the context or
+    --causal-weight x the AR FIM loss."""
+    args = run.args
+    if run.causal:
+        with run.autocast():
+            loss = causal_loss(run.model, batch)
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss, None
+    noisy, _ = add_noise(
+        batch.canvas,
+        batch.pinned,
+        run.config.vocab_size,
+        args.t_min,
+        run.noise_gen,
+        args.ordered_noise_p,
+        run.pad_id,
+    )
+    self_cond = None
+    if run.self_cond_rng.random() < args.self_cond_p:
+        with torch.no_grad(), run.autocast():
+            self_cond = run.fwd(batch.context, noisy, None, batch.context_pad).detach()
+    context_lm = args.context_lm_weight > 0
+    with run.autocast():
+        logits, hidden = run.fwd_lm(batch.context, noisy, self_cond, batch.context_pad, context_lm)
+    loss = weighted_loss(logits, batch.canvas, batch.weight)
+    total, lm = loss, None
+    if hidden is not None:
+        with run.autocast():
+            lm = context_lm_loss(run.model, hidden, batch)
+        total = loss + args.context_lm_weight * lm
+    if args.causal_weight > 0:
+        # The same weights as an AR FIM model over `context middle <eos>`: the draft that serves
+        # single lines (decision 38) decodes this way, and the diffusion loss never trains it.
+        with run.autocast():
+            lm = causal_loss(run.model, batch)
+        total = total + args.causal_weight * lm
+    run.optimizer.zero_grad(set_to_none=True)
+    total.backward()
+    # the diffusion loss alone is reported: comparable with runs that have no context LM loss
+    return loss, (None if lm is None else lm.detach())
+
+
+def train_step(run: Run, batch: Batch, lr: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One optimizer step at learning rate `lr` (gradients clipped) -> forward_backward's losses."""
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    try:
+        loss, lm = forward_backward(run, batch)
+    except Exception as err:  # a compiler failure must not cost the run: fall back to eager
+        if run.compiled is None or run.step > 0:
+            raise
+        print(f"torch.compile failed ({type(err).__name__}: {err}); continuing without it", flush=True)
+        run.compiled = None
+        loss, lm = forward_backward(run, batch)
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.args.grad_clip)
+    run.optimizer.step()
+    return loss, lm
+
+
+@dataclass
+class LogWindow:
+    """Sums over the steps since the last train_log.jsonl row."""
+
+    loss: float = 0.0
+    lm: float = 0.0  # the auxiliary LM loss (context LM or causal FIM)
+    steps: int = 0
+    tokens: int = 0
+    t0: float = field(default_factory=time.time)
+
+    def add(self, loss: float, lm: torch.Tensor | None, tokens: int) -> None:
+        self.loss += loss
+        if lm is not None:
+            self.lm += float(lm)
+        self.steps += 1
+        self.tokens += tokens
+
+
+def log_window(
+    run: Run, window: LogWindow, log: Log, lr: float, canvas: int, t_start: float, val_batches: list[Batch]
+) -> None:
+    """Write the window's row to train_log.jsonl (validation scores every --eval-every steps) and print it."""
+    args = run.args
+    dt = max(time.time() - window.t0, 1e-9)
+    row = {
+        "step": run.step,
+        "loss": window.loss / window.steps,
+        "lr": lr,
+        "tok_per_s": window.tokens / dt,
+        "tokens": run.tokens,
+        "elapsed_s": round(time.time() - t_start, 1),
+        "canvas": canvas,  # the last step's canvas length
+    }
+    if (args.context_lm_weight > 0 or args.causal_weight > 0) and not run.causal:
+        row["lm_loss"] = window.lm / window.steps
+    if val_batches and (run.step % args.eval_every == 0):
+        row.update(run.validate(val_batches))
+    log.write(row)
+    extra = f" lm {row['lm_loss']:.4f}" if "lm_loss" in row else ""
+    if "val_loss" in row:
+        extra += f" val {row['val_loss']:.4f} acc {row['val_acc']:.3f}"
+    if "val_loss_ordered" in row:
+        extra += f" ordered {row['val_loss_ordered']:.4f}"
+    print(
+        f"step {run.step} loss {row['loss']:.4f}{extra} lr {lr:.2e} tok/s {row['tok_per_s']:,.0f} "
+        f"tokens {run.tokens:,} t {row['elapsed_s']}s",
+        flush=True,
+    )
+
+
+def export_run(run: Run, final: dict[str, Any], tok_path: Path) -> Path:
+    """The run's export (--export, default OUT/export), with what was trained and how far in dfim.json."""
+    args = run.args
+    random_weights = run.step == 0 and not run.origin
+    if random_weights:
+        print("warning: no training step ran: the export holds untrained (random) weights", flush=True)
+    info = {
+        "name": args.name or default_name(args.out),
+        "random": random_weights,
+        "objective": args.objective,
+        **({"context_lm_weight": args.context_lm_weight} if args.context_lm_weight > 0 else {}),
+        **({"causal_weight": args.causal_weight} if args.causal_weight > 0 else {}),
+        **({"ordered_noise_p": args.ordered_noise_p} if args.ordered_noise_p > 0 else {}),
+        "context_tokens": args.context_tokens,
+        "step": run.step,
+        "tokens": run.tokens,
+        "train_seconds": round(run.train_seconds, 1),
+        "data": str(args.data),
+        **{k: v for k, v in final.items() if k.startswith("val")},
+    }
+    export_dir = Path(args.export) if args.export else Path(args.out) / "export"
+    export(run.model, export_dir, tok_path, info, run.origin)
+    return export_dir
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """One training run (or the next chunk of a resumed one) as the options say -> the final log row
+    (step, tokens, stop reason, val scores) with every step's loss and the export folder."""
+    t_start = time.time()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # data-loader workers fork this process
+    deadline = t_start + args.minutes * 60 if args.minutes else float("inf")
+    torch.manual_seed(args.seed)
+    device = pick_device(args.device)
+    if not 0 <= args.ordered_noise_p <= 1 or (args.objective == "causal" and args.ordered_noise_p > 0):
+        raise SystemExit(f"--ordered-noise-p must be in [0, 1] on a diffusion run: {args.ordered_noise_p}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok_path = Path(args.tokenizer)
+    tok = Tokenizer.from_file(tok_path)
+    meta_path = Path(args.data) / "meta.json"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("vocab_size") not in (None, tok.vocab_size):
+            raise SystemExit(f"{args.data} was tokenized with another vocabulary ({meta['vocab_size']})")
+    buckets = tuple(sorted(int(b) for b in args.buckets.split(",")))
+    if args.objective == "causal" and (args.context_lm_weight > 0 or args.causal_weight > 0):
+        raise SystemExit("--context-lm-weight and --causal-weight are for the diffusion objective")
+    settings, val_settings = example_settings(args, buckets)
+
+    run = setup(args, out, tok, device, max(buckets))
+    plan_seconds = (args.plan_minutes or args.minutes or 0) * 60
     val_batches = make_val_batches(args, val_settings, str(tok_path)) if args.val_batches else []
-    stream = BatchStream(args.data, "train", str(tok_path), settings, args.batch_size, seed=args.seed + step)
+    # Seeded by the step too, so a resumed run reads other examples than its first chunk did.
+    stream = BatchStream(
+        args.data, "train", str(tok_path), settings, args.batch_size, seed=args.seed + run.step
+    )
     loader = torch.utils.data.DataLoader(
         stream,
         batch_size=None,
         num_workers=args.workers,
-        pin_memory=cuda,
+        pin_memory=device.type == "cuda",
         prefetch_factor=8 if args.workers else None,
         persistent_workers=False,
     )
     log = Log(out / "train_log.jsonl")
-    n_params = raw_model.num_parameters()
+    n_params = run.model.num_parameters()
     print(
         f"model {n_params / 1e6:.2f} M parameters ({n_params * 2 / 2**20:.1f} MiB bf16), device {device}, "
         f"batch {args.batch_size} x context {args.context_tokens} + canvas {buckets}, "
@@ -735,163 +984,41 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         flush=True,
     )
 
-    def scalars_now() -> dict[str, Any]:
-        return {
-            "step": step,
-            "tokens": tokens_seen,
-            "train_seconds": train_seconds,
-            "model_config": config.to_dict(),
-            "init_from": origin,
-            "args": {k: v for k, v in vars(args).items() if not k.startswith("_") and not callable(v)},
-        }
-
     last_save = time.time()
-    window_loss, window_n, window_tokens, window_t0 = 0.0, 0, 0, time.time()
+    window = LogWindow()
     losses: list[float] = []
-    gen = torch.Generator(device=device).manual_seed(args.seed * 7 + step)
-    sc_rng = random.Random(args.seed + step)
-    window_lm = 0.0  # auxiliary LM loss (context LM or causal FIM) summed over the log window
-
-    def forward_backward(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One step's gradients -> (the objective's own loss, the auxiliary LM loss or None)."""
-        if causal:
-            with autocast():
-                loss = causal_loss(raw_model, batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            return loss, None
-        noisy, _ = add_noise(
-            batch.canvas, batch.pinned, config.vocab_size, args.t_min, gen, args.ordered_noise_p, tok.pad_id
-        )
-        self_cond = None
-        if sc_rng.random() < args.self_cond_p:
-            with torch.no_grad(), autocast():
-                self_cond = fwd(batch.context, noisy, None, batch.context_pad).detach()
-        context_lm = args.context_lm_weight > 0
-        with autocast():
-            logits, hidden = fwd_lm(batch.context, noisy, self_cond, batch.context_pad, context_lm)
-        loss = weighted_loss(logits, batch.canvas, batch.weight)
-        total, lm = loss, None
-        if hidden is not None:
-            with autocast():
-                lm = context_lm_loss(raw_model, hidden, batch)
-            total = loss + args.context_lm_weight * lm
-        if args.causal_weight > 0:
-            # The same weights as an AR FIM model over `context middle <eos>`: the draft that serves
-            # single lines (decision 38) decodes this way, and the diffusion loss never trains it.
-            with autocast():
-                lm = causal_loss(raw_model, batch)
-            total = total + args.causal_weight * lm
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        # the diffusion loss alone is reported: comparable with runs that have no context LM loss
-        return loss, (None if lm is None else lm.detach())
-
-    stop_reason = "steps"
     it = iter(loader)
     while True:
-        if args.steps and step >= args.steps:
-            break
-        if time.time() >= deadline - args.reserve_seconds:
-            stop_reason = "time"
-            break
-        if args.stop_at_plan and plan_seconds and train_seconds >= plan_seconds:
-            stop_reason = "plan"  # the planned GPU minutes are spent (equal-budget comparisons)
+        stop = stop_reason(run, deadline, plan_seconds)
+        if stop:
             break
         t0 = time.time()
         batch = next(it).to(device)
-        if args.total_steps or args.steps:
-            progress = step / (args.total_steps or args.steps)
-        elif plan_seconds:
-            progress = train_seconds / plan_seconds
-        else:
-            progress = 0.0  # no plan: constant learning rate after warmup
-        lr = lr_at(step, progress, args.lr, args.warmup, args.decay_share, args.min_lr_ratio)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        try:
-            loss, lm = forward_backward(batch)
-        except Exception as err:  # a compiler failure must not cost the run: fall back to eager
-            if compiled is None or step > 0:
-                raise
-            print(f"torch.compile failed ({type(err).__name__}: {err}); continuing without it", flush=True)
-            compiled = None
-            loss, lm = forward_backward(batch)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        optimizer.step()
-        step += 1
-        tokens_seen += batch.real_tokens
-        window_tokens += batch.real_tokens
+        lr = lr_now(run, plan_seconds)
+        loss, lm = train_step(run, batch, lr)
+        run.step += 1
+        run.tokens += batch.real_tokens
         loss_value = float(loss.detach())  # syncs: keeps the step time honest
         losses.append(loss_value)
-        window_loss += loss_value
-        if lm is not None:
-            window_lm += float(lm)
-        window_n += 1
-        train_seconds += time.time() - t0
+        window.add(loss_value, lm, batch.real_tokens)
+        run.train_seconds += time.time() - t0
 
-        if step % args.log_every == 0 or step == 1:
-            dt = max(time.time() - window_t0, 1e-9)
-            row = {
-                "step": step,
-                "loss": window_loss / window_n,
-                "lr": lr,
-                "tok_per_s": window_tokens / dt,
-                "tokens": tokens_seen,
-                "elapsed_s": round(time.time() - t_start, 1),
-                "canvas": int(batch.canvas.shape[1]),
-            }
-            if (args.context_lm_weight > 0 or args.causal_weight > 0) and not causal:
-                row["lm_loss"] = window_lm / window_n
-            window_lm = 0.0
-            if val_batches and (step % args.eval_every == 0):
-                # No eval()/train() toggling: the network has no dropout, and a changed mode would
-                # make torch.compile recompile.
-                row.update(
-                    validate(raw_model, fwd, val_batches, causal, config, tok.pad_id, device, autocast)
-                )
-            log.write(row)
-            extra = f" lm {row['lm_loss']:.4f}" if "lm_loss" in row else ""
-            if "val_loss" in row:
-                extra += f" val {row['val_loss']:.4f} acc {row['val_acc']:.3f}"
-            if "val_loss_ordered" in row:
-                extra += f" ordered {row['val_loss_ordered']:.4f}"
-            print(
-                f"step {step} loss {row['loss']:.4f}{extra} lr {lr:.2e} tok/s {row['tok_per_s']:,.0f} "
-                f"tokens {tokens_seen:,} t {row['elapsed_s']}s",
-                flush=True,
-            )
-            window_loss, window_n, window_tokens, window_t0 = 0.0, 0, 0, time.time()
+        if run.step % args.log_every == 0 or run.step == 1:
+            log_window(run, window, log, lr, int(batch.canvas.shape[1]), t_start, val_batches)
+            window = LogWindow()
         if args.save_every_minutes and time.time() - last_save > args.save_every_minutes * 60:
-            save_state(out, raw_model, optimizer, scalars_now())
+            save_state(out, run.model, run.optimizer, run.scalars())
             last_save = time.time()
 
-    del it, loader
-    final = {"step": step, "tokens": tokens_seen, "stop": stop_reason}
+    del it, loader  # ends the data-loader workers
+    final = {"step": run.step, "tokens": run.tokens, "stop": stop}
     if val_batches:
-        final.update(validate(raw_model, fwd, val_batches, causal, config, tok.pad_id, device, autocast))
-    save_state(out, raw_model, optimizer, scalars_now())
+        final.update(run.validate(val_batches))
+    save_state(out, run.model, run.optimizer, run.scalars())
     log.write({"final": True, **final, "elapsed_s": round(time.time() - t_start, 1)})
-    if step == 0 and not origin:
-        print("warning: no training step ran: the export holds untrained (random) weights", flush=True)
-    info = {
-        "name": args.name or default_name(args.out),
-        "random": step == 0 and not origin,
-        "objective": args.objective,
-        **({"context_lm_weight": args.context_lm_weight} if args.context_lm_weight > 0 else {}),
-        **({"causal_weight": args.causal_weight} if args.causal_weight > 0 else {}),
-        **({"ordered_noise_p": args.ordered_noise_p} if args.ordered_noise_p > 0 else {}),
-        "context_tokens": args.context_tokens,
-        "step": step,
-        "tokens": tokens_seen,
-        "train_seconds": round(train_seconds, 1),
-        "data": str(args.data),
-        **{k: v for k, v in final.items() if k.startswith("val")},
-    }
-    export_dir = Path(args.export) if args.export else out / "export"
-    export(raw_model, export_dir, tok_path, info, origin)
+    export_dir = export_run(run, final, tok_path)
     print(
-        f"stopped ({stop_reason}) at step {step}; state in {out / 'state'}, export in {export_dir}",
+        f"stopped ({stop}) at step {run.step}; state in {out / 'state'}, export in {export_dir}",
         flush=True,
     )
     return {**final, "losses": losses, "export": str(export_dir)}
