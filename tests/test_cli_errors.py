@@ -179,6 +179,8 @@ def test_replay_refuses_bad_options_and_files(files: dict[str, Path]) -> None:
         (["--git", tmp / "absent"], ("--git", "no such folder")),
         (["--git", files["empty_dir"]], ("--git", "not a git repository")),
         (["--git", ROOT, "--rev", "no-such-revision-xyz"], ("no-such-revision-xyz", "unknown revision")),
+        ([source, "--commits", "3"], ("--commits", "need --git")),  # was silently ignored
+        ([source, "--rev", "HEAD~2"], ("--rev", "need --git")),
         ([source, "--out", files["file"]], ("--out", "not a folder")),
         ([source, "--model", tmp / "no-model"], ("--model", "no such folder")),
         # passes the ancestor check as root (/proc is writable) but cannot be made: refused before the

@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Awaitable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -601,9 +602,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--git", metavar="REPO", help="also replay the added lines of commits of this repository"
     )
     parser.add_argument(
-        "--commits", type=int, default=10, help="how many recent non-merge commits (with --git)"
+        "--commits", type=int, default=None, help="how many recent non-merge commits (with --git; default 10)"
     )
-    parser.add_argument("--rev", default="HEAD", help="the newest commit to look at (with --git)")
+    parser.add_argument("--rev", default=None, help="the newest commit to look at (with --git; default HEAD)")
     parser.add_argument("--model", default="", help="checkpoint folder (default: the shipped model)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--trigger", default="word", choices=TRIGGERS, help="when the client asks")
@@ -627,12 +628,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check_args(args: argparse.Namespace) -> None:
     """Refuse bad options before a server starts (InputError: the line `dfim replay` prints). The sampling
     overrides are checked against the server's own bounds: it would refuse them and keep its defaults."""
-    from engine.cli_checks import at_least, existing_dir, output_folder, within
+    from engine.cli_checks import InputError, at_least, existing_dir, output_folder, within
     from server.options import SamplingOptions
 
     at_least("--min-partial", args.min_partial, 1)
     at_least("--every", args.every, 1)
     at_least("--max-chars", args.max_chars, 1)
+    if not args.git:
+        given = [
+            flag for flag, value in (("--commits", args.commits), ("--rev", args.rev)) if value is not None
+        ]
+        if given:  # silently ignored before: the user meant to replay commits
+            raise InputError(
+                f"{' and '.join(given)} need --git REPO (the repository whose commits to replay)"
+            )
+    args.commits = 10 if args.commits is None else args.commits
+    args.rev = args.rev or "HEAD"
     at_least("--commits", args.commits, 1)
     bounds = {f.name: f.metadata for f in dataclasses.fields(SamplingOptions)}
     for flag, value, name in (
@@ -648,8 +659,17 @@ def check_args(args: argparse.Namespace) -> None:
         check_git(args.git, args.rev)
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: the server child is stopped on the way out
+async def cancelled_by_sigterm(work: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    """`work`, cancelled by SIGTERM as asyncio.run cancels on Ctrl-C: it unwinds at an await, its `finally`
+    stops the server child. (A handler raising KeyboardInterrupt wherever the signal landed sometimes hit
+    pygls's reader task instead, which left a traceback of a task exception never retrieved.)"""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await work
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
@@ -683,28 +703,24 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     except OSError as e:
         return fail("dfim replay", f"--out {out}: cannot create ({e.strerror or e})")
     started = time.perf_counter()
-    on_term = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _interrupt) if on_term else None
+    work = replay(
+        regions,
+        model=model,
+        device=args.device,
+        options=options,
+        server_settings={"sampling": sampling} if sampling else None,
+        progress=None if args.quiet else sys.stderr,
+    )
     try:
-        report = asyncio.run(
-            replay(
-                regions,
-                model=model,
-                device=args.device,
-                options=options,
-                server_settings={"sampling": sampling} if sampling else None,
-                progress=None if args.quiet else sys.stderr,
-            )
-        )
-    except KeyboardInterrupt:
+        # signal handlers can only be set from the main thread (tests call run() from others)
+        on_main = threading.current_thread() is threading.main_thread()
+        report = asyncio.run(cancelled_by_sigterm(work) if on_main else work)
+    except (KeyboardInterrupt, asyncio.CancelledError):
         print("dfim replay: interrupted", file=sys.stderr)
         return 130
     except (RuntimeError, TimeoutError) as e:
         print(f"dfim replay: {e}", file=sys.stderr)
         return 2
-    finally:
-        if on_term:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     rest = sys.argv[sys.argv.index("replay") + 1 :] if "replay" in sys.argv else sys.argv[1:]
     report["meta"] = {
         "command": "dfim replay " + " ".join(shlex.quote(a) for a in rest),
