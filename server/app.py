@@ -231,14 +231,16 @@ class DfimServer(LanguageServer):
         await self.host.load(path, device)
         if (path, device) != self._loaded:
             return  # a newer configuration superseded this load
+        # Errors are logged and shown before the status says so: a client (or a test) that reads the log
+        # when the status arrives finds the line there.
         if self.host.ready and self.host.error:  # the new model failed; the one loaded before keeps serving
             engine = self.host.engine
+            self.show_errors([f"dfim: {self.host.error} (still using the model loaded before)"])
             self.status.update(
                 state="ready",
                 message=f"still using {getattr(engine, 'model_name', 'the previous model')}: {self.host.error}",
                 device=str(getattr(engine, "device", device)),
             )
-            self.show_errors([f"dfim: {self.host.error} (still using the model loaded before)"])
         elif self.host.ready:
             engine = self.host.engine
             self.status.update(
@@ -248,8 +250,8 @@ class DfimServer(LanguageServer):
                 is_random=bool(getattr(engine, "is_random", False)),
             )
         else:
-            self.status.update(state="error", message=self.host.error or "the model could not be loaded")
             self.show_errors([f"dfim: {self.host.error}"])
+            self.status.update(state="error", message=self.host.error or "the model could not be loaded")
 
     async def pull_configuration(self) -> None:
         caps = self.client_capabilities
