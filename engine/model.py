@@ -60,24 +60,30 @@ PACKED_MAX_ROWS = 128
 
 @dataclass
 class Packed:
-    """fbgemm's fp16 copy of a [out, in] weight for `linear` (CPU inference). `source` is the parameter it
-    was made from: a changed parameter (a new `.data`, an in-place update) makes the copy stale."""
+    """fbgemm's fp16 copy of a [out, in] weight for `linear` (CPU inference). Valid while `linear` is handed
+    the same memory (`ptr`: not after a new `.data` or a load with `assign=True`) and no tensor in `watched`
+    was updated in place (the weight itself, and the parameters that view a fused matrix, whose version
+    counters are their own). A write through `.data` is not seen: weights must not change that way after
+    `prepare_cpu_inference`."""
 
     op: object  # torch.ops.quantized.linear_prepack_fp16's packed weight
-    source: Tensor
     ptr: int
-    version: int
+    watched: tuple[Tensor, ...]
+    versions: tuple[int, ...]
 
-    def fresh(self) -> bool:
-        return self.source.data_ptr() == self.ptr and self.source._version == self.version
+    def fresh_for(self, weight: Tensor) -> bool:
+        return weight.data_ptr() == self.ptr and all(
+            t._version == v for t, v in zip(self.watched, self.versions, strict=True)
+        )
 
 
-def pack_fp16(weight: Tensor, source: Tensor | None = None) -> Packed | None:
-    """`weight` [out, in] packed for `linear`, or None where fbgemm is missing (ARM) or fp16 would change a
-    weight by more than a subnormal's rounding (fp32 checkpoints; bf16 ones fit: 1,112 of dfim-small's
-    15.5 M weights move, by <= 3e-8). `source`: the parameter `weight` is read from (default: itself)."""
-    source = weight if source is None else source
-    if weight.dtype != torch.float32 or weight.device.type != "cpu":
+def pack_fp16(weight: Tensor, *also_watched: Tensor) -> Packed | None:
+    """`weight` [out, in] packed for `linear`, or None: where fbgemm is missing (ARM), where fp16 would change
+    a weight by more than a subnormal's rounding (fp32 checkpoints; bf16 ones fit: 1,112 of dfim-small's
+    15.5 M weights move, by <= 3e-8), and for inference tensors (made under `torch.inference_mode`: no
+    version counter to notice an update by). `also_watched`: parameters that view `weight`'s memory."""
+    watched = (weight, *also_watched)
+    if weight.dtype != torch.float32 or weight.device.type != "cpu" or any(t.is_inference() for t in watched):
         return None
     try:
         if (weight.half().float() - weight).abs().max() > 2**-24:  # also catches fp16 overflow (inf)
@@ -85,17 +91,19 @@ def pack_fp16(weight: Tensor, source: Tensor | None = None) -> Packed | None:
         op = torch.ops.quantized.linear_prepack_fp16(weight.contiguous(), None)
     except (AttributeError, NotImplementedError, RuntimeError):
         return None
-    return Packed(op, source, source.data_ptr(), source._version)
+    return Packed(op, weight.data_ptr(), watched, tuple(t._version for t in watched))
 
 
 def linear(x: Tensor, weight: Tensor, packed: Packed | None = None) -> Tensor:
-    """`x @ weight.T`, through the fp16 copy for a few rows (see PACKED_MAX_ROWS): the same values up to
-    fp32 rounding."""
+    """`x @ weight.T`, through the fp16 copy for a few fp32 rows (see PACKED_MAX_ROWS): the same values up
+    to fp32 rounding."""
     if (
         packed is not None
+        and x.dtype == torch.float32  # not under CPU autocast
+        and x.dim() >= 2
         and x.numel() <= PACKED_MAX_ROWS * x.shape[-1]
         and not torch.is_grad_enabled()
-        and packed.fresh()
+        and packed.fresh_for(weight)
     ):
         return torch.ops.quantized.linear_dynamic_fp16(x, packed.op)
     return F.linear(x, weight)
@@ -662,18 +670,26 @@ class DiffusionGemma(nn.Module):
         for layer in self.decoder.layers:
             attn, mlp, experts = layer.self_attn, layer.mlp, layer.experts
             assert attn.qkv is not None and mlp.gate_up is not None
-            attn.qkv_packed = pack_fp16(attn.qkv.t())
+            parts = [lin.weight for lin in (attn.q_proj, attn.k_proj, attn.v_proj) if lin is not None]
+            attn.qkv_packed = pack_fp16(attn.qkv.t(), attn.qkv, *parts)
             attn.o_packed = pack_fp16(attn.o_proj.weight)
-            mlp.gate_up_packed = pack_fp16(mlp.gate_up.t())
+            mlp.gate_up_packed = pack_fp16(
+                mlp.gate_up.t(), mlp.gate_up, mlp.gate_proj.weight, mlp.up_proj.weight
+            )
             mlp.down_packed = pack_fp16(mlp.down_proj.weight)
-            experts.gate_up_packed = [pack_fp16(w, experts.gate_up_proj) for w in experts.gate_up_proj]
-            experts.down_packed = [pack_fp16(w, experts.down_proj) for w in experts.down_proj]
+            experts.gate_up_packed = [pack_fp16(w) for w in experts.gate_up_proj]  # views: the 3-D's version
+            experts.down_packed = [pack_fp16(w) for w in experts.down_proj]
         assert conditioning.gate_up is not None
-        conditioning.gate_up_packed = pack_fp16(conditioning.gate_up.t())
+        conditioning.gate_up_packed = pack_fp16(
+            conditioning.gate_up.t(),
+            conditioning.gate_up,
+            conditioning.gate_proj.weight,
+            conditioning.up_proj.weight,
+        )
         conditioning.down_packed = pack_fp16(conditioning.down_proj.weight)
         embedding = self.decoder.embed_tokens.weight
         self.head_packed = pack_fp16(embedding)
-        self.soft_packed = pack_fp16(embedding.t(), embedding)
+        self.soft_packed = pack_fp16(embedding.t())  # a view: shares the embedding's version counter
 
     def logits(self, hidden: Tensor) -> Tensor:
         logits = linear(self.decoder.norm(hidden), self.decoder.embed_tokens.weight, self.head_packed).float()

@@ -205,7 +205,9 @@ def test_fp16_copies_serve_few_rows_with_the_reference_logits(tmp_path):
 
     def counting(x, weight, packed=None):
         calls.append(
-            packed is not None and packed.fresh() and x.numel() <= network.PACKED_MAX_ROWS * x.shape[-1]
+            packed is not None
+            and packed.fresh_for(weight)
+            and x.numel() <= network.PACKED_MAX_ROWS * x.shape[-1]
         )
         return real(x, weight, packed)
 
@@ -227,3 +229,45 @@ def test_fp16_copies_serve_few_rows_with_the_reference_logits(tmp_path):
         plain.encode(context, plain_cache)
         want_drafted = plain.context_lm(torch.tensor([[5]]), plain_cache, last=1)
     assert (drafted - want_drafted).abs().max().item() <= TOLERANCE
+
+
+def test_weights_loaded_after_the_fp16_copies_are_what_the_model_computes(tmp_path):
+    """A state_dict loaded into a prepared model writes through the parameters that view the fused q/k/v and
+    gate/up matrices (their own version counters): the fp16 copies must not answer for the old weights."""
+    make_reference(tmp_path, bf16_values=True)
+    ours, _ = load_model(tmp_path / "ref")
+    other, _ = load_model(tmp_path / "ref")
+    with torch.no_grad():  # other weights that still fit fp16 (halving is exact)
+        for p in other.parameters():
+            if p.ndim >= 2:
+                p.mul_(0.5)
+    ours.prepare_cpu_inference()
+    if ours.head_packed is None:
+        pytest.skip("no fbgemm fp16 GEMM in this torch build (ARM)")
+    for assign in (False, True):
+        ours.load_state_dict(other.state_dict(), assign=assign)
+        g = torch.Generator().manual_seed(3)
+        context, canvas = torch.randint(0, 96, (1, 9), generator=g), torch.randint(0, 96, (1, 8), generator=g)
+        with torch.inference_mode():
+            got, want = [], []
+            for model, out in ((ours, got), (other, want)):
+                cache = model.new_cache()
+                model.encode(context, cache)
+                out.append(model.denoise(canvas, cache))
+                out.append(model.context_lm(torch.tensor([[7]]), cache, last=1))
+        for a, b in zip(got, want, strict=True):
+            assert (a - b).abs().max().item() <= TOLERANCE, assign
+
+
+def test_preparing_under_inference_mode_serves_without_fp16_copies(tmp_path):
+    make_reference(tmp_path, bf16_values=True)
+    ours, _ = load_model(tmp_path / "ref")
+    plain, _ = load_model(tmp_path / "ref")
+    with torch.inference_mode():  # inference tensors have no version counter: no copies, and no error
+        ours.prepare_cpu_inference()
+        assert ours.head_packed is None and ours.decoder.layers[0].self_attn.o_packed is None
+        cache, plain_cache = ours.new_cache(), plain.new_cache()
+        ours.encode(torch.tensor([[3, 4, 5]]), cache)
+        plain.encode(torch.tensor([[3, 4, 5]]), plain_cache)
+        canvas = torch.tensor([[6, 7, 8, 9]])
+        assert (ours.denoise(canvas, cache) - plain.denoise(canvas, plain_cache)).abs().max() <= TOLERANCE

@@ -14,8 +14,8 @@ def bf16_valued(*shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(0)).bfloat16().float()
 
 
-def packed_or_skip(weight: torch.Tensor, source: torch.Tensor | None = None) -> network.Packed:
-    packed = network.pack_fp16(weight, source)
+def packed_or_skip(weight: torch.Tensor) -> network.Packed:
+    packed = network.pack_fp16(weight)
     if packed is None:
         pytest.skip("no fbgemm fp16 GEMM in this torch build (ARM)")
     return packed
@@ -47,12 +47,15 @@ def test_many_rows_gradients_and_stale_copies_take_the_fp32_product(monkeypatch)
     monkeypatch.setattr(torch.ops.quantized, "linear_dynamic_fp16", fail, raising=False)
     with torch.inference_mode():
         network.linear(torch.randn(network.PACKED_MAX_ROWS + 1, 8), weight, packed)  # many rows
+        network.linear(torch.randn(8), weight, packed)  # one vector (fbgemm wants a matrix)
+        network.linear(torch.randn(2, 8).bfloat16(), weight.bfloat16(), packed)  # CPU autocast's dtype
+        network.linear(torch.randn(2, 8), weight.clone(), packed)  # other memory than the copy's
     x = torch.randn(2, 8, requires_grad=True)
     network.linear(x, weight, packed).sum().backward()  # training: autograd through F.linear
     assert x.grad is not None
     with torch.no_grad():
         weight.mul_(2)  # an in-place update makes the copy stale
-    assert not packed.fresh()
+    assert not packed.fresh_for(weight)
     with torch.inference_mode():
         assert torch.equal(
             network.linear(torch.ones(1, 8), weight, packed), F.linear(torch.ones(1, 8), weight)
