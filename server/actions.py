@@ -525,7 +525,8 @@ def register(ls) -> None:
 
     @ls.feature(types.CODE_ACTION_RESOLVE)
     async def resolve_code_action(ls, action: types.CodeAction):
-        if not isinstance(action.data, dict) or action.data.get("action") not in TITLES:
+        name = action.data.get("action") if isinstance(action.data, dict) else None
+        if not isinstance(name, str) or name not in TITLES:  # not ours (a list is not even hashable)
             return action
         action.edit = await run_action(ls, action.data)
         return action

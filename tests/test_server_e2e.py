@@ -408,6 +408,11 @@ async def test_an_actions_data_of_the_wrong_types_is_invalid_params_not_an_inter
             )
         ),
     ]
+    for action in (["fillHole"], {"name": "fillHole"}):  # not an action of ours: returned as it came
+        resolved = await client.code_action_resolve_async(
+            types.CodeAction(title="t", data={"action": action, "uri": uri, "range": here})
+        )
+        assert resolved.edit is None and resolved.data["action"] == action
     for command, arguments in [
         ("dfim.runAction", [{"uri": uri, "range": here}]),
         ("dfim.runAction", [{"uri": uri, "range": here, "action": ["fillHole"]}]),
