@@ -3,7 +3,7 @@
 Simulates typing lines in a frozen copy of one of our files: each request adds the next few characters
 of the real line, so the context comes from the KV cache except the newly typed tokens. Prints p50/p95
 latency, mean denoising steps and encoded tokens per request for the released sampler defaults (16
-positions, no stop), and for what the server asks for a single line (32 positions, at most 16 steps, a
+positions, no stop), and for what the server asks for a single line (32 positions, its step cap, a
 stop at the newline): two canvases from noise ranked by the model, and the checkpoint's draft on one
 canvas (decision 38; where its sampler drafts). Until session 15 the server rows asked for 16 positions,
 fewer than the server does: lines longer than that were drafted only in part and rewritten.
@@ -31,6 +31,7 @@ from engine.api import FillRequest
 from engine.metrics import percentile
 from server.context import MAX_TOKENS
 from server.inline import ShownSuggestion, typed_ahead
+from server.options import SamplingOptions
 
 # The file typed into: a frozen copy of engine/sampler.py (as of 79e2a05), ~1k tokens before the cursor.
 # Frozen because the workload must not change with the code under test (typing into the live
@@ -74,7 +75,7 @@ def main() -> None:
         "| answered from the shown line | p50 ms of the rest |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    inline = replace(engine.settings, max_steps=16, draft=False)
+    inline = replace(engine.settings, max_steps=SamplingOptions().max_steps, draft=False)  # the server's cap
     line = MAX_TOKENS["line"]  # the positions the server asks for a single line
     configs = [
         ("released defaults (max 48 steps)", replace(engine.settings, draft=False), (), 1, 16),

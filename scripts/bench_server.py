@@ -65,7 +65,7 @@ async def main(args: argparse.Namespace) -> int:
     if args.random:
         model = str(random_checkpoint(tmp / "ckpt"))
     settings = {
-        "sampling": {"maxSteps": args.max_steps},
+        "sampling": {} if args.max_steps is None else {"maxSteps": args.max_steps},
         "telemetry": {"enabled": False},
         "inline": {"cacheSize": 0},
     }
@@ -140,7 +140,7 @@ async def main(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - the numbers are measured; report a bad shutdown, print them
         print(f"the server did not shut down cleanly: {exc!r}", file=sys.stderr)
     print(
-        f"cpu cores {os.cpu_count()}, files {len(files)}, requests {len(latencies)} (empty {empty}), max steps {args.max_steps}"
+        f"cpu cores {os.cpu_count()}, files {len(files)}, requests {len(latencies)} (empty {empty}), max steps {args.max_steps or 'default'}"
     )
     print(
         f"inline latency (model call): p50 {pct(latencies, 50):.0f} ms  p95 {pct(latencies, 95):.0f} ms  "
@@ -225,7 +225,9 @@ if __name__ == "__main__":
     parser.add_argument("--random", action="store_true", help="a random tiny checkpoint (plumbing only)")
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--max-steps", type=int, default=16)
+    parser.add_argument(
+        "--max-steps", type=int, default=None, help="server sampling.maxSteps (default: the server's)"
+    )
     parser.add_argument("--files", nargs="+", default=[str(ROOT / "fixtures" / "example.*")])
     parser.add_argument("--settings", default="{}", help="server settings merged over the benchmark's (JSON)")
     parser.add_argument("--typing", type=int, default=0, help="N requests of a user typing new lines")

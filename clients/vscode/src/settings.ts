@@ -32,7 +32,7 @@ export function serverKeys(manifestProperties: Record<string, unknown>): string[
 }
 
 /**
- * The server's settings object from flat keys: `read("sampling.maxSteps")` -> {sampling: {maxSteps: 16}}.
+ * The server's settings object from flat keys: `read("sampling.maxSteps")` -> {sampling: {maxSteps: 8}}.
  * Undefined values are left out (the server then keeps what it has); null is sent as null ("leave as is").
  */
 export function serverSettings(keys: string[], read: (key: string) => unknown): Record<string, unknown> {

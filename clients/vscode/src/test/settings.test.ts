@@ -32,7 +32,7 @@ test("every declared server key is nested camelCase under its group", () => {
   const keys = serverKeys(properties);
   const defaults = serverSettings(keys, (k) => properties[`dfim.${k}`].default);
   assert.deepEqual(Object.keys(defaults).sort(), ["actions", "context", "inline", "languages", "model", "sampling", "telemetry"]);
-  assert.equal((defaults.sampling as Record<string, unknown>).maxSteps, 16);
+  assert.equal((defaults.sampling as Record<string, unknown>).maxSteps, 8);
   assert.equal((defaults.model as Record<string, unknown>).path, "");
   assert.deepEqual(defaults.languages, ["*"]);
   for (const key of keys) assert.match(key, /^[a-z]+(\.[a-z][A-Za-z]*)?$/, key);
