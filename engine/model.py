@@ -645,49 +645,41 @@ class DiffusionGemma(nn.Module):
         Linears that read one input (q/k/v, gate/up) become views of one fused matrix (one GEMM, see
         `fuse_linears`); every other matrix, the experts and the tied embedding are stored transposed
         (column-major), so each product runs as an NN GEMM, measurably faster in MKL for the ~16-row
-        activations of a canvas (the LM head: 3.8 -> 3.2 ms on the 2-core dev machine). Then every matrix
-        gets an fp16 copy for products of a few rows (`pack_fp16`, `linear`) where the weights fit fp16.
-        Weights must not change afterwards (a changed one falls back to its fp32 product)."""
+        activations of a canvas (the LM head: 3.8 -> 3.2 ms on the 2-core dev machine). Every matrix also
+        gets an fp16 copy for products of a few rows (`pack_fp16`, `linear`) where the weights fit fp16; a
+        load or an in-place update afterwards sends the products it touches back to fp32."""
 
-        def transpose_storage(weight: Tensor) -> None:
-            weight.data = weight.data.transpose(-1, -2).contiguous().transpose(-1, -2)
+        def transpose_storage(*weights: Tensor) -> None:
+            for weight in weights:
+                weight.data = weight.data.transpose(-1, -2).contiguous().transpose(-1, -2)
 
-        for layer in self.decoder.layers:
-            attn = layer.self_attn
-            attn.qkv = fuse_linears(
-                *[lin for lin in (attn.q_proj, attn.k_proj, attn.v_proj) if lin is not None]
-            )
-            layer.mlp.gate_up = fuse_linears(layer.mlp.gate_proj, layer.mlp.up_proj)
-            for weight in (attn.o_proj.weight, layer.mlp.down_proj.weight, layer.router.proj.weight):
-                transpose_storage(weight)
-            transpose_storage(layer.experts.gate_up_proj)
-            transpose_storage(layer.experts.down_proj)
-        conditioning = self.decoder.self_conditioning
-        conditioning.gate_up = fuse_linears(conditioning.gate_proj, conditioning.up_proj)
-        transpose_storage(conditioning.down_proj.weight)
-        transpose_storage(self.decoder.embed_tokens.weight)
+        def fused(*linears: nn.Linear | None) -> tuple[Tensor, Packed | None]:
+            # the parameters that view the fused matrix keep version counters of their own: watch them too
+            present = [lin for lin in linears if lin is not None]
+            matrix = fuse_linears(*present)
+            return matrix, pack_fp16(matrix.t(), *(lin.weight for lin in present))
 
         for layer in self.decoder.layers:
             attn, mlp, experts = layer.self_attn, layer.mlp, layer.experts
-            assert attn.qkv is not None and mlp.gate_up is not None
-            parts = [lin.weight for lin in (attn.q_proj, attn.k_proj, attn.v_proj) if lin is not None]
-            attn.qkv_packed = pack_fp16(attn.qkv.t(), attn.qkv, *parts)
-            attn.o_packed = pack_fp16(attn.o_proj.weight)
-            mlp.gate_up_packed = pack_fp16(
-                mlp.gate_up.t(), mlp.gate_up, mlp.gate_proj.weight, mlp.up_proj.weight
+            attn.qkv, attn.qkv_packed = fused(attn.q_proj, attn.k_proj, attn.v_proj)
+            mlp.gate_up, mlp.gate_up_packed = fused(mlp.gate_proj, mlp.up_proj)
+            transpose_storage(
+                attn.o_proj.weight,
+                mlp.down_proj.weight,
+                layer.router.proj.weight,
+                experts.gate_up_proj,
+                experts.down_proj,
             )
-            mlp.down_packed = pack_fp16(mlp.down_proj.weight)
+            attn.o_packed, mlp.down_packed = pack_fp16(attn.o_proj.weight), pack_fp16(mlp.down_proj.weight)
             experts.gate_up_packed = [pack_fp16(w) for w in experts.gate_up_proj]  # views: the 3-D's version
             experts.down_packed = [pack_fp16(w) for w in experts.down_proj]
-        assert conditioning.gate_up is not None
-        conditioning.gate_up_packed = pack_fp16(
-            conditioning.gate_up.t(),
-            conditioning.gate_up,
-            conditioning.gate_proj.weight,
-            conditioning.up_proj.weight,
+        conditioning = self.decoder.self_conditioning
+        conditioning.gate_up, conditioning.gate_up_packed = fused(
+            conditioning.gate_proj, conditioning.up_proj
         )
-        conditioning.down_packed = pack_fp16(conditioning.down_proj.weight)
         embedding = self.decoder.embed_tokens.weight
+        transpose_storage(conditioning.down_proj.weight, embedding)
+        conditioning.down_packed = pack_fp16(conditioning.down_proj.weight)
         self.head_packed = pack_fp16(embedding)
         self.soft_packed = pack_fp16(embedding.t())  # a view: shares the embedding's version counter
 
