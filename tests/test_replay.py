@@ -122,3 +122,15 @@ def test_replay_against_the_real_server(checkpoint, tmp_path, monkeypatch):
     else:
         assert s["latency_per_accepted_ms"] is None
     assert s["latency_p50_ms"] <= s["latency_p95_ms"]
+    # every request is in the log, in order, with what it showed and what came of it
+    log = region["request_log"]
+    assert len(log) == s["requests"] and [r["ms"] for r in log] == region["latencies_ms"]
+    assert [r["offset"] for r in log] == sorted(r["offset"] for r in log)
+    assert sum(r["verdict"] != "none" for r in log) == s["shown"]
+    assert sum(r["verdict"] in ("full", "partial") for r in log) == s["accepted"]
+    assert sum(r["accepted_chars"] for r in log) == s["accepted_chars"]
+    assert all(bool(r["shown"]) == (r["verdict"] != "none") for r in log)
+    assert [r["model_ms"] for r in log if r["model_ms"] is not None] == region["model_latencies_ms"]
+    text = source.read_text()
+    for r in log:  # the cursor's position in the document the request saw (typed from empty: its line)
+        assert replay.utf16_position(text, r["offset"]) == (r["line"], r["character"])

@@ -73,6 +73,20 @@ class ReplayOptions:
 
 
 @dataclass
+class RequestRecord:
+    """What one inline request saw and what came of it (report.json: a region's `request_log`)."""
+
+    offset: int  # characters of the region typed when the request went out
+    line: int  # the cursor's line in the document (0-based, as LSP)
+    character: int  # the cursor's column, in UTF-16 units
+    ms: float  # round trip
+    model_ms: float | None  # engine time the request caused; None when the server answered without the model
+    shown: str  # the first item's text ("" when nothing was shown)
+    verdict: str  # "full", "partial", "rejected" or "none" (nothing shown)
+    accepted_chars: int = 0
+
+
+@dataclass
 class RegionStats:
     source: str
     chars: int = 0  # characters of the replayed text (what the person would type without the tool)
@@ -86,6 +100,7 @@ class RegionStats:
     errors: int = 0
     latencies_ms: list[float] = field(default_factory=list)  # round trip of every request
     model_latencies_ms: list[float] = field(default_factory=list)
+    request_log: list[RequestRecord] = field(default_factory=list)  # one per request, in order
 
     @property
     def accepted(self) -> int:
@@ -450,6 +465,9 @@ async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOp
                 result = None
                 stats.errors += 1
             stats.latencies_ms.append((time.perf_counter() - started) * 1000.0)
+            line, character = utf16_position(doc, cursor)
+            record = RequestRecord(p, line, character, round(stats.latencies_ms[-1], 1), None, "", "none")
+            stats.request_log.append(record)
             server = await client.stats()
             done = _get(server, "engine_fills_completed") or 0
             if done > fills_done:  # the model ran for this request (twice when the server retried)
@@ -458,6 +476,7 @@ async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOp
                 stats.model_fills += done - fills_done
                 stats.model_ms += latency
                 stats.model_latencies_ms.append(latency)
+                record.model_ms = round(latency, 1)
                 fills_done, model_ms_seen = done, spent
             items = list(_get(result, "items") or []) if result is not None else []
             insert = _get(items[0], "insert_text") if items else None
@@ -472,6 +491,7 @@ async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOp
                 start = utf16_offset(doc, rng.start.line, rng.start.character)
                 end = utf16_offset(doc, rng.end.line, rng.end.character)
             verdict, chars = judge(doc, cursor, start, end, insert, typed[p:], opts.min_partial)
+            record.shown, record.verdict, record.accepted_chars = insert, verdict, chars
             if verdict == "rejected":
                 continue
             stats.full_accepts += verdict == "full"
