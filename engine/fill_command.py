@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import json
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -171,11 +172,11 @@ def fill_request(
     prefix: str, suffix: str, args: argparse.Namespace, defaults: SamplerSettings
 ) -> FillRequest:
     """The request `dfim fill` and `dfim trace` send: the model's sampler with --steps over it, and one
-    line (a stop at the newline, a 32-token canvas) unless --multiline or the cursor ends a line that opens
-    a block. The server answers the same way (decision 25): this small model's later lines are rarely
-    right, and often repeat; after `def f(x):` the fill is the lines below, which a stop would cut to nothing."""
+    line (a stop at the newline, a 32-token canvas) unless --multiline. The server answers the same way
+    (decisions 25 and 49): this small model's later lines are rarely right, and often repeat. At the end of a
+    line that opens a block, `block_lead` puts the line break and indentation at the end of the prefix first."""
     settings = defaults if args.steps is None else replace(defaults, max_steps=args.steps)
-    several = args.multiline or opens_block(prefix, suffix)
+    several = args.multiline
     settings = replace(settings, draft=settings.draft and not several)  # the editor drafts single lines only
     candidates = getattr(args, "candidates", 1)  # `dfim trace` draws one canvas
     if candidates is None:  # the server's inline choice: a drafted line is one canvas (decision 38)
@@ -191,11 +192,28 @@ def fill_request(
     )
 
 
-def opens_block(prefix: str, suffix: str) -> bool:
-    """Whether the cursor ends a line that opens a block (`def f(x):`, `if (ok) {`, `call(`)."""
-    line = prefix[prefix.rfind("\n") + 1 :].rstrip()
-    rest = suffix.split("\n", 1)[0]
-    return line.endswith((":", "{", "(", "[")) and not rest.strip()
+# A line ending in `:` opens a block when it starts with one of these (python, and `case`/`default` labels);
+# other colons (`{"a":`, `x[1:`, `let n:`) go on with the same line.
+BLOCK_HEADER = re.compile(
+    r"(if|elif|else|for|while|with|try|except|finally|def|class|async|match|case|default)\b"
+)
+
+
+def opens_block(line: str) -> bool:
+    """Whether a line (up to the cursor) ends by opening a block whose first line goes below it: `def f(x):`,
+    `if x > 0:`, `if (ok) {`. Not `call(`, `[` or a colon that opens no block, after which the line goes on."""
+    code = line.rstrip()
+    return code.endswith("{") or (code.endswith(":") and bool(BLOCK_HEADER.match(code.strip())))
+
+
+def block_lead(prefix: str, suffix: str) -> str:
+    """At the end of a line that opens a block, with nothing after the cursor on it: the line break and the
+    block's indentation (one step deeper: a tab or four spaces) that start a one-line fill there; else ""."""
+    line = prefix[prefix.rfind("\n") + 1 :]
+    if suffix.split("\n", 1)[0].strip() or not opens_block(line):
+        return ""
+    indent = line[: len(line) - len(line.lstrip(" \t"))]
+    return "\n" + indent + ("\t" if indent.startswith("\t") else "    ")
 
 
 def fail(message: str) -> int:
@@ -242,7 +260,10 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         prefix, suffix = fit_to_model(prefix, suffix, engine)
-        result = engine.fill(fill_request(prefix, suffix, args, engine.settings))
+        lead = "" if args.multiline else block_lead(prefix, suffix)
+        result = engine.fill(fill_request(prefix + lead, suffix, args, engine.settings))
+        if lead and result.text.strip():  # the fill starts on the new line: the break comes with it
+            result = replace(result, text=lead + result.text.lstrip(" \t"))
     except EngineError as err:
         return fail(str(err))
     except KeyboardInterrupt:  # Ctrl-C while torch loads or the model fills: a line, not a traceback

@@ -20,7 +20,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from engine.api import FillRequest, FillResult, StepInfo
-from engine.fill_command import InputError, add_fill_arguments, fill_request, fit_to_model, read_fill_input
+from engine.fill_command import (
+    InputError,
+    add_fill_arguments,
+    block_lead,
+    fill_request,
+    fit_to_model,
+    read_fill_input,
+)
 
 # How much context the page shows around the canvas: enough to see where the fill goes.
 CONTEXT_LINES = 6
@@ -363,7 +370,8 @@ def run(args: argparse.Namespace) -> int:
         if engine.is_random:
             print(f"dfim trace: note: {engine.path} is an untrained (random) checkpoint", file=sys.stderr)
         prefix, suffix = fit_to_model(prefix, suffix, engine)
-        trace = record(engine, fill_request(prefix, suffix, args, engine.settings))
+        lead = "" if args.multiline else block_lead(prefix, suffix)  # the model reads it, as `dfim fill`'s
+        trace = record(engine, fill_request(prefix + lead, suffix, args, engine.settings))
     except EngineError as err:
         return fail(str(err))
     except KeyboardInterrupt:  # Ctrl-C while torch loads or the model fills: a line, not a traceback

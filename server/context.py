@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from engine.fill_command import opens_block
 from engine.tokenizer import FIM_SPECIALS, head_within, tail_within
 
 # LSP languageId -> (grammar module, language function)
@@ -650,6 +651,48 @@ def one_line(ctx: FillContext) -> FillContext:
     if ctx.mode != "multiline" or not blank_line:
         return ctx
     return replace(ctx, mode="line", max_tokens=min(MAX_TOKENS["line"], ctx.max_tokens))
+
+
+def single_line(ctx: FillContext, text: str, cursor: int) -> FillContext:
+    """The fill the server asks while `inline.multiline` is off: one line at a time (decisions 25 and 49).
+
+    - a blank line (several lines otherwise): that line, as a single-line fill (`one_line`);
+    - a blank line of an empty body (the whole body otherwise): that line;
+    - the end of a line that opens a block (`if x:▮`, `def f():▮`, `{▮`): the block's first line, on a new
+      line: the model reads the line break and the block's indentation at the end of its prefix, and the
+      suggestion starts with them (`lead`);
+    - the end of a line after `(`, `[` or another colon: the rest of that line (arguments mostly go on it).
+
+    Each is then the line mode's canvas, drafted by the encoder, with a newline stop and the line
+    post-processing. The windows stay where the first decision put them; only the text between it and the
+    cursor moves into them. Anything else is returned as it is."""
+    if ctx.mode == "multiline" and ctx.start == ctx.end == cursor:
+        ctx = one_line(ctx)
+        if ctx.mode == "line":
+            return ctx
+    if ctx.mode not in ("multiline", "block") or not ctx.start <= cursor <= ctx.end:
+        return ctx
+    ls, le = line_start(text, cursor), line_end(text, cursor)
+    before, after = text[ls:cursor], text[cursor:le]
+    opener = before.rstrip()[-1:]
+    if after.strip() or (before.strip() and opener not in ":{(["):
+        return ctx
+    line = replace(
+        ctx,
+        prefix=ctx.prefix + text[ctx.start : cursor],
+        suffix=text[cursor : ctx.end] + ctx.suffix,
+        start=cursor,
+        end=cursor,
+        mode="line",
+        indent=leading_ws(before),
+        rest_of_line=after,
+        max_tokens=min(MAX_TOKENS["line"], ctx.max_tokens),
+        opens_line=False,
+    )
+    if opens_block(before):
+        lead = ctx.newline + ctx.indent
+        return replace(line, prefix=line.prefix + lead, lead=lead, indent=ctx.indent)
+    return line
 
 
 def opens_line(text: str, start: int, end: int, mode: str) -> bool:

@@ -266,6 +266,7 @@ def result_key(lang: str | None, ctx: FillContext, options: Options, model: obje
         ctx.prefix,
         ctx.suffix,
         ctx.mode,
+        ctx.lead,  # `if x:▮` and `if x:\n    ▮` can have the same windows: the lead tells them apart
         ctx.max_tokens,
         options.sampling,
         options.inline.candidates,
@@ -363,7 +364,7 @@ async def complete(ls, params):
     from lsprotocol import types
     from pygls.exceptions import JsonRpcInvalidParams
 
-    from server.context import build_context, language_for, one_line, with_lead
+    from server.context import build_context, language_for, single_line, with_lead
     from server.documents import Document, PositionError
     from server.options import language_enabled
 
@@ -415,7 +416,7 @@ async def complete(ls, params):
     if ctx.mode == "block" and not (ctx.start <= cursor <= ctx.end):
         return None
     if not options.inline.multiline:
-        ctx = one_line(ctx)
+        ctx = single_line(ctx, text, cursor)
     key = result_key(lang, ctx, options, ls.model_key)
     cached = ls.cache.get(key)
     if cached is not None:

@@ -252,11 +252,45 @@ def test_a_fill_is_one_line_unless_multiline(capsys, checkpoint):
             assert result["canvas_length"] == 32
     code, out, _ = dfim_fill(capsys, *args, "--multiline", "--json")
     assert code == 0 and json.loads(out)["canvas_length"] == 64
-    # at the end of a line that opens a block the fill is the lines below it, as the server's
-    code, out, _ = dfim_fill(
-        capsys, demo, "--line", 4, "--col", 19, "--model", checkpoint, "--steps", 2, "--json"
-    )
-    assert code == 0 and json.loads(out)["canvas_length"] == 64
+    # at the end of a line that opens a block the fill is the block's first line, on a new line, as the
+    # server's (decision 49): the break and the indentation, then one line
+    shown = 0
+    for seed in range(4):
+        code, out, _ = dfim_fill(
+            capsys,
+            demo,
+            "--line",
+            4,
+            "--col",
+            19,
+            "--model",
+            checkpoint,
+            "--steps",
+            2,
+            "--seed",
+            seed,
+            "--json",
+        )
+        result = json.loads(out)
+        assert code == 0 and result["canvas_length"] == 32
+        if result["text"].strip():
+            shown += 1
+            assert result["text"].startswith("\n    ") and result["text"].count("\n") == 1, result
+    assert shown
+
+
+def test_block_lead_follows_the_line_that_opens_a_block():
+    from engine.fill_command import block_lead, opens_block
+
+    assert block_lead("def f(x):", "\n") == "\n    "
+    assert block_lead("class A:\n    def f(self):", "") == "\n        "
+    assert block_lead("\tif x > 0:", "\n\treturn 1") == "\n\t\t"
+    assert block_lead("function f() {", "\n}") == "\n    "
+    # the line goes on after a bracket or a colon that opens no block, and with code after the cursor
+    for line in ("x = f(", "xs = [", 'd = {"a":', "y = x[1:", "let n:", "return x"):
+        assert block_lead(line, "\n") == "", line
+    assert block_lead("if x:", " pass\n") == ""
+    assert opens_block("    elif y == 2:  ") and opens_block("case 1:") and not opens_block("lambda x:")
 
 
 def test_a_crlf_file_fills_without_a_stray_carriage_return(capsys, tmp_path, checkpoint):

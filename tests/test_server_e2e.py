@@ -111,6 +111,60 @@ async def test_blank_line_gets_one_line_unless_multiline_is_on(session):
     session.configure({"sampling": {"seed": 0}, "inline": {"multiline": False}})
 
 
+def shown_modes(session) -> list[str]:
+    events = read_events(session.data_dir / "telemetry.jsonl")
+    return [e["mode"] for e in events if e.get("event") == "shown"]
+
+
+async def first_shown(session, uri: str, line: int, character: int):
+    """The first item shown at one of a few seeds (a random model may leave nothing worth showing at one)."""
+    for seed in range(6):
+        session.configure({"sampling": {"seed": seed}})
+        result = await session.inline(uri, line, character)
+        if result is not None:
+            session.configure({"sampling": {"seed": 0}})
+            return result.items[0]
+    raise AssertionError(f"nothing shown at {line}:{character} in {uri}")
+
+
+async def test_an_empty_body_gets_one_line_unless_multiline_is_on(session):
+    uri = "file:///work/empty_body.py"
+    text = "def area(w, h):\n    \n\n\ndef main():\n    pass\n"
+    session.open(uri, text)
+    item = await first_shown(session, uri, 1, 4)
+    assert "\n" not in item.insert_text
+    assert item.range.start == item.range.end == types.Position(1, 4)
+    assert shown_modes(session)[-1] == "line"
+    session.configure({"inline": {"multiline": True}})
+    try:  # the whole body: another request than the line's, so not the line's cached answer
+        before = await session.stats()
+        await session.inline(uri, 1, 4)
+        after = await session.stats()
+        assert after.fills > before.fills and after.cache_hits == before.cache_hits
+    finally:
+        session.configure({"inline": {"multiline": False}})
+
+
+async def test_after_a_block_opener_one_line_comes_on_a_new_line(session):
+    uri = "file:///work/opener.py"
+    text = "def area(w, h):\n    if w < 0:\n    return w * h\n"
+    session.open(uri, text)
+    item = await first_shown(session, uri, 1, 13)
+    # the break and the block's indentation, then one line; the code below stays where it is
+    assert item.insert_text.startswith("\n        ") and item.insert_text.count("\n") == 1
+    assert item.insert_text.strip()
+    assert item.range.start == item.range.end == types.Position(1, 13)
+    assert shown_modes(session)[-1] == "line"
+    # Enter and the editor's indentation are the start of what is shown: the rest comes without the model
+    shown = item.insert_text
+    before = await session.stats()
+    session.change(uri, "\n        ", types.Range(start=types.Position(1, 13), end=types.Position(1, 13)))
+    again = await session.inline(uri, 2, 8)
+    after = await session.stats()
+    assert again is not None and again.items[0].insert_text == shown[len("\n        ") :]
+    assert after.fills == before.fills and after.typed_ahead == before.typed_ahead + 1
+
+
 async def test_block_fill_in_empty_body_and_cache(session):
     uri = "file:///work/empty.js"
     text = "function area(w, h) {\n  \n}\n"

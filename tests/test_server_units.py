@@ -458,6 +458,84 @@ def test_one_line_asks_a_blank_lines_fill_as_a_single_line():
         assert context.one_line(ctx) is ctx
 
 
+def single(src: str, lang: str | None = "python") -> tuple[context.FillContext, str, int]:
+    text, cursor = split(src)
+    return context.single_line(context.build_context(text, cursor, lang), text, cursor), text, cursor
+
+
+@pytest.mark.parametrize(
+    ("src", "lang"),
+    [
+        ("def f(x):\n    |\n\ndef g():\n    pass\n", "python"),
+        ("class A:\n    def f(self):\n        |\n    def g(self): pass\n", "python"),
+        ("def f(x):\n\n    |\n    pass\n", "python"),
+        ("function f(x) {\n  |\n}\n", "javascript"),
+        ("fn f() -> i32 {\n    |\n}\n", "rust"),
+    ],
+)
+def test_single_line_asks_a_blank_line_of_an_empty_body_as_that_line(src, lang):
+    assert ctx_for(src, lang).mode == "block"
+    ctx, text, cursor = single(src, lang)
+    assert (ctx.mode, ctx.start, ctx.end, ctx.lead) == ("line", cursor, cursor, "")
+    assert ctx.max_tokens == context.MAX_TOKENS["line"]
+    # the model reads the document up to the cursor and from it, as for any blank line
+    assert text[:cursor].endswith(ctx.prefix) and text[cursor:].startswith(ctx.suffix)
+    assert ctx.prefix.endswith(text[context.line_start(text, cursor) : cursor])
+    assert ctx.indent == text[context.line_start(text, cursor) : cursor]
+    assert postprocess.clean("return 1\n    y = 2", ctx) == "return 1"
+
+
+@pytest.mark.parametrize(
+    ("src", "lang", "lead"),
+    [
+        ("def f(x):|\n", "python", "\n    "),  # an empty body: the block mode's span
+        ("def f(x):\n    if x:|\n    return 1\n", "python", "\n        "),
+        ("class A:\n    def f(self):|\n", "python", "\n        "),
+        ("def f(x):\n    try:|\n", "python", "\n        "),
+        ("function f(x) {|\n", "javascript", "\n    "),  # no indentation yet: 4 spaces
+        ("def f(x):\r\n    if x:|\r\n", "python", "\r\n        "),
+    ],
+)
+def test_single_line_after_a_block_opener_starts_a_new_line(src, lang, lead):
+    ctx, text, cursor = single(src, lang)
+    assert (ctx.mode, ctx.start, ctx.end, ctx.lead) == ("line", cursor, cursor, lead)
+    assert ctx.prefix.endswith(text[context.line_start(text, cursor) : cursor] + lead)
+    assert text[cursor:].startswith(ctx.suffix)
+    # the suggestion is the break, the block's indentation and one line: the code below does not move
+    assert postprocess.clean("return x\n    y = 2", ctx) == lead + "return x"
+    assert postprocess.clean("  return x", ctx) == lead + "return x"
+    assert postprocess.clean("", ctx) is None
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "x = foo(|\n",
+        "values = [|\n",
+        'd = {"a":|\n',  # a colon that opens no block: the line goes on
+        "y = x[1:|\n",
+    ],
+)
+def test_single_line_after_a_bracket_or_another_colon_goes_on_with_the_line(src):
+    ctx, text, cursor = single(src)
+    assert (ctx.mode, ctx.start, ctx.end, ctx.lead) == ("line", cursor, cursor, "")
+    assert ctx.prefix == text[:cursor]
+
+
+@pytest.mark.parametrize(
+    ("src", "lang"),
+    [
+        ("x = foo(a|, b)\n", "python"),  # already a line
+        ("def f(x):\n    y = 1\n    return y|\n", "python"),
+        ("function f(x) {\n  return x;\n}|\n", "javascript"),
+    ],
+)
+def test_single_line_leaves_other_fills_alone(src, lang):
+    text, cursor = split(src)
+    ctx = context.build_context(text, cursor, lang)
+    assert context.single_line(ctx, text, cursor) == ctx
+
+
 def test_scope_limited_by_indentation():
     ctx = ctx_for("def f(x):\n    if x:\n        |\n")
     raw = "y = 1\n        z = 2\n    return 3\ndef g():\n    pass"
