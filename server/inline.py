@@ -259,6 +259,19 @@ def fill_request(
     return request, pinned
 
 
+def retry_request(request: FillRequest, ctx: FillContext, options: Options) -> FillRequest | None:
+    """What a drafted line's retry asks (None: the first request again, with the next seed). A draft that
+    leaves the dropped text at its first word (decision 44). At a line's start it goes beside canvases from
+    noise (`inline.candidates` in all), ranked by the model: the dropped draft there is mostly a copy of the
+    line below, and noise finds other lines. After code on the line, the avoiding draft alone goes on with
+    it: canvases from noise there cost most of a typing session's retry time and were rarely taken
+    (decision 50)."""
+    if not request.settings.draft:
+        return None
+    at_line_start = bool(ctx.lead) or not ctx.before_on_line.strip()
+    return replace(request, candidates=options.inline.candidates if at_line_start else 1)
+
+
 def result_key(lang: str | None, ctx: FillContext, options: Options, model: object) -> str:
     """The result cache's key: exactly what the model would see, and every setting that changes the answer."""
     return ResultCache.key(
@@ -433,9 +446,7 @@ async def complete(ls, params):
     request, pinned = fill_request(ctx, ls.host.engine.settings, options, ls.host.count_tokens)
     led = with_lead(ctx, text)  # only on a blank line, so never with a pinned rest of line
     last_try = (replace(request, prefix=led.prefix), led) if led is not None else None
-    # A drafted line's retry: a draft that leaves the dropped text at its first word, beside canvases from
-    # noise (`inline.candidates` in all), ranked by the model (decision 44).
-    again = replace(request, candidates=options.inline.candidates) if request.settings.draft else None
+    again = retry_request(request, ctx, options)
     outcome = await fill_until_shown(
         lambda r: run_fill(ls, r, flag),
         request,

@@ -131,6 +131,8 @@ def test_replay_against_the_real_server(checkpoint, tmp_path, monkeypatch):
     assert sum(r["accepted_chars"] for r in log) == s["accepted_chars"]
     assert all(bool(r["shown"]) == (r["verdict"] != "none") for r in log)
     assert [r["model_ms"] for r in log if r["model_ms"] is not None] == region["model_latencies_ms"]
+    assert sum(r["fills"] for r in log) == s["model_fills"]
+    assert all((r["fills"] > 0) == (r["model_ms"] is not None) for r in log)
     text = source.read_text()
     for r in log:  # the cursor's position in the document the request saw (typed from empty: its line)
         assert replay.utf16_position(text, r["offset"]) == (r["line"], r["character"])

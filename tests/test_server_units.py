@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import pytest
 from lsprotocol import types
 
-from engine.api import Hole, TokenScore
+from engine.api import Hole, SamplerSettings, TokenScore
 from server import actions, context, inline, options, postprocess, telemetry
 from server.documents import UTF8, UTF16, UTF32, Document, PositionError, choose_encoding, column_to_index
 
@@ -691,6 +692,34 @@ def test_a_drafted_fills_retries_draft_again_avoiding_what_was_dropped():
     out = asyncio.run(inline.fill_until_shown(fill_once, drafted, ctx, "", 2, lambda: False, again=again))
     assert out == (["y += 1"], 3, 3)
     assert asked == [(True, 1, 7, ()), (True, 2, 8, ("return y",)), (True, 2, 9, ("return y", "   "))]
+
+
+def test_a_drafted_lines_retry_adds_canvases_from_noise_only_at_a_lines_start():
+    """Decision 50: at a line's start (a blank line, column 0 above code, a block opener's new line) the
+    avoiding draft goes beside canvases from noise; after code on the line it goes alone."""
+    settings = SamplerSettings(draft=True)
+    opts = options.Options()
+    wide = opts.inline.candidates
+    assert wide > 1
+    cases = {
+        "def f(x):\n    y = x\n    |\n    return y\n": wide,  # a blank line
+        "def f(x):\n|    return x\n": wide,  # column 0 above code
+        "def f(x):\n    if x:|\n": wide,  # the block's first line, on a new line
+        "def f(x):\n    return x +|\n": 1,  # after code on the line
+        "def f(x):\n    y = g(|\n": 1,
+    }
+    for src, candidates in cases.items():
+        text, cursor = split(src)
+        ctx = context.single_line(context.build_context(text, cursor, "python"), text, cursor)
+        request, _ = inline.fill_request(ctx, settings, opts, len)
+        assert request.settings.draft and request.candidates == 1, src
+        again = inline.retry_request(request, ctx, opts)
+        assert again is not None and again.candidates == candidates, src
+        assert replace(again, candidates=1) == request
+    # a fill that is not drafted retries as it was asked
+    ctx = ctx_for("def f(x):\n    return x +|\n")
+    request, _ = inline.fill_request(ctx, SamplerSettings(draft=False), opts, len)
+    assert inline.retry_request(request, ctx, opts) is None
 
 
 def test_a_column_0_cursor_on_a_blank_line_gets_its_indentation_typed_on_the_last_try():

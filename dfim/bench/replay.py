@@ -84,6 +84,7 @@ class RequestRecord:
     shown: str  # the first item's text ("" when nothing was shown)
     verdict: str  # "full", "partial", "rejected" or "none" (nothing shown)
     accepted_chars: int = 0
+    fills: int = 0  # engine fills the request ran (2 or more when the server asked again)
 
 
 @dataclass
@@ -476,7 +477,7 @@ async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOp
                 stats.model_fills += done - fills_done
                 stats.model_ms += latency
                 stats.model_latencies_ms.append(latency)
-                record.model_ms = round(latency, 1)
+                record.model_ms, record.fills = round(latency, 1), done - fills_done
                 fills_done, model_ms_seen = done, spent
             items = list(_get(result, "items") or []) if result is not None else []
             insert = _get(items[0], "insert_text") if items else None
