@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import codecs
 import json
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.api import FillRequest, SamplerSettings  # plain dataclasses: no torch
+from engine.layout import block_lead
 
 if TYPE_CHECKING:
     from engine.infill import Engine
@@ -192,30 +192,6 @@ def fill_request(
     )
 
 
-# A line ending in `:` opens a block when it starts with one of these (python, and `case`/`default` labels);
-# other colons (`{"a":`, `x[1:`, `let n:`) go on with the same line.
-BLOCK_HEADER = re.compile(
-    r"(if|elif|else|for|while|with|try|except|finally|def|class|async|match|case|default)\b"
-)
-
-
-def opens_block(line: str) -> bool:
-    """Whether a line (up to the cursor) ends by opening a block whose first line goes below it: `def f(x):`,
-    `if x > 0:`, `if (ok) {`. Not `call(`, `[` or a colon that opens no block, after which the line goes on."""
-    code = line.rstrip()
-    return code.endswith("{") or (code.endswith(":") and bool(BLOCK_HEADER.match(code.strip())))
-
-
-def block_lead(prefix: str, suffix: str) -> str:
-    """At the end of a line that opens a block, with nothing after the cursor on it: the line break and the
-    block's indentation (one step deeper: a tab or four spaces) that start a one-line fill there; else ""."""
-    line = prefix[prefix.rfind("\n") + 1 :]
-    if suffix.split("\n", 1)[0].strip() or not opens_block(line):
-        return ""
-    indent = line[: len(line) - len(line.lstrip(" \t"))]
-    return "\n" + indent + ("\t" if indent.startswith("\t") else "    ")
-
-
 def fail(message: str) -> int:
     print(f"dfim fill: {message}", file=sys.stderr)
     return 2
@@ -260,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         prefix, suffix = fit_to_model(prefix, suffix, engine)
-        lead = "" if args.multiline else block_lead(prefix, suffix)
+        lead = "" if args.multiline else block_lead(prefix, suffix, language)
         result = engine.fill(fill_request(prefix + lead, suffix, args, engine.settings))
         if lead and result.text.strip():  # the fill starts on the new line: the break comes with it
             result = replace(result, text=lead + result.text.lstrip(" \t"))

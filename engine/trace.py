@@ -23,11 +23,11 @@ from engine.api import FillRequest, FillResult, StepInfo
 from engine.fill_command import (
     InputError,
     add_fill_arguments,
-    block_lead,
     fill_request,
     fit_to_model,
     read_fill_input,
 )
+from engine.layout import block_lead
 
 # How much context the page shows around the canvas: enough to see where the fill goes.
 CONTEXT_LINES = 6
@@ -357,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"{out}: is a directory")
         if not out.parent.is_dir():
             raise InputError(f"{out.parent}: no such directory for --out")
-        prefix, suffix, _ = read_fill_input(args)
+        prefix, suffix, language = read_fill_input(args)
     except InputError as err:
         return fail(str(err))
 
@@ -370,7 +370,8 @@ def run(args: argparse.Namespace) -> int:
         if engine.is_random:
             print(f"dfim trace: note: {engine.path} is an untrained (random) checkpoint", file=sys.stderr)
         prefix, suffix = fit_to_model(prefix, suffix, engine)
-        lead = "" if args.multiline else block_lead(prefix, suffix)  # the model reads it, as `dfim fill`'s
+        # at a block opener the model reads the line break and indentation first, as `dfim fill`'s does
+        lead = "" if args.multiline else block_lead(prefix, suffix, language)
         trace = record(engine, fill_request(prefix + lead, suffix, args, engine.settings))
     except EngineError as err:
         return fail(str(err))

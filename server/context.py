@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from engine.fill_command import opens_block
+from engine.layout import indent_unit, leading_ws, opens_block
 from engine.tokenizer import FIM_SPECIALS, head_within, tail_within
 
 # LSP languageId -> (grammar module, language function)
@@ -139,23 +139,6 @@ def indent_width(line: str) -> int:
     """Visual width of a line's leading whitespace (tabs count 4)."""
     stripped = line[: len(line) - len(line.lstrip(" \t"))]
     return len(stripped.expandtabs(4))
-
-
-def leading_ws(line: str) -> str:
-    return line[: len(line) - len(line.lstrip(" \t"))]
-
-
-def indent_unit(text: str) -> str:
-    """The document's indentation step: a tab if lines start with tabs, else the smallest space step (4)."""
-    steps = []
-    for line in text.splitlines()[:400]:
-        ws = leading_ws(line)
-        if not ws or not line.strip():
-            continue
-        if ws.startswith("\t"):
-            return "\t"
-        steps.append(len(ws))
-    return " " * min(steps) if steps and min(steps) in (2, 3, 4, 8) else "    "
 
 
 def newline_of(text: str) -> str:
@@ -458,7 +441,7 @@ def empty_body_at(source: Source, offset: int) -> Span | None:
     if rest.strip():
         return None
     header_line = text[line_start(text, fs) : line_end(text, fs)]
-    indent = leading_ws(header_line) + indent_unit(text)
+    indent = leading_ws(header_line) + indent_unit(text, source.lang)
     cursor_line = text[line_start(text, offset) : line_end(text, offset)]
     if not cursor_line.strip() and indent_width(cursor_line) > indent_width(header_line):
         indent = cursor_line
@@ -518,7 +501,7 @@ def decide_mode(source: Source, cursor: int) -> tuple[str, int, int, str]:
     if not before.strip():
         return "multiline", cursor, cursor, before
     if before.rstrip().endswith(("{", ":", "(", "[")) and not after.strip():
-        return "multiline", cursor, cursor, leading_ws(before) + indent_unit(text)
+        return "multiline", cursor, cursor, leading_ws(before) + indent_unit(text, source.lang)
     return "line", cursor, cursor, leading_ws(before)
 
 

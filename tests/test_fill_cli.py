@@ -280,17 +280,27 @@ def test_a_fill_is_one_line_unless_multiline(capsys, checkpoint):
 
 
 def test_block_lead_follows_the_line_that_opens_a_block():
-    from engine.fill_command import block_lead, opens_block
+    from engine.layout import block_lead, opens_block
 
     assert block_lead("def f(x):", "\n") == "\n    "
     assert block_lead("class A:\n    def f(self):", "") == "\n        "
     assert block_lead("\tif x > 0:", "\n\treturn 1") == "\n\t\t"
     assert block_lead("function f() {", "\n}") == "\n    "
+    # the file's own step, and the language's habit before there is one
+    assert block_lead("function f() {\n  if (x) {", "\n  }\n}\n") == "\n    "
+    assert block_lead("func main() {", "\n}\n", "go") == "\n\t"
+    # a signature or condition over several lines ends with its closing bracket
+    assert block_lead("def f(\n    a,\n) -> int:", "\n") == "\n    "
+    assert block_lead("if (\n    a\n    and b\n):", "\n") == "\n    "
+    assert opens_block("public:") and opens_block("    elif y == 2:  ") and opens_block("case 1:")
     # the line goes on after a bracket or a colon that opens no block, and with code after the cursor
-    for line in ("x = f(", "xs = [", 'd = {"a":', "y = x[1:", "let n:", "return x"):
+    for line in ("x = f(", "xs = [", 'd = {"a":', "y = x[1:", "let n:", "return x", "lambda x:"):
         assert block_lead(line, "\n") == "", line
     assert block_lead("if x:", " pass\n") == ""
-    assert opens_block("    elif y == 2:  ") and opens_block("case 1:") and not opens_block("lambda x:")
+    # a brace or colon in a string or a comment opens nothing
+    for line in ('print(f"total: {', "const s = `a ${", "// returns {", "x = 1  # note:", "s = 'if x:"):
+        assert not opens_block(line), line
+    assert opens_block('if s == "a#b":') and opens_block("if (s == '}') {")
 
 
 def test_a_crlf_file_fills_without_a_stray_carriage_return(capsys, tmp_path, checkpoint):

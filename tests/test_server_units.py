@@ -495,6 +495,10 @@ def test_single_line_asks_a_blank_line_of_an_empty_body_as_that_line(src, lang):
         ("def f(x):\n    try:|\n", "python", "\n        "),
         ("function f(x) {|\n", "javascript", "\n    "),  # no indentation yet: 4 spaces
         ("def f(x):\r\n    if x:|\r\n", "python", "\r\n        "),
+        ("def f(\n    a,\n    b,\n) -> int:|\n", "python", "\n    "),  # a signature over several lines
+        ("if (\n    a\n    and b\n):|\n", "python", "\n    "),
+        ("class A {\npublic:|\n};\n", "cpp", "\n    "),
+        ("package main\n\nfunc main() {|\n}\n", "go", "\n\t"),  # no indented line yet: Go's tab
     ],
 )
 def test_single_line_after_a_block_opener_starts_a_new_line(src, lang, lead):
@@ -515,6 +519,8 @@ def test_single_line_after_a_block_opener_starts_a_new_line(src, lang, lead):
         "values = [|\n",
         'd = {"a":|\n',  # a colon that opens no block: the line goes on
         "y = x[1:|\n",
+        'print(f"total: {|\n',  # a brace in a string or a comment opens no block
+        "x = 1  # note:|\n",
     ],
 )
 def test_single_line_after_a_bracket_or_another_colon_goes_on_with_the_line(src):
