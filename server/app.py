@@ -167,6 +167,7 @@ class DfimServer(LanguageServer):
             "typed_ahead": 0,
             "retries": 0,  # inline fills asked again because nothing of the first was worth showing
             "model_ms": 0.0,  # engine time of all inline fills
+            "encoded_tokens": 0,  # context tokens the encoder ran for them (the rest came from its cache)
         }
         self.pending_errors: list[str] = []
         self._load_task: asyncio.Task | None = None

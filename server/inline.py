@@ -365,6 +365,7 @@ async def run_fill(ls, request: FillRequest, flag) -> FillResult | None:
         if result is None:
             ls.status.end_fill()
     ls.counters["model_ms"] += result.latency_ms
+    ls.counters["encoded_tokens"] += result.encoded_tokens
     ls.status.end_fill(result.latency_ms, result.steps, result.stop_reason)
     ls.note_fallback()
     return result

@@ -133,6 +133,9 @@ def test_replay_against_the_real_server(checkpoint, tmp_path, monkeypatch):
     assert [r["model_ms"] for r in log if r["model_ms"] is not None] == region["model_latencies_ms"]
     assert sum(r["fills"] for r in log) == s["model_fills"]
     assert all((r["fills"] > 0) == (r["model_ms"] is not None) for r in log)
+    # the encoder ran the context of the first fill; requests answered without the model encoded nothing
+    assert log[0]["encoded_tokens"] > 0 and all(r["encoded_tokens"] >= 0 for r in log)
+    assert all(r["encoded_tokens"] == 0 for r in log if r["fills"] == 0)
     text = source.read_text()
     for r in log:  # the cursor's position in the document the request saw (typed from empty: its line)
         assert replay.utf16_position(text, r["offset"]) == (r["line"], r["character"])

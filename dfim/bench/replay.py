@@ -85,6 +85,7 @@ class RequestRecord:
     verdict: str  # "full", "partial", "rejected" or "none" (nothing shown)
     accepted_chars: int = 0
     fills: int = 0  # engine fills the request ran (2 or more when the server asked again)
+    encoded_tokens: int = 0  # context tokens the encoder ran for them (the rest came from its cache)
 
 
 @dataclass
@@ -445,6 +446,7 @@ async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOp
     before_stats = await client.stats()
     fills_done = _get(before_stats, "engine_fills_completed") or 0
     model_ms_seen = float(_get(before_stats, "model_ms") or 0.0)  # inline engine time so far
+    encoded_seen = _get(before_stats, "encoded_tokens") or 0
     p, force = 0, True  # a request goes out on opening and right after every accept
     try:
         while p < len(typed):
@@ -478,6 +480,8 @@ async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOp
                 stats.model_ms += latency
                 stats.model_latencies_ms.append(latency)
                 record.model_ms, record.fills = round(latency, 1), done - fills_done
+                encoded = _get(server, "encoded_tokens") or 0
+                record.encoded_tokens, encoded_seen = encoded - encoded_seen, encoded
                 fills_done, model_ms_seen = done, spent
             items = list(_get(result, "items") or []) if result is not None else []
             insert = _get(items[0], "insert_text") if items else None
