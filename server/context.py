@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from engine.layout import indent_unit, leading_ws, opens_block
+from engine.layout import indent_unit, leading_ws, opens_block, statement_indent
 from engine.tokenizer import FIM_SPECIALS, head_within, tail_within
 
 # LSP languageId -> (grammar module, language function)
@@ -501,7 +501,12 @@ def decide_mode(source: Source, cursor: int) -> tuple[str, int, int, str]:
     if not before.strip():
         return "multiline", cursor, cursor, before
     if before.rstrip().endswith(("{", ":", "(", "[")) and not after.strip():
-        return "multiline", cursor, cursor, leading_ws(before) + indent_unit(text, source.lang)
+        return (
+            "multiline",
+            cursor,
+            cursor,
+            statement_indent(text[:cursor], source.lang) + indent_unit(text, source.lang),
+        )
     return "line", cursor, cursor, leading_ws(before)
 
 
@@ -672,7 +677,7 @@ def single_line(ctx: FillContext, text: str, cursor: int) -> FillContext:
         max_tokens=min(MAX_TOKENS["line"], ctx.max_tokens),
         opens_line=False,
     )
-    if opens_block(before):
+    if opens_block(before, ctx.lang):
         lead = ctx.newline + ctx.indent
         return replace(line, prefix=line.prefix + lead, lead=lead, indent=ctx.indent)
     return line

@@ -301,6 +301,32 @@ def test_block_lead_follows_the_line_that_opens_a_block():
     for line in ('print(f"total: {', "const s = `a ${", "// returns {", "x = 1  # note:", "s = 'if x:"):
         assert not opens_block(line), line
     assert opens_block('if s == "a#b":') and opens_block("if (s == '}') {")
+    # in the language's own comment and quote syntax: `//` is Python's floor division, `#` is code in
+    # JavaScript and Rust, a Rust lifetime is no quote; a line that ends in a comment opens nothing (the
+    # server goes on with the comment there too)
+    assert opens_block("if n // 2:", "python") and opens_block("if (this.#n > 0) {", "javascript")
+    assert opens_block("struct Parser<'a> {", "rust") and opens_block("'outer: for x in v {", "rust")
+    assert opens_block("#[cfg(test)] mod tests {", "rust") and opens_block("case 'a':", "java")
+    assert not opens_block("if x > 0:  # positive", "python") and not opens_block(
+        "if (x) { // go", "javascript"
+    )
+    assert block_lead("x = 1\nif x > 0:  # positive", "\n") == ""
+    # a colon inside brackets, or one a brace language gives to types, opens nothing
+    for line, lang in (
+        ("def greet(name:", "python"),
+        ("for x in sorted(xs, key=lambda v:", "python"),
+        ("  private name:", "typescript"),
+        ("):", "typescript"),
+        ("for (auto& x :", "cpp"),
+    ):
+        assert not opens_block(line, lang), line
+    assert opens_block("public:", "cpp") and not opens_block("public:", "java")
+    # the block is indented from the statement's first line
+    assert block_lead("  if (a &&\n      b) {", "\n  }", "javascript") == "\n    "
+    assert (
+        block_lead("/**\n * Doc\n */\nfunction f() {\n  const a = 1;\n  if (a) {", "\n", "javascript")
+        == "\n    "
+    )
 
 
 def test_a_crlf_file_fills_without_a_stray_carriage_return(capsys, tmp_path, checkpoint):

@@ -499,6 +499,22 @@ def test_single_line_asks_a_blank_line_of_an_empty_body_as_that_line(src, lang):
         ("if (\n    a\n    and b\n):|\n", "python", "\n    "),
         ("class A {\npublic:|\n};\n", "cpp", "\n    "),
         ("package main\n\nfunc main() {|\n}\n", "go", "\n\t"),  # no indented line yet: Go's tab
+        # a Rust lifetime is no quote, a JS private field no comment: the `{` still opens the block
+        ("fn greet(name: &'static str) {|\n}\n", "rust", "\n    "),
+        (
+            "class C {\n  #n = 0;\n  inc() {\n    if (this.#n > 0) {|\n    }\n  }\n}\n",
+            "javascript",
+            "\n      ",
+        ),
+        # the block is indented from the statement's first line, not from its continuation line
+        ("function f(a, b) {\n  if (a &&\n      b) {|\n  }\n  return 1;\n}\n", "javascript", "\n    "),
+        ("def f(a, b):\n    if (a and\n            b):|\n    return 1\n", "python", "\n        "),
+        # the ` * ` lines of a doc comment are not the file's indentation step
+        (
+            "/**\n * Adds.\n */\nfunction add(a, b) {\n  const s = a + b;\n  if (s > 0) {|\n  }\n}\n",
+            "javascript",
+            "\n    ",
+        ),
     ],
 )
 def test_single_line_after_a_block_opener_starts_a_new_line(src, lang, lead):
@@ -521,10 +537,18 @@ def test_single_line_after_a_block_opener_starts_a_new_line(src, lang, lead):
         "y = x[1:|\n",
         'print(f"total: {|\n',  # a brace in a string or a comment opens no block
         "x = 1  # note:|\n",
+        "def greet(name:|\n",  # a colon inside brackets: an annotation, a slice, a lambda
+        "x = [1, 2]\nif x[1:|\n",
+        "ys = sorted(xs, key=lambda v:|\n",
+        ("class A {\n  void f(List<String> items) {\n    for (String s :|\n  }\n}\n", "java"),
+        ("class Api {\n  async load(url: string):|\n}\n", "typescript"),  # a type's colon opens nothing
+        ("class Api {\n  private cache:|\n}\n", "typescript"),
+        ("export async function load(\n  url: string,\n):|\n", "typescript"),
     ],
 )
 def test_single_line_after_a_bracket_or_another_colon_goes_on_with_the_line(src):
-    ctx, text, cursor = single(src)
+    src, lang = src if isinstance(src, tuple) else (src, "python")
+    ctx, text, cursor = single(src, lang)
     assert (ctx.mode, ctx.start, ctx.end, ctx.lead) == ("line", cursor, cursor, "")
     assert ctx.prefix == text[:cursor]
 
