@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(args._module)
     try:
         status = int(module.run(args) or 0)
-        sys.stdout.flush()
+        if not sys.stdout.closed:  # `dfim serve` over stdio: the transport closes it on `exit`
+            sys.stdout.flush()
     except ModuleNotFoundError as err:  # a dependency a command imports only when it runs (torch)
         if (err.name or "").partition(".")[0] in OWN_PACKAGES:
             raise

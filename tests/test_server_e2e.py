@@ -572,7 +572,10 @@ async def test_shutdown_while_a_code_action_runs_stops_it_and_exits(checkpoint, 
         await asyncio.wait_for(s.stats(), 10)  # answered, not left waiting for ever
     assert info.value.code == -32600  # InvalidRequest: LSP's answer to a request after shutdown
     s.client.exit(None)
-    await asyncio.wait_for(s.client.stop(), 10)  # the process exits without waiting for the engine
+    process = s.client._server
+    await asyncio.wait_for(process.wait(), 10)  # the process exits without waiting for the engine
+    assert process.returncode == 0  # exit after shutdown (it was 1: a flush of the closed stdout raised)
+    await asyncio.wait_for(s.client.stop(), 10)
 
 
 async def test_a_model_path_that_fails_keeps_the_loaded_model_and_is_reported_once(checkpoint, tmp_path):
