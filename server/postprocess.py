@@ -122,14 +122,16 @@ def unescaped(text: str, quote: str) -> int:
 
 
 def drop_duplicate_quote(completion: str, rest_of_line: str) -> str:
-    """Drop a closing quote the rest of the line already has: at `f"Hi {name}▮"` a fill `!"` would leave
-    `""`. Only when the completion closes a string it did not open (an odd number of that quote in it);
-    brackets are `balance_brackets`'s business."""
+    """End the fill where it closes a string whose closing quote the rest of the line already has: at
+    `f"Hi {name}▮"` a fill `!"` would leave `""`, and at `print("▮")` (an editor closed the quote and the
+    bracket) a fill `Hello", 1)` would leave `print("Hello", 1)")`: both keep only the text before their
+    quote. Only when the fill closes a string it did not open (an odd number of that quote in it); brackets
+    are `balance_brackets`'s business."""
     head = rest_of_line.lstrip()
-    body = completion.rstrip()
     for quote in ('"""', "'''", '"', "'", "`"):
-        if head.startswith(quote) and body.endswith(quote) and unescaped(body, quote) % 2 == 1:
-            return body[: len(body) - len(quote)]
+        if head.startswith(quote) and unescaped(completion, quote) % 2 == 1:
+            first = re.search(r"(?<!\\)(?:\\\\)*" + re.escape(quote), completion)
+            return completion[: first.end() - len(quote)] if first else completion
     return completion
 
 
@@ -345,9 +347,10 @@ def clean(raw: str, ctx: FillContext) -> str | None:
     text = cut_stutter(limit_scope(text, ctx), ctx.lang)
     if ctx.mode != "line":
         text = trim_block_fill(text, ctx)
+    if ctx.mode == "line":  # before the overlap: `Hi", end="")` ends at its first quote, not at `")`
+        text = drop_duplicate_quote(text, ctx.rest_of_line)
     text = remove_suffix_overlap(text, ctx.suffix)
     if ctx.mode == "line":
-        text = drop_duplicate_quote(text, ctx.rest_of_line)
         if is_word_char(ctx.prefix[-1:]) and is_word_char(
             ctx.rest_of_line[:1]
         ):  # the cursor is inside a word
