@@ -303,10 +303,12 @@ def test_a_fill_never_doubles_the_closing_quote_or_the_text_after_the_cursor():
     # an editor closed the quote and the bracket: the fill ends where it closes the string
     ctx = ctx_for('def main():\n    print("|")\n')
     assert postprocess.clean('Hello, world!", 1)', ctx) == "Hello, world!"
-    assert postprocess.clean('Hello", end="")', ctx) == "Hello"  # a string it opens itself after that goes too
+    assert (
+        postprocess.clean('Hello", end="")', ctx) == "Hello"
+    )  # a string it opens itself after that goes too
     ctx = ctx_for('def f(d):\n    return d.get("|", None)\n')
     assert postprocess.clean('key")', ctx) == "key"
-    ctx = ctx_for("class A {\n  void f() {\n    System.out.println(\"|\");\n  }\n}\n", "java")
+    ctx = ctx_for('class A {\n  void f() {\n    System.out.println("|");\n  }\n}\n', "java")
     assert postprocess.clean('Total: " + n);', ctx) == "Total: "
     # mid-word: a fill that is only the start of what follows the cursor adds nothing
     ctx = ctx_for("BUCK|ETS = (16, 32)\n")
