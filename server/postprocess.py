@@ -362,6 +362,8 @@ def clean(raw: str, ctx: FillContext) -> str | None:
     text = normalize_newlines(text, ctx.newline)
     if is_useless(text, ctx.prefix, ctx.suffix) or repeats_what_follows(text, ctx):
         return None
+    if ctx.mode == "line" and not (ctx.lead or ctx.opens_line) and ctx.before_on_line.isspace():
+        text = fit_typed_indent(text, ctx)
     if ctx.opens_line:  # the code after the cursor moves down a line, keeping its indentation
         text = fit_new_line_indent(text, ctx) + ctx.newline + ctx.before_on_line
     if ctx.lead:  # the model wrote after the indentation dfim typed: the suggestion starts with it
@@ -374,13 +376,32 @@ def fit_new_line_indent(text: str, ctx: FillContext) -> str:
     opens nothing (no `:`, bracket, comma or backslash at its end) cannot be right (`    assert a == b` above
     a top-level `def`): it takes the indentation of the code it goes above. Any other indentation is the
     model's (a body line above a dedented `return` is deeper than the code after it, and rightly so)."""
-    previous = next((line for line in reversed(ctx.prefix.split("\n")[:-1]) if line.strip()), "")
+    previous, opens = _line_above(ctx)
     own = ctx.before_on_line + text[: len(text) - len(text.lstrip(" \t"))]
-    opens = previous.rstrip().endswith((":", "{", "(", "[", ",", "\\"))
     if indent_width(own) <= indent_width(previous) or opens:
         return text
     rest = ctx.rest_of_line
     return rest[: len(rest) - len(rest.lstrip(" \t"))] + text.lstrip(" \t")
+
+
+def fit_typed_indent(text: str, ctx: FillContext) -> str:
+    """On a line where the user (or the editor) has typed the indentation, a fill that indents further is
+    right only below a line that opens something, and only while the typed indentation is not already
+    deeper than that line's: `\t` + `\tname = 1` after `func main() {` would be a line two tabs deep."""
+    previous, opens = _line_above(ctx)
+    lead = text[: len(text) - len(text.lstrip(" \t"))]
+    if not lead or (opens and indent_width(ctx.before_on_line) <= indent_width(previous)):
+        return text
+    if indent_width(ctx.before_on_line + lead) <= indent_width(previous):
+        return text  # a dedent the model wrote out (not after typed indentation: rare) is its own
+    return text.lstrip(" \t")
+
+
+def _line_above(ctx: FillContext) -> tuple[str, bool]:
+    """The last line of code above the cursor's, and whether it ends by opening something (`:`, a bracket,
+    a comma or a backslash)."""
+    previous = next((line for line in reversed(ctx.prefix.split("\n")[:-1]) if line.strip()), "")
+    return previous, previous.rstrip().endswith((":", "{", "(", "[", ",", "\\"))
 
 
 def rank_candidates(candidates: list[str], ctx: FillContext) -> list[str]:

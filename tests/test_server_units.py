@@ -497,6 +497,25 @@ def test_single_line_asks_a_blank_line_of_an_empty_body_as_that_line(src, lang):
 
 
 @pytest.mark.parametrize(
+    ("src", "lang"),
+    [
+        ('package main\n\nimport "fmt"\n\nfunc main() {\n\t|\n}\n', "go"),
+        ("function f(a) {\n\tconst b = a + 1;\n\t|\n}\n", "javascript"),
+        ("def f(a):\n    b = 1\n    |\n    return b\n", "python"),
+    ],
+)
+def test_a_fill_after_typed_indentation_does_not_indent_again(src, lang):
+    ctx, _, _ = single(src, lang)
+    for raw in ("\tname = 1", "    name = 1", " name = 1"):
+        assert postprocess.clean(raw, ctx) == "name = 1", raw
+
+
+def test_a_fill_after_typed_indentation_may_go_one_deeper_below_an_opener():
+    ctx, _, _ = single("def f(a):\n    if a:\n    |\n")  # the editor kept the `if`'s indentation
+    assert postprocess.clean("    return 1", ctx) == "    return 1"
+
+
+@pytest.mark.parametrize(
     ("src", "lang", "lead"),
     [
         ("def f(x):|\n", "python", "\n    "),  # an empty body: the block mode's span
