@@ -474,6 +474,7 @@ def _fit_hole_fill(fill: str, ctx: FillContext, block_indent: str | None) -> str
 # ---- the LSP feature -----------------------------------------------------------------------------------
 
 RUN_COMMAND = "dfim.runAction"  # arguments: [data] as carried by a code action
+REQUEST_FAILED = -32803  # LSP 3.17's RequestFailed (pygls has no class for it)
 ACTION_COMMANDS = {f"dfim.{name}": name for name in TITLES}  # arguments: [uri, range, instruction?]
 
 
@@ -579,7 +580,12 @@ async def run_action(ls, data: dict):
     import threading
 
     from lsprotocol import types
-    from pygls.exceptions import JsonRpcContentModified, JsonRpcInternalError, JsonRpcInvalidParams
+    from pygls.exceptions import (
+        JsonRpcContentModified,
+        JsonRpcException,
+        JsonRpcInternalError,
+        JsonRpcInvalidParams,
+    )
 
     from engine.api import EngineError, FillCancelled, FillRequest
     from server.context import language_for
@@ -609,7 +615,9 @@ async def run_action(ls, data: dict):
         raise JsonRpcInvalidParams(f"bad range {data.get('range')!r}: {exc}") from None
     options = ls.options
     if not ls.host.ready:
-        raise JsonRpcInternalError(f"dfim: the model is not ready ({ls.host.error or 'still loading'})")
+        raise JsonRpcException(  # LSP's RequestFailed: valid params, the server cannot serve it now
+            f"dfim: the model is not ready ({ls.host.error or 'still loading'})", code=REQUEST_FAILED
+        )
     lang = language_for(doc.language_id, uri)
     prefix_tokens, suffix_tokens = ls.host.context_budget(
         options.context.prefix_tokens, options.context.suffix_tokens

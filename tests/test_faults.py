@@ -76,6 +76,7 @@ async def still_serves_without_a_model(session: ServerSession, uri: str) -> None
             )
         )
     assert "not ready" in info.value.message
+    assert info.value.code == -32803  # RequestFailed: the request is fine, the server cannot serve it now
 
 
 async def test_missing_checkpoint_is_a_clear_error_and_the_server_answers(session):
