@@ -30,6 +30,7 @@ from server.context import (
     line_end,
     line_start,
     newline_of,
+    next_line_start,
     open_brackets,
     region,
 )
@@ -274,7 +275,8 @@ def plan_action(
         if action == "rewriteSelection" and found is not None and found[0] >= start and found[1] <= end:
             fs, _, bs, _ = found
             if text[start:bs].strip():  # everything up to the body: the signature stays as written
-                header, warm = text[start:bs], text[bs:end]
+                cut = header_end(text, bs)
+                header, warm = text[start:cut], text[cut:end]
         pinned, body = (count(header) if header else 0), count(warm)
         room = max_canvas - pinned
         if body + SLACK_TOKENS > room:
@@ -298,6 +300,21 @@ def plan_action(
         )
 
     raise ActionError(f"unknown action {action!r}")
+
+
+def header_end(text: str, body_start: int) -> int:
+    """Where a function's pinned signature ends, given where tree-sitter starts its body: after a brace
+    body's `{` (the body node starts at it), and at the end of the header's line, so the body's first line
+    keeps its own indentation (a Python body node starts after it: pinned, the model wrote the line's
+    first token with one more space)."""
+    at = body_start + 1 if text[body_start : body_start + 1] == "{" else body_start
+    line_break = line_start(text, at)
+    if line_break > 0 and not text[line_break:at].strip():
+        return line_break  # the indentation before the body's first line goes to the body
+    end = line_end(text, at)
+    if not text[at:end].strip():
+        return next_line_start(text, at)  # `{` ends its line: the line break is the header's
+    return at
 
 
 def unsure_skeleton(

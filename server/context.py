@@ -307,7 +307,8 @@ def _smallest_containing(source: Source, offset: int, types: set[str]):
     b = source.byte(offset)
     node = tree.root_node.descendant_for_byte_range(b, b)
     while node is not None:
-        if node.type in types and node.start_byte <= b <= node.end_byte:
+        # named nodes only: JavaScript's `function` keyword is an anonymous node of type "function" too
+        if node.is_named and node.type in types and node.start_byte <= b <= node.end_byte:
             return node
         node = node.parent
     return None

@@ -985,10 +985,30 @@ def test_plan_rewrite_pins_the_signature():
     text = "x = 1\ndef f(a, b):\n    return a+b\n"
     start = text.index("def")
     plan = actions.plan_action("rewriteSelection", text, "python", start, len(text))
-    assert plan.middle[0] == "def f(a, b):\n    " and isinstance(plan.middle[1], Hole)
-    assert plan.warm_start == "return a+b\n"
+    # up to the header's line break: the body's first line keeps its own indentation (pinned, the model
+    # wrote it with a space more)
+    assert plan.middle[0] == "def f(a, b):\n" and isinstance(plan.middle[1], Hole)
+    assert plan.warm_start == "    return a+b\n"
     edits = actions.finish_action(plan, "def f(a, b):\n    return a + b")
     assert edits == [(start, len(text), "def f(a, b):\n    return a + b\n")]
+
+
+@pytest.mark.parametrize(
+    ("text", "lang", "header"),
+    [
+        ("fn add(a: i32, b: i32) -> i32 {\n    a + b\n}\n", "rust", "fn add(a: i32, b: i32) -> i32 {\n"),
+        ("int add(int a, int b) {\n    return a + b;\n}\n", "cpp", "int add(int a, int b) {\n"),
+        ("function add(a, b) {\n  return a + b;\n}\n", "javascript", "function add(a, b) {\n"),
+        ("void f()\n{\n    g();\n}\n", "c", "void f()\n{\n"),
+        ("def f(): return 1\n", "python", "def f(): "),
+    ],
+)
+def test_plan_rewrite_of_a_whole_function_pins_its_header_with_the_brace(text, lang, header):
+    # the brace is the header's (it was left to the model, which wrote over it), and a selection that
+    # starts at JavaScript's `function` keyword is a function too
+    plan = actions.plan_action("rewriteSelection", text, lang, 0, len(text.rstrip()))
+    assert plan.middle[0] == header and isinstance(plan.middle[1], Hole)
+    assert header + plan.warm_start == text.rstrip()
 
 
 def test_a_selection_larger_than_a_canvas_is_refused_not_cut():
@@ -1009,7 +1029,7 @@ def test_rewriting_a_whole_function_fits_signature_and_body_in_one_canvas():
         "rewriteSelection", text, "python", 0, len(text), max_canvas=256, count_tokens=count
     )
     header, hole = plan.middle
-    assert header == "def mean_and_spread(values):\n    " and isinstance(hole, Hole)
+    assert header == "def mean_and_spread(values):\n" and isinstance(hole, Hole)
     assert len(header) + hole.width <= 256
     assert hole.width >= len(plan.warm_start)
 
