@@ -35,6 +35,7 @@ from server.context import (
     region,
 )
 from server.postprocess import (
+    balance_brackets,
     clean,
     code_of,
     fit_whitespace,
@@ -381,6 +382,9 @@ def finish_action(
             text = None
     if text is None:
         raise ActionError("the model produced nothing usable here")
+    # what the fill opens it closes (`return math.isnan(r` where a canvas or a cut tail ended it), as an
+    # inline line does; a closer the code after the hole provides was cut above
+    text = balance_brackets(text, ctx.prefix, ctx.suffix, close_open=True)
     if plan.lead or plan.trail:
         return [(plan.start, plan.end, plan.lead + text + plan.trail)]
     if plan.action == "fillHole":

@@ -885,6 +885,17 @@ def test_fill_hole_keeps_neither_a_loop_nor_a_tail_that_does_not_parse():
     assert text[:s] + new + text[e:] == text.replace("pass", "if x < t:\n            return True")
 
 
+def test_fill_hole_closes_the_brackets_its_fill_opened():
+    text = "import math\n\n\ndef area(r):\n    pass\n"
+    at = text.index("pass")
+    plan = actions.plan_action("fillHole", text, "python", at, at)
+    ((s, e, new),) = actions.finish_action(plan, "return math.isnan(r")
+    assert text[:s] + new + text[e:] == text.replace("pass", "return math.isnan(r)")
+    assert complete_function(text, at, "python", "return max(r, [0") == text.replace(
+        "pass", "return max(r, [0])"
+    )
+
+
 def complete_function(text: str, cursor: int, lang: str, fill: str) -> str:
     """The document after *Complete the function body* at `cursor`, the model having written `fill`."""
     plan = actions.plan_action("completeFunction", text, lang, cursor, cursor)
