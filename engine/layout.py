@@ -89,6 +89,23 @@ def bracket_depth(code: str) -> int:
     return sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
 
 
+def unclosed_on_line(line: str, lang: str | None = None) -> str:
+    """The closers for the brackets a line's code opens and leaves open (`return f(a, [b` -> `])`); "" when
+    it leaves none open, closes more than it opens, mismatches, or ends inside a string."""
+    code, end = scan_line(line, lang)
+    if end == "string":
+        return ""
+    pairs = {")": "(", "]": "[", "}": "{"}
+    stack: list[str] = []
+    for c in code:
+        if c in "([{":
+            stack.append(c)
+        elif c in pairs:
+            if not stack or stack.pop() != pairs[c]:
+                return ""
+    return "".join({"(": ")", "[": "]", "{": "}"}[c] for c in reversed(stack))
+
+
 def opens_block(line: str, lang: str | None = None) -> bool:
     """Whether a line (up to the cursor) ends by opening a block whose first line goes below it: `def f(x):`,
     `if x > 0:`, `) -> int:` (a signature over several lines), `if (ok) {`, `case 1:`. Not `call(`, `[`, a
@@ -107,8 +124,11 @@ def opens_block(line: str, lang: str | None = None) -> bool:
         return bool(LABEL.match(stripped) or (lang == "cpp" and ACCESS.match(stripped)))
     if bracket_depth(code) > 0:
         return False  # the colon is inside a bracket the line opened: an annotation, a slice, a lambda
-    # `) -> int:`, `        b):`: the end of a header whose brackets opened on a line above
-    closes_above = stripped[:1] in ")]" or bracket_depth(code) < 0
+    # `) -> int:`, `        b):`: the end of a header whose brackets opened on a line above (not a dict's
+    # key after a value over several lines: `32], "name":`)
+    closes_above = stripped[:1] in ")]" or (
+        bracket_depth(code) < 0 and code[:-1].rstrip().endswith((")", "]"))
+    )
     return (
         bool(BLOCK_HEADER.match(stripped) or LABEL.match(stripped) or ACCESS.match(stripped)) or closes_above
     )
@@ -122,8 +142,10 @@ def statement_indent(prefix: str, lang: str | None = None, max_lines: int = 50) 
     for back, line in enumerate(reversed(lines)):
         code = code_of_line(line.rstrip("\r"), lang).rstrip()
         depth += bracket_depth(code[:-1] if back == 0 and code.endswith("{") else code)  # not the block's own
-        if depth >= 0 or back >= max_lines:
+        if depth >= 0:
             return leading_ws(line)
+        if back >= max_lines:
+            break  # the opening line is too far up to look for: the last line's own indentation
     return leading_ws(lines[-1])
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from engine.api import Hole, TokenScore
+from engine.layout import unclosed_on_line
 from server.context import (
     FillContext,
     Source,
@@ -35,7 +36,6 @@ from server.context import (
     region,
 )
 from server.postprocess import (
-    balance_brackets,
     clean,
     code_of,
     fit_whitespace,
@@ -382,9 +382,12 @@ def finish_action(
             text = None
     if text is None:
         raise ActionError("the model produced nothing usable here")
-    # what the fill opens it closes (`return math.isnan(r` where a canvas or a cut tail ended it), as an
-    # inline line does; a closer the code after the hole provides was cut above
-    text = balance_brackets(text, ctx.prefix, ctx.suffix, close_open=True)
+    # the brackets its last line opens it closes (`return math.isnan(r` where a canvas or a cut tail ended
+    # the fill), as an inline line does; only that line's code is read (comments, strings, docstrings
+    # above it hold brackets of their own)
+    closers = unclosed_on_line(text.rstrip().rsplit("\n", 1)[-1], ctx.lang)
+    if closers:
+        text = text.rstrip() + closers
     if plan.lead or plan.trail:
         return [(plan.start, plan.end, plan.lead + text + plan.trail)]
     if plan.action == "fillHole":

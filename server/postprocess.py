@@ -11,7 +11,9 @@ import functools
 import re
 from collections.abc import Callable
 
+from engine.layout import code_of_line
 from server.context import (
+    CLOSERS,
     MATCH,
     OPENERS,
     FillContext,
@@ -122,16 +124,21 @@ def unescaped(text: str, quote: str) -> int:
 
 
 def drop_duplicate_quote(completion: str, rest_of_line: str) -> str:
-    """End the fill where it closes a string whose closing quote the rest of the line already has: at
-    `f"Hi {name}▮"` a fill `!"` would leave `""`, and at `print("▮")` (an editor closed the quote and the
-    bracket) a fill `Hello", 1)` would leave `print("Hello", 1)")`: both keep only the text before their
-    quote. Only when the fill closes a string it did not open (an odd number of that quote in it); brackets
-    are `balance_brackets`'s business."""
+    """Drop a closing quote the rest of the line already has: at `f"Hi {name}▮"` a fill `!"` would leave
+    `""`. And where an editor closed the quote and the bracket (`print("▮")`), a fill that closes the string
+    and then that bracket (`Hello", 1)`) ends before its quote, or the line would end `1)")`. Only when the
+    completion closes a string it did not open (an odd number of that quote in it)."""
     head = rest_of_line.lstrip()
+    body = completion.rstrip()
     for quote in ('"""', "'''", '"', "'", "`"):
-        if head.startswith(quote) and unescaped(completion, quote) % 2 == 1:
-            first = re.search(r"(?<!\\)(?:\\\\)*" + re.escape(quote), completion)
-            return completion[: first.end() - len(quote)] if first else completion
+        if not head.startswith(quote) or unescaped(body, quote) % 2 == 0:
+            continue
+        if body.endswith(quote):
+            return body[: len(body) - len(quote)]
+        first = re.search(r"(?<!\\)(?:\\\\)*" + re.escape(quote), body)
+        tail = body[first.end() :].rstrip(" ;,") if first else ""  # `Total: " + n);` closes the call too
+        if tail and tail[-1] in CLOSERS and tail[-1] in head[len(quote) :]:
+            return body[: first.end() - len(quote)]
     return completion
 
 
@@ -347,10 +354,9 @@ def clean(raw: str, ctx: FillContext) -> str | None:
     text = cut_stutter(limit_scope(text, ctx), ctx.lang)
     if ctx.mode != "line":
         text = trim_block_fill(text, ctx)
-    if ctx.mode == "line":  # before the overlap: `Hi", end="")` ends at its first quote, not at `")`
-        text = drop_duplicate_quote(text, ctx.rest_of_line)
     text = remove_suffix_overlap(text, ctx.suffix)
     if ctx.mode == "line":
+        text = drop_duplicate_quote(text, ctx.rest_of_line)
         if is_word_char(ctx.prefix[-1:]) and is_word_char(
             ctx.rest_of_line[:1]
         ):  # the cursor is inside a word
@@ -398,10 +404,11 @@ def fit_typed_indent(text: str, ctx: FillContext) -> str:
 
 
 def _line_above(ctx: FillContext) -> tuple[str, bool]:
-    """The last line of code above the cursor's, and whether it ends by opening something (`:`, a bracket,
-    a comma or a backslash)."""
+    """The last line of code above the cursor's, and whether its code (a comment aside) ends by opening
+    something (`:`, a bracket, a comma or a backslash)."""
     previous = next((line for line in reversed(ctx.prefix.split("\n")[:-1]) if line.strip()), "")
-    return previous, previous.rstrip().endswith((":", "{", "(", "[", ",", "\\"))
+    code = code_of_line(previous.rstrip("\r"), ctx.lang).rstrip()
+    return previous, code.endswith((":", "{", "(", "[", ",", "\\"))
 
 
 def rank_candidates(candidates: list[str], ctx: FillContext) -> list[str]:

@@ -323,6 +323,9 @@ def test_block_lead_follows_the_line_that_opens_a_block():
     assert opens_block("public:", "cpp") and not opens_block("public:", "java")
     # the block is indented from the statement's first line
     assert block_lead("  if (a &&\n      b) {", "\n  }", "javascript") == "\n    "
+    # an opening line too far up to look for: the last line's own indentation
+    long_body = "    if (ok) {\n" + "        step();\n" * 60 + "    } else {"
+    assert block_lead(long_body, "\n", "javascript") == "\n" + " " * 8
     assert (
         block_lead("/**\n * Doc\n */\nfunction f() {\n  const a = 1;\n  if (a) {", "\n", "javascript")
         == "\n    "

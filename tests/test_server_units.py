@@ -303,9 +303,11 @@ def test_a_fill_never_doubles_the_closing_quote_or_the_text_after_the_cursor():
     # an editor closed the quote and the bracket: the fill ends where it closes the string
     ctx = ctx_for('def main():\n    print("|")\n')
     assert postprocess.clean('Hello, world!", 1)', ctx) == "Hello, world!"
-    assert (
-        postprocess.clean('Hello", end="")', ctx) == "Hello"
-    )  # a string it opens itself after that goes too
+    # it wrote the rest of the line too, or closed the string itself: the overlap and the quote go
+    assert postprocess.clean('Hello", end="")', ctx) == 'Hello", end="'
+    assert postprocess.clean('Hello, " + name + "!"', ctx) == 'Hello, " + name + "!'
+    ctx = ctx_for('def f():\n    """|"""\n')
+    assert postprocess.clean("Return the user's name.", ctx) == "Return the user's name."
     ctx = ctx_for('def f(d):\n    return d.get("|", None)\n')
     assert postprocess.clean('key")', ctx) == "key"
     ctx = ctx_for('class A {\n  void f() {\n    System.out.println("|");\n  }\n}\n', "java")
@@ -513,6 +515,8 @@ def test_a_fill_after_typed_indentation_does_not_indent_again(src, lang):
 def test_a_fill_after_typed_indentation_may_go_one_deeper_below_an_opener():
     ctx, _, _ = single("def f(a):\n    if a:\n    |\n")  # the editor kept the `if`'s indentation
     assert postprocess.clean("    return 1", ctx) == "    return 1"
+    ctx, _, _ = single("def f(a):\n    if a:  # positive\n    |\n")  # a comment after the opener
+    assert postprocess.clean("    return 1", ctx) == "    return 1"
 
 
 @pytest.mark.parametrize(
@@ -572,6 +576,7 @@ def test_single_line_after_a_block_opener_starts_a_new_line(src, lang, lead):
         ("class A {\n  void f(List<String> items) {\n    for (String s :|\n  }\n}\n", "java"),
         ("class Api {\n  async load(url: string):|\n}\n", "typescript"),  # a type's colon opens nothing
         ("class Api {\n  private cache:|\n}\n", "typescript"),
+        'config = {\n    "sizes": [16,\n              32], "name":|\n}\n',  # a key after a value on two lines
         ("export async function load(\n  url: string,\n):|\n", "typescript"),
     ],
 )
@@ -894,6 +899,13 @@ def test_fill_hole_closes_the_brackets_its_fill_opened():
     assert complete_function(text, at, "python", "return max(r, [0") == text.replace(
         "pass", "return max(r, [0])"
     )
+    # only the last line's code counts: brackets in a comment or a docstring above it are their own
+    fill = "# strip the spaces (the user's input)\n    return r.strip()"
+    ((s, e, new),) = actions.finish_action(plan, fill)
+    assert text[:s] + new + text[e:] == text.replace("pass", fill)
+    fill = '"""Area.\n\n    Steps:\n      1) square r\n    """\n    return 3.14 * r * r'
+    ((s, e, new),) = actions.finish_action(plan, fill)
+    assert text[:s] + new + text[e:] == text.replace("pass", fill)
 
 
 def complete_function(text: str, cursor: int, lang: str, fill: str) -> str:
