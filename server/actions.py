@@ -733,8 +733,8 @@ async def run_action(ls, data: dict):
     except NothingToChange as exc:
         ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Info, message=f"dfim: {exc}"))
         edits = []
-    except ActionError as exc:
-        raise JsonRpcInvalidParams(f"dfim: {exc}") from None
+    except ActionError as exc:  # the model ran and wrote nothing usable: the request was fine
+        raise JsonRpcException(f"dfim: {exc}", code=REQUEST_FAILED) from None
     except FillCancelled:
         if changed():
             raise JsonRpcContentModified("the document changed while the action ran") from None

@@ -260,6 +260,7 @@ async def test_each_code_action_produces_a_clean_versioned_edit(session):
         except JsonRpcException as exc:
             # a random model may leave nothing usable; that fails the request, never the document
             assert "dfim" in exc.message
+            assert exc.code == -32803  # RequestFailed: the params were fine, the model found nothing
             continue
         (change,) = resolved.edit.document_changes
         assert change.text_document.uri == uri and change.text_document.version == session.version[uri]
