@@ -215,6 +215,9 @@ def test_ctrl_c_during_a_fill_is_one_line_and_status_130(tmp_path, checkpoint, c
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a suite started in the background of a shell without job control inherits SIGINT ignored, and
+        # Python then installs no KeyboardInterrupt handler: the child gets Ctrl-C's default back
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         note = proc.stderr.readline()  # printed once the model is loaded, just before the fill starts
