@@ -272,7 +272,12 @@ def plan_action(
     if action in ("rewriteSelection", "regenerateUnsure"):
         header = ""
         warm = selected
-        found = enclosing_function(source, start + len(selected) - len(selected.lstrip()))
+        # the selection's first line of code, past decorators and annotations (`@property`, `@Override`)
+        probe = start + len(selected) - len(selected.lstrip())
+        while text.startswith("@", probe) and next_line_start(text, probe) < end:
+            nxt = next_line_start(text, probe)
+            probe = nxt + len(text[nxt:end]) - len(text[nxt:end].lstrip())
+        found = enclosing_function(source, probe)
         if action == "rewriteSelection" and found is not None and found[0] >= start and found[1] <= end:
             fs, _, bs, _ = found
             if text[start:bs].strip():  # everything up to the body: the signature stays as written

@@ -1024,6 +1024,7 @@ def test_plan_rewrite_pins_the_signature():
         ("function add(a, b) {\n  return a + b;\n}\n", "javascript", "function add(a, b) {\n"),
         ("void f()\n{\n    g();\n}\n", "c", "void f()\n{\n"),
         ("def f(): return 1\n", "python", "def f(): "),
+        ("@property\ndef area(self):\n    return 1\n", "python", "@property\ndef area(self):\n"),  # decorated
     ],
 )
 def test_plan_rewrite_of_a_whole_function_pins_its_header_with_the_brace(text, lang, header):
@@ -1032,6 +1033,14 @@ def test_plan_rewrite_of_a_whole_function_pins_its_header_with_the_brace(text, l
     plan = actions.plan_action("rewriteSelection", text, lang, 0, len(text.rstrip()))
     assert plan.middle[0] == header and isinstance(plan.middle[1], Hole)
     assert header + plan.warm_start == text.rstrip()
+
+
+def test_plan_rewrite_of_an_annotated_method_pins_its_annotation_and_signature():
+    text = "class A {\n    @Override\n    public int size() {\n        return n;\n    }\n}\n"
+    start, end = text.index("@"), text.index("    }\n") + 5
+    plan = actions.plan_action("rewriteSelection", text, "java", start, end)
+    assert plan.middle[0] == "@Override\n    public int size() {\n"
+    assert plan.middle[0] + plan.warm_start == text[start:end]
 
 
 def test_a_selection_larger_than_a_canvas_is_refused_not_cut():
