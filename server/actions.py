@@ -11,11 +11,12 @@ version-stamped `WorkspaceEdit`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from engine.api import Hole, TokenScore
-from engine.layout import unclosed_on_line
+from engine.layout import code_of_line, unclosed_on_line
 from server.context import (
     FillContext,
     Source,
@@ -165,6 +166,31 @@ def plan_action(
         span = hole_at(source, start) or empty_body_at(source, start)
         if span is None:
             raise ActionError("no hole (pass, ..., TODO, empty body) at the cursor")
+        if (
+            span.kind == "body"
+            and text[span.start - 1 : span.start] == "{"
+            and text[span.end : span.end + 1] == "}"
+            and "\n" not in text[span.start : span.end]
+        ):
+            # `{}` on one line: the body goes on lines of its own between the braces, as Complete the
+            # function body writes it, and the model reads the opened body
+            header = text[line_start(text, span.start) : line_end(text, span.start)]
+            lead, trail = newline_of(text) + span.indent, newline_of(text) + leading_ws(header)
+            opened = text[: span.start] + lead + trail + text[span.end :]
+            cursor = span.start + len(lead)
+            ctx = build_context(
+                opened,
+                cursor,
+                lang,
+                max_canvas=max_canvas,
+                mode="multiline",
+                span=(cursor, cursor),
+                **windows,
+            )
+            ctx.indent = span.indent
+            return ActionPlan(
+                action, span.start, span.end, ctx, max_tokens=max_canvas, lead=lead, trail=trail
+            )
         ctx = build_context(
             text, start, lang, max_canvas=max_canvas, mode="block", span=(span.start, span.end), **windows
         )
@@ -229,7 +255,7 @@ def plan_action(
         ctx.indent = indent
         return ActionPlan(action, at, at, ctx, max_tokens=max_canvas, lead=lead, trail=trail)
 
-    if end <= start:
+    if end <= start or not text[start:end].strip():
         raise ActionError("select the code first")
     selected = text[start:end]
     ctx = build_context(text, start, lang, max_canvas=max_canvas, mode="block", span=(start, end), **windows)
@@ -272,13 +298,8 @@ def plan_action(
     if action in ("rewriteSelection", "regenerateUnsure"):
         header = ""
         warm = selected
-        # the selection's first line of code, past decorators and annotations (`@property`, `@Override`)
-        probe = start + len(selected) - len(selected.lstrip())
-        while text.startswith("@", probe) and next_line_start(text, probe) < end:
-            nxt = next_line_start(text, probe)
-            probe = nxt + len(text[nxt:end]) - len(text[nxt:end].lstrip())
-        found = enclosing_function(source, probe)
-        if action == "rewriteSelection" and found is not None and found[0] >= start and found[1] <= end:
+        found = selected_function(source, start, end)
+        if action == "rewriteSelection" and found is not None:
             fs, _, bs, _ = found
             if text[start:bs].strip():  # everything up to the body: the signature stays as written
                 cut = header_end(text, bs)
@@ -306,6 +327,47 @@ def plan_action(
         )
 
     raise ActionError(f"unknown action {action!r}")
+
+
+def selected_function(source: Source, start: int, end: int) -> tuple[int, int, int, int] | None:
+    """The function a selection holds whole (`enclosing_function`'s spans), looked for from each word of the
+    selection's first line of code: past decorators (`@property`: a Python function's node starts at
+    `def`), and past what wraps a function in the line (`export function f`, `const twice = (x) =>`)."""
+    text = source.text
+    probe = start + len(text[start:end]) - len(text[start:end].lstrip())
+    while text.startswith("@", probe) and next_line_start(text, probe) < end:
+        nxt = next_line_start(text, probe)
+        probe = nxt + len(text[nxt:end]) - len(text[nxt:end].lstrip())
+    for word in re.finditer(r"\S+", text[probe : min(end, line_end(text, probe))]):
+        found = enclosing_function(source, probe + word.start())
+        if found is not None and found[0] >= start and found[1] <= end:
+            return found
+    return None
+
+
+def close_what_it_opened(fill: str, lang: str | None, first_indent: str = "") -> str:
+    """A several-line fill that ends (where a canvas or a cut tail ended it) inside what it opened, closed:
+    the brackets its last line opens close on that line (`return math.isnan(r` -> `...(r)`), a brace an
+    earlier line opened closes on a line of its own at that line's indentation, and a triple-quoted string
+    it starts but never ends goes, from its line on. Lines are read as code (`engine.layout.scan_line`):
+    brackets in comments and strings count for nothing. The first line stands at `first_indent` (the
+    hole's; the model writes after it)."""
+    for quote in ('"""', "'''"):
+        if lang in (None, "python") and fill.count(quote) % 2 == 1:
+            fill = fill[: line_start(fill, fill.rfind(quote))].rstrip()
+    if not fill.strip():
+        return ""
+    lines = fill.rstrip().split("\n")
+    lines[-1] += unclosed_on_line(lines[-1].rstrip("\r"), lang)
+    braces: list[str] = []  # the indentation of each line that opened a brace still open
+    for i, line in enumerate(lines):
+        for c in code_of_line(line.rstrip("\r"), lang):
+            if c == "{":
+                braces.append(leading_ws(line) if i else first_indent)
+            elif c == "}" and braces:
+                braces.pop()
+    newline = "\r\n" if lines[-1].endswith("\r") or fill.count("\r\n") else "\n"
+    return "\n".join(lines) + "".join(newline + indent + "}" for indent in reversed(braces))
 
 
 def header_end(text: str, body_start: int) -> int:
@@ -387,14 +449,11 @@ def finish_action(
             text = None
     if text is None:
         raise ActionError("the model produced nothing usable here")
-    # the brackets its last line opens it closes (`return math.isnan(r` where a canvas or a cut tail ended
-    # the fill), as an inline line does; only that line's code is read (comments, strings, docstrings
-    # above it hold brackets of their own)
-    closers = unclosed_on_line(text.rstrip().rsplit("\n", 1)[-1], ctx.lang)
-    if closers:
-        text = text.rstrip() + closers
-    if plan.lead or plan.trail:
-        return [(plan.start, plan.end, plan.lead + text + plan.trail)]
+    text = close_what_it_opened(text, ctx.lang, ctx.indent)
+    if not text.strip():
+        raise ActionError("the model produced nothing usable here")
+    if plan.lead or plan.trail:  # the lead ends with the first line's indentation: the fill starts after it
+        return [(plan.start, plan.end, plan.lead + text.lstrip(" \t") + plan.trail)]
     if plan.action == "fillHole":
         if ctx.prefix.endswith((" ", "\t")) and not plan.original_text[:1].isspace():
             text = text.lstrip(" \t")  # the hole sits after its line's indentation: so does the fill

@@ -345,7 +345,7 @@ def _is_hole_node(source: Source, node) -> str | None:
     return None
 
 
-_HOLE_LINE = re.compile(r"^[ \t]*(pass|\.\.\.|(#|//|/\*|--).*\bTODO\b.*?)[ \t]*$", re.M)
+_HOLE_LINE = re.compile(r"^[ \t]*(pass|\.\.\.|(#|//|/\*|--)[^\r\n]*\bTODO\b[^\r\n]*?)[ \t]*\r?$", re.M)
 
 
 def find_holes(source: Source, lo: int, hi: int) -> list[Span]:
@@ -366,11 +366,13 @@ def find_holes(source: Source, lo: int, hi: int) -> list[Span]:
             if child.end_byte <= blo or child.start_byte >= bhi:
                 continue
             kind = _is_hole_node(source, child)
-            if kind is not None and child.start_byte >= blo and child.end_byte <= bhi:
+            if kind is not None:
                 s, e = source.span(child)
-                holes.append(Span(s, e, kind, leading_ws(text[line_start(text, s) : s])))
-            else:
-                stack.append(child)
+                e = s + len(text[s:e].rstrip("\r"))  # a comment's node holds a CRLF line's \r
+                if s >= lo and e <= hi:
+                    holes.append(Span(s, e, kind, leading_ws(text[line_start(text, s) : s])))
+                    continue
+            stack.append(child)
     holes.sort(key=lambda h: h.start)
     return holes
 

@@ -890,6 +890,80 @@ def test_fill_hole_keeps_neither_a_loop_nor_a_tail_that_does_not_parse():
     assert text[:s] + new + text[e:] == text.replace("pass", "if x < t:\n            return True")
 
 
+@pytest.mark.parametrize(
+    ("text", "lang"),
+    [
+        ("def f(x):\r\n    # TODO: double\r\n    return x\r\n", "python"),
+        ("fn f() {\r\n    // TODO: double\r\n}\r\n", "rust"),
+        ("def f(x):\r\n    # TODO: double\r\n    pass\r\n", "python"),
+    ],
+)
+def test_a_todo_comment_is_a_hole_in_a_crlf_document_too(text, lang):
+    at = text.index("TODO")
+    plan = actions.plan_action("fillHole", text, lang, at, at)  # was "no hole" (the node holds the \r)
+    assert (
+        text[plan.start : plan.end]
+        == text[text.index("//" if lang == "rust" else "#") : text.index("\r", at)]
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "lang", "want"),
+    [
+        ("function empty(x) {}\n", "javascript", "function empty(x) {\n    x = 1;\n    return x;\n}\n"),
+        (
+            "class A {\n    int f(int a) {}\n}\n",
+            "java",
+            "class A {\n    int f(int a) {\n        x = 1;\n        return x;\n    }\n}\n",
+        ),
+    ],
+)
+def test_fill_hole_of_a_one_line_empty_body_puts_the_body_on_lines_of_its_own(text, lang, want):
+    at = text.index("{}") + 1
+    plan = actions.plan_action("fillHole", text, lang, at, at)
+    ((s, e, new),) = actions.finish_action(plan, " x = 1;\n" + plan.ctx.indent + "return x;")
+    assert text[:s] + new + text[e:] == want
+
+
+def test_an_action_fill_closes_the_blocks_and_strings_it_left_open():
+    close = actions.close_what_it_opened
+    assert close("if (a == b) {\n    return a", "javascript", "  ") == "if (a == b) {\n    return a\n  }"
+    assert (
+        close("for w in ws {\n    if w {\n        n += 1", "rust")
+        == "for w in ws {\n    if w {\n        n += 1\n    }\n}"
+    )
+    assert close('x = 1\n"""Doc', "python") == "x = 1"  # a docstring it never ends goes
+    assert close('"""', "python") == ""
+    assert close("// a { in a comment\nreturn 1;", "javascript") == "// a { in a comment\nreturn 1;"
+
+
+@pytest.mark.parametrize(
+    ("text", "lang", "header"),
+    [
+        (
+            "export function dist(p: Point): number {\n  return p.x;\n}\n",
+            "typescript",
+            "export function dist(p: Point): number {\n",
+        ),
+        ("const twice = (x) => {\n  return 2 * x;\n};\n", "javascript", "const twice = (x) => {\n"),
+    ],
+)
+def test_plan_rewrite_finds_a_function_behind_export_or_an_assignment(text, lang, header):
+    plan = actions.plan_action("rewriteSelection", text, lang, 0, len(text.rstrip()))
+    assert plan.middle[0] == header
+
+
+def test_rewrite_of_only_whitespace_is_refused_before_the_model_runs():
+    with pytest.raises(actions.ActionError, match="select the code first"):
+        actions.plan_action("rewriteSelection", "x = 1\n\n\ny = 2\n", "python", 6, 8)
+
+
+def test_complete_function_does_not_indent_the_first_line_twice():
+    text = "func f(x int) int {\n\tif x > 0 {\n\t\treturn 1\n\t}\n\treturn 0\n}\n"
+    at = text.index("if x > 0 {") + len("if x > 0 {")
+    assert "\n\t\t\t" not in complete_function(text, at, "go", "\t y := 1")
+
+
 def test_fill_hole_closes_the_brackets_its_fill_opened():
     text = "import math\n\n\ndef area(r):\n    pass\n"
     at = text.index("pass")
