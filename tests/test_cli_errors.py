@@ -278,6 +278,12 @@ def test_realcode_score_refuses_bad_input(files: dict[str, Path]) -> None:
     ]
     for args, needles in more:
         assert_refused(cli("bench-realcode", "score", *args, cwd=tmp), "dfim bench-realcode", *needles)
+    # a folder that is no checkpoint fails at load: one line, and no empty --out folder left behind
+    (tmp / "fakeckpt").mkdir()
+    (tmp / "fakeckpt" / "config.json").write_text("{}")
+    proc = cli("bench-realcode", "score", REALCODE, "--model", tmp / "fakeckpt", "--out", tmp / "sx", cwd=tmp)
+    assert_refused(proc, "dfim bench-realcode", "fakeckpt")
+    assert not (tmp / "sx").exists()
 
 
 def test_realcode_build_refuses_a_test_command_it_cannot_run(files: dict[str, Path]) -> None:

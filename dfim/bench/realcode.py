@@ -648,9 +648,18 @@ def model_completions(
     for i, p in enumerate(problems):
         tokens = max_tokens * 4 if p["kind"] == "block" else max_tokens
         try:
-            result = engine.fill(
-                FillRequest(prefix=p["prompt"], suffix=p["suffix"], max_tokens=tokens, seed=seed + i)
+            # the checkpoint's own sampler (dfim-small: the encoder's draft), as `dfim eval` and the editor
+            # fill; one line for the kinds whose middle is one
+            stop = () if p["kind"] == "block" else ("\n",)
+            request = FillRequest(
+                prefix=p["prompt"],
+                suffix=p["suffix"],
+                max_tokens=tokens,
+                settings=engine.settings,
+                seed=seed + i,
+                stop=stop,
             )
+            result = engine.fill(request)
             raw, extra = result.text, {"latency_ms": result.latency_ms, "steps": result.steps, "error": None}
         except EngineError as e:
             raw, extra = "", {"latency_ms": None, "steps": 0, "error": str(e)}
@@ -796,6 +805,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         if missing:
             return fail(prog, f"no completion for {missing[0]} (+{len(missing) - 1})")
     out = Path(args.out) if args.out else Path("runs/realcode") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    made = not out.exists()
     try:  # before the model fills and the suites run: a folder that cannot be made must not cost the run
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -814,6 +824,8 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
                 problems, model, args.device, args.max_tokens, args.seed
             )
         except EngineError as e:
+            if made:  # nothing was written: no empty folder left behind
+                out.rmdir()
             print(f"dfim bench-realcode: {e}", file=sys.stderr)
             return 2
         source = f"model {name['name']}{' (random weights)' if name['is_random'] else ''}"
