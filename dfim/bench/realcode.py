@@ -642,6 +642,7 @@ def model_completions(
     """Fill every problem with the engine (one request at a time); returns (completions, per-problem info)."""
     from engine.api import EngineError, FillRequest
     from engine.infill import Engine
+    from server.postprocess import remove_suffix_overlap
 
     engine = Engine.load(model or None, device=device)
     completions, info = [], []
@@ -661,6 +662,8 @@ def model_completions(
             )
             result = engine.fill(request)
             raw, extra = result.text, {"latency_ms": result.latency_ms, "steps": result.steps, "error": None}
+            if p["kind"] in ("condition", "call"):  # the draft writes the line out: the editor cuts the rest
+                raw = remove_suffix_overlap(raw.split("\n", 1)[0], p["suffix"])
         except EngineError as e:
             raw, extra = "", {"latency_ms": None, "steps": 0, "error": str(e)}
         completions.append(postprocess(p["kind"], raw))
