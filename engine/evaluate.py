@@ -695,6 +695,8 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
             fill(problems[0], configs[0], args.seed)
         except EngineError:
             pass
+        for cache in engine.caches.values():  # the timed fill of problem 0 meets no context cached by it
+            cache.reset()
 
     # Made only now, once nothing before the run can fail (no empty run folder left behind), and before the
     # run, so a folder that cannot be made costs nothing (`output_folder` checked only its nearest parent).

@@ -303,6 +303,9 @@ def test_eval_command_with_a_random_checkpoint(tmp_path):
     for record in results["problems"]:
         assert record["completion"].endswith("\n") and record["completion"].count("\n") == 1
         assert 1 <= record["steps"] <= 2
+    # the warm-up fills problem 0 too, but its timed fill still meets a cold cache, as every other one
+    fills = [json.loads(line) for line in (out / "fills.jsonl").read_text().splitlines()]
+    assert fills[0]["encoded_tokens"] == fills[0]["context_tokens"] > 0
 
 
 def test_fixture_is_self_consistent(tmp_path):
