@@ -189,6 +189,13 @@ def test_replay_refuses_bad_options_and_files(files: dict[str, Path]) -> None:
     ]
     for args, needles in cases:
         assert_refused(cli("replay", *args, cwd=tmp), "dfim replay", *needles)
+    # a folder that is no checkpoint fails in the server: one line (the server's showMessage is not a
+    # second one), and no empty --out folder left behind
+    (tmp / "not-a-model").mkdir(exist_ok=True)
+    (tmp / "not-a-model" / "config.json").write_text("{}")
+    proc = cli("replay", source, "--model", tmp / "not-a-model", "--out", tmp / "rx", cwd=tmp)
+    assert_refused(proc, "dfim replay", "could not load the model")
+    assert not (tmp / "rx").exists()
 
 
 def test_replay_partial_accepts_are_never_empty() -> None:

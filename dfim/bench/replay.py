@@ -309,6 +309,10 @@ class Client:
         def apply_edit(params: Any) -> Any:  # a code action's edit: the caller reads it from the reply
             return types.ApplyWorkspaceEditResult(applied=True)
 
+        @self.lsp.feature(types.WINDOW_SHOW_MESSAGE)
+        def show_message(params: Any) -> None:  # the status notification says the same: the caller reports it
+            return None
+
     async def start(self, model: str, device: str, init_options: dict, data_dir: str) -> Any:
         t = self.types
         env = {**os.environ, "DFIM_DATA_DIR": data_dir, "PYTHONPATH": str(ROOT)}
@@ -723,6 +727,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     # a relative --model must be resolved here, against the cwd it was checked in.
     model = str(Path(args.model).resolve()) if args.model else ""
     out = Path(args.out) if args.out else Path("runs/replay") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    made = not out.exists()
     try:  # made before the replay runs: a folder that cannot be made must not cost the whole replay
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -744,6 +749,8 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         print("dfim replay: interrupted", file=sys.stderr)
         return 130
     except (RuntimeError, TimeoutError) as e:
+        if made:  # nothing was written: no empty folder left behind
+            out.rmdir()
         print(f"dfim replay: {e}", file=sys.stderr)
         return 2
     rest = sys.argv[sys.argv.index("replay") + 1 :] if "replay" in sys.argv else sys.argv[1:]
