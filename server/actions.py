@@ -255,8 +255,8 @@ def plan_action(
         ctx.indent = indent
         return ActionPlan(action, at, at, ctx, max_tokens=max_canvas, lead=lead, trail=trail)
 
-    if end <= start or not text[start:end].strip():
-        raise ActionError("select the code first")
+    if end <= start or (action == "rewriteSelection" and not text[start:end].strip()):
+        raise ActionError("select the code first")  # (nothing unsure in blank lines: regenerate says so)
     selected = text[start:end]
     ctx = build_context(text, start, lang, max_canvas=max_canvas, mode="block", span=(start, end), **windows)
     ctx.indent = ""
