@@ -176,20 +176,8 @@ def plan_action(
             # function body writes it, and the model reads the opened body
             header = text[line_start(text, span.start) : line_end(text, span.start)]
             lead, trail = newline_of(text) + span.indent, newline_of(text) + leading_ws(header)
-            opened = text[: span.start] + lead + trail + text[span.end :]
-            cursor = span.start + len(lead)
-            ctx = build_context(
-                opened,
-                cursor,
-                lang,
-                max_canvas=max_canvas,
-                mode="multiline",
-                span=(cursor, cursor),
-                **windows,
-            )
-            ctx.indent = span.indent
-            return ActionPlan(
-                action, span.start, span.end, ctx, max_tokens=max_canvas, lead=lead, trail=trail
+            return _opened_plan(
+                action, text, span.start, span.end, lead, trail, span.indent, lang, max_canvas, windows
             )
         ctx = build_context(
             text, start, lang, max_canvas=max_canvas, mode="block", span=(span.start, span.end), **windows
@@ -247,13 +235,7 @@ def plan_action(
             if opens_block:
                 indent += indent_unit(text)
             lead, trail = newline_of(text) + indent, ""
-        opened = text[:at] + lead + trail + text[at:]
-        cursor = at + len(lead)
-        ctx = build_context(
-            opened, cursor, lang, max_canvas=max_canvas, mode="multiline", span=(cursor, cursor), **windows
-        )
-        ctx.indent = indent
-        return ActionPlan(action, at, at, ctx, max_tokens=max_canvas, lead=lead, trail=trail)
+        return _opened_plan(action, text, at, at, lead, trail, indent, lang, max_canvas, windows)
 
     if end <= start or (action == "rewriteSelection" and not text[start:end].strip()):
         raise ActionError("select the code first")  # (nothing unsure in blank lines: regenerate says so)
@@ -329,6 +311,30 @@ def plan_action(
     raise ActionError(f"unknown action {action!r}")
 
 
+def _opened_plan(
+    action: str,
+    text: str,
+    start: int,
+    end: int,
+    lead: str,
+    trail: str,
+    indent: str,
+    lang: str | None,
+    max_canvas: int,
+    windows: dict,
+) -> ActionPlan:
+    """A plan that writes new lines in place of [start, end): `lead` (a line break and the first line's
+    indentation) and `trail` go around the fill, and the model reads the document already opened that way,
+    its cursor after the lead."""
+    opened = text[:start] + lead + trail + text[end:]
+    cursor = start + len(lead)
+    ctx = build_context(
+        opened, cursor, lang, max_canvas=max_canvas, mode="multiline", span=(cursor, cursor), **windows
+    )
+    ctx.indent = indent
+    return ActionPlan(action, start, end, ctx, max_tokens=max_canvas, lead=lead, trail=trail)
+
+
 def selected_function(source: Source, start: int, end: int) -> tuple[int, int, int, int] | None:
     """The function a selection holds whole (`enclosing_function`'s spans), looked for from each word of the
     selection's first line of code: past decorators (`@property`: a Python function's node starts at
@@ -366,7 +372,7 @@ def close_what_it_opened(fill: str, lang: str | None, first_indent: str = "") ->
                 braces.append(leading_ws(line) if i else first_indent)
             elif c == "}" and braces:
                 braces.pop()
-    newline = "\r\n" if lines[-1].endswith("\r") or fill.count("\r\n") else "\n"
+    newline = "\r\n" if "\r\n" in fill else "\n"
     return "\n".join(lines) + "".join(newline + indent + "}" for indent in reversed(braces))
 
 
