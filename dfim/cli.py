@@ -14,14 +14,14 @@ import sys
 
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "fill": ("engine.fill_command", "print the code that belongs at a position of a file"),
-    "serve": ("server.serve_command", "run the language server (stdio by default)"),
-    "eval": ("engine.evaluate", "fill-in-the-middle evaluation with execution-based pass@1"),
-    "train": ("engine.train", "train or fine-tune a checkpoint on one GPU"),
-    "stats": ("server.telemetry", "acceptance rate and latency from local telemetry"),
+    "fill": ("dfim.commands.fill", "print the code that belongs at a position of a file"),
+    "serve": ("dfim.commands.serve", "run the language server (stdio by default)"),
+    "eval": ("dfim.engine.evaluation.fim", "fill-in-the-middle evaluation with execution-based pass@1"),
+    "train": ("dfim.engine.training.train", "train or fine-tune a checkpoint on one GPU"),
+    "stats": ("dfim.server.telemetry", "acceptance rate and latency from local telemetry"),
     "replay": ("dfim.bench.replay", "replay typing against the real server: acceptance, latency"),
     "bench-realcode": ("dfim.bench.realcode", "FIM problems from a Python project and its tests"),
-    "trace": ("engine.trace", "write an HTML replay of one fill, step by step"),
+    "trace": ("dfim.engine.inference.trace", "write an HTML replay of one fill, step by step"),
 }
 
 

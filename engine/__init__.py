@@ -1,10 +1,10 @@
 """dfim's engine: tokenizer, DiffusionGemma network, canvas, sampler, caches and checkpoints.
 
-`from engine import Engine, FillRequest` is all a front end needs. `Engine` is imported lazily so
+`from dfim.engine import Engine, FillRequest` is all a front end needs. `Engine` is imported lazily so
 that importing the public types does not load torch.
 """
 
-from engine.api import (
+from dfim.engine.api import (
     CheckpointError,
     EngineError,
     FillCancelled,
@@ -32,7 +32,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "Engine":
-        from engine.infill import Engine
+        from dfim.engine.inference.fill import Engine
 
         return Engine
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -65,11 +65,11 @@ class SamplerSettings:
     # loss taught it), continues the prefix greedily, a cheap pass per token; its text seeds the first
     # candidate's canvas instead of noise. The denoiser then reads that canvas whole, with the suffix, and
     # the usual rules decide: it stops at once where its argmax reproduces the draft and is confident, and
-    # otherwise keeps or renoises each position as for any canvas. See `engine/draft.py`.
+    # otherwise keeps or renoises each position as for any canvas. See `engine/inference/draft.py`.
     draft: bool = False
     # Where the draft starts. "prefix": the prefix's own text continued (all a context LM loss teaches; the
     # draft ends where it leaves the hole). "middle": after `<fim_middle>`, as an AR FIM model decodes,
-    # ending at its EOS; only for a checkpoint trained with the AR FIM loss (`engine.train --causal-weight`).
+    # ending at its EOS; only for a checkpoint trained with the AR FIM loss (`dfim.engine.training.train --causal-weight`).
     draft_from: str = "prefix"
 
 
@@ -139,7 +139,7 @@ class FillRequest:
     # them at the first word where it would follow one, taking the next most likely token there.
     avoid: tuple[str, ...] = ()
     # What a rewrite (a warm start) should change, in words. Only an instruction-tuned checkpoint reads it
-    # (engine.chat); a FIM checkpoint has no way to.
+    # (dfim.engine.inference.chat); a FIM checkpoint has no way to.
     instruction: str = ""
 
 
@@ -164,4 +164,4 @@ class FillResult:
     blocks: int = 1  # canvases denoised one after the other (long fills continue past one canvas)
     token_scores: list[TokenScore] = field(default_factory=list)
     alternatives: list[str] = field(default_factory=list)  # other candidates' texts, best first
-    threads: int = 0  # torch CPU threads the fill ran with (0: not on the CPU); engine.threads
+    threads: int = 0  # torch CPU threads the fill ran with (0: not on the CPU); dfim.engine.model.threads

@@ -1,6 +1,6 @@
 """How source text is laid out in lines: indentation steps and lines that open a block.
 
-Shared by the language server (`server.context`) and the `dfim fill` / `dfim trace` commands, which answer
+Shared by the language server (`dfim.server.context`) and the `dfim fill` / `dfim trace` commands, which answer
 as the server does (decision 29). Plain string rules, no parser: `dfim fill` must not need tree-sitter.
 """
 

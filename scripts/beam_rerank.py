@@ -26,12 +26,13 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import Engine, sandbox
-from engine.api import FillRequest
-from engine.canvas import CanvasPlan, bucket_length, build_canvas
-from engine.evaluate import Problem, load_problems
-from engine.infill import SUFFIX_HEAD_CHARS
-from engine.model import KVCache
+from dfim.engine import Engine
+from dfim.engine.api import FillRequest
+from dfim.engine.evaluation import sandbox
+from dfim.engine.evaluation.fim import Problem, load_problems
+from dfim.engine.inference.canvas import CanvasPlan, bucket_length, build_canvas
+from dfim.engine.inference.fill import SUFFIX_HEAD_CHARS
+from dfim.engine.model.network import KVCache
 
 MAX_TOKENS = 32  # what the server asks for a line
 

@@ -2,7 +2,7 @@
 
 Sections (each guarded: a failure is printed and the run goes on):
   env / copy bandwidth / build the model on the GPU (parameter count and bytes against DESIGN §2)
-  check  : fast path logits against engine.model (and transformers against ours) on a short context
+  check  : fast path logits against dfim.engine.model.network (and transformers against ours) on a short context
   (a)    : our engine, 16 and 48 fixed denoising steps (CUDA graphs; then again with torch.compile)
   (c)    : our autoregressive decode of the same network (same kernels, its own graphs)
   (b)    : transformers' `generate` on the same weight tensors (no second copy)
@@ -30,9 +30,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.config import ModelConfig  # noqa: E402
-from engine.fast import FastDiffusionGemma, expected_experts_touched, weight_bytes  # noqa: E402
-from engine.model import DiffusionGemma  # noqa: E402
+from dfim.engine.model.config import ModelConfig  # noqa: E402
+from dfim.engine.model.fast import FastDiffusionGemma, expected_experts_touched, weight_bytes  # noqa: E402
+from dfim.engine.model.network import DiffusionGemma  # noqa: E402
 
 # The released google/diffusiongemma-26B-A4B-it text stack (Gemma-4 26B-A4B): 25.25 B parameters.
 BIG = dict(
@@ -326,7 +326,7 @@ def check_fast(model: DiffusionGemma, fast: FastDiffusionGemma, n_ctx: int) -> N
     for name, a, b in (("no self-cond", got, want), ("self-cond", got_sc, want_sc)):
         rel = ((a - b).norm() / b.norm()).item()
         agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
-        log(f"fast vs engine.model ({name}): rel err {rel:.2e}, argmax agreement {agree:.3f}")
+        log(f"fast vs dfim.engine.model.network ({name}): rel err {rel:.2e}, argmax agreement {agree:.3f}")
     return ctx, canvas, want
 
 
@@ -338,7 +338,7 @@ def check_hf(hf, model: DiffusionGemma, ctx: torch.Tensor, canvas: torch.Tensor,
         out = hf(input_ids=ctx, past_key_values=cache, decoder_input_ids=canvas).logits
     rel = ((out - want).norm() / want.norm()).item()
     agree = (out.argmax(-1) == want.argmax(-1)).float().mean().item()
-    log(f"transformers vs engine.model: rel err {rel:.2e}, argmax agreement {agree:.3f}")
+    log(f"transformers vs dfim.engine.model.network: rel err {rel:.2e}, argmax agreement {agree:.3f}")
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -416,7 +416,7 @@ def main() -> int:
 
     fast = None
     check = None
-    with section("check: fast path against engine.model (short context)"):
+    with section("check: fast path against dfim.engine.model.network (short context)"):
         fast = FastDiffusionGemma(model, max_len=max_len, bucket=256 if not small else 16, compile=False)
         log(f"expert implementation: {fast.moe}; CUDA graphs: {fast.use_graphs}")
         check = check_fast(model, fast, 64 if not small else 40)

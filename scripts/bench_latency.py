@@ -9,7 +9,7 @@ canvas (decision 38; where its sampler drafts). Until session 15 the server rows
 fewer than the server does: lines longer than that were drafted only in part and rewritten.
 
 Every request runs the engine, as in earlier sessions, but the server would not: where the characters just
-typed are the start of the previous request's line, it answers from that suggestion (`server.inline.
+typed are the start of the previous request's line, it answers from that suggestion (`dfim.server.inline.
 typed_ahead`, no fill). The last two columns split those off: how many there were, and the p50 of the
 requests that do reach the engine (the user typed something else), the harder half.
 
@@ -26,14 +26,14 @@ from pathlib import Path
 
 import torch
 
-from engine import Engine
-from engine.api import FillRequest
-from engine.metrics import percentile
-from server.context import MAX_TOKENS
-from server.inline import ShownSuggestion, typed_ahead
-from server.options import SamplingOptions
+from dfim.engine import Engine
+from dfim.engine.api import FillRequest
+from dfim.engine.evaluation.metrics import percentile
+from dfim.server.context import MAX_TOKENS
+from dfim.server.inline import ShownSuggestion, typed_ahead
+from dfim.server.options import SamplingOptions
 
-# The file typed into: a frozen copy of engine/sampler.py (as of 79e2a05), ~1k tokens before the cursor.
+# The file typed into: a frozen copy of engine/inference/sampler.py (as of 79e2a05), ~1k tokens before the cursor.
 # Frozen because the workload must not change with the code under test (typing into the live
 # sampler.py, a docstring edit once turned 2.6 mean steps into 8.3). Named .txt: it is data, not code to
 # lint or deduplicate.

@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from engine.config import ModelConfig
-from engine.model import DiffusionGemma
+from dfim.engine.model.config import ModelConfig
+from dfim.engine.model.network import DiffusionGemma
 
 CANDIDATES = {
     "h256-l6": dict(hidden_size=256, num_hidden_layers=6, intermediate_size=768, moe_intermediate_size=256),

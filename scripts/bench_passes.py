@@ -10,7 +10,7 @@ Prints, in milliseconds (median over `--repeat` runs):
 - encoding a new document's context of 256 / 512 / 768 tokens from an empty cache.
 
 `--ab` times every piece twice, interleaved: with fp32 products only, then with the fp16 weight copies the
-engine uses for products of a few rows (`engine.model.PACKED_MAX_ROWS`, session 19).
+engine uses for products of a few rows (`dfim.engine.model.network.PACKED_MAX_ROWS`, session 19).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench_model_sizes import median_ms  # noqa: E402 (this folder is on sys.path when run as a script)
 
-from engine import Engine  # noqa: E402
-from engine import model as network  # noqa: E402
-from engine.cache import ContextCache  # noqa: E402
+from dfim.engine import Engine  # noqa: E402
+from dfim.engine.inference.cache import ContextCache  # noqa: E402
+from dfim.engine.model import network as network  # noqa: E402
 
-SOURCE = ROOT / "engine" / "sampler.py"
+SOURCE = ROOT / "engine" / "inference" / "sampler.py"
 CONTEXT = 1100
 
 

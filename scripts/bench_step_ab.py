@@ -1,4 +1,4 @@
-"""Before/after CPU cost of one denoising step: engine/model.py and engine/sampler.py of a git revision
+"""Before/after CPU cost of one denoising step: engine/model/network.py and engine/inference/sampler.py of a git revision
 against the working tree, in one process, interleaved step by step.
 
 On a shared machine two separate runs measure the neighbours as much as the code; interleaving the two
@@ -22,9 +22,9 @@ from types import ModuleType
 
 import torch
 
-from engine import Engine
-from engine import sampler as new_sampler
-from engine.api import SamplerSettings
+from dfim.engine import Engine
+from dfim.engine.api import SamplerSettings
+from dfim.engine.inference import sampler as new_sampler
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,11 +53,13 @@ def main() -> None:
     engine = Engine.load(threads=args.threads)
     new = engine.model
     with tempfile.TemporaryDirectory() as tmp:
-        old_model = module_at(args.base, "engine/model.py", "base_model", Path(tmp))
-        old_sampler = module_at(args.base, "engine/sampler.py", "base_sampler", Path(tmp))
+        old_model = module_at(args.base, "engine/model/network.py", "base_model", Path(tmp))
+        old_sampler = module_at(args.base, "engine/inference/sampler.py", "base_sampler", Path(tmp))
     old = old_model.DiffusionGemma(new.config).eval()
     old.load_state_dict({k: v.contiguous() for k, v in new.state_dict().items()})
-    ids = engine.tokenizer.encode((ROOT / "engine" / "sampler.py").read_text() * 2)[: args.context]
+    ids = engine.tokenizer.encode((ROOT / "engine" / "inference" / "sampler.py").read_text() * 2)[
+        : args.context
+    ]
     print(f"base {args.base} vs working tree, threads {torch.get_num_threads()}, context {len(ids)}")
     print("| canvas | base CPU ms/step | now | speed-up | base wall | now wall |")
     print("|---|---|---|---|---|---|")

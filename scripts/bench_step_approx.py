@@ -34,10 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine import Engine, sampler
-from engine import model as M
-from engine.api import FillRequest, SamplerSettings
-from engine.metrics import edit_similarity, exact_match
+from dfim.engine import Engine
+from dfim.engine.api import FillRequest, SamplerSettings
+from dfim.engine.evaluation.metrics import edit_similarity, exact_match
+from dfim.engine.inference import sampler
+from dfim.engine.model import network as M
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -184,7 +185,7 @@ def step_state(engine: Engine, length: int, settings: SamplerSettings) -> sample
 
 
 def time_steps(engine: Engine, models: dict, repeats: int) -> None:
-    ids = engine.tokenizer.encode((ROOT / "engine" / "sampler.py").read_text() * 2)[:1100]
+    ids = engine.tokenizer.encode((ROOT / "engine" / "inference" / "sampler.py").read_text() * 2)[:1100]
     settings = SamplerSettings(max_steps=10**6, early_stop=False)  # never stops: every step alike
     cache = engine.model.new_cache()
     engine.model.encode(torch.tensor([ids]), cache)  # all variants share the exact cache
@@ -218,7 +219,7 @@ def time_steps(engine: Engine, models: dict, repeats: int) -> None:
 
 
 def closeness(engine: Engine, models: dict) -> None:
-    ids = engine.tokenizer.encode((ROOT / "engine" / "infill.py").read_text())[:1100]
+    ids = engine.tokenizer.encode((ROOT / "engine" / "inference" / "fill.py").read_text())[:1100]
     settings = SamplerSettings(max_steps=10**6, early_stop=False)
     exact = engine.model
     cache = exact.new_cache()

@@ -20,11 +20,13 @@ from pathlib import Path
 
 import torch
 
-from engine import Engine
-from engine import sampler as sampler_mod
-from engine.api import SamplerSettings
+from dfim.engine import Engine
+from dfim.engine.api import SamplerSettings
+from dfim.engine.inference import sampler as sampler_mod
 
-SOURCE = Path(__file__).resolve().parents[1] / "engine" / "sampler.py"  # real code as the context
+SOURCE = (
+    Path(__file__).resolve().parents[1] / "engine" / "inference" / "sampler.py"
+)  # real code as the context
 
 
 def median_ms(fn: Callable[[], object], repeats: int) -> tuple[float, float]:

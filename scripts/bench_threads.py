@@ -1,4 +1,4 @@
-"""One core vs adaptive threads (engine.threads) for server-like single-line fills on this CPU.
+"""One core vs adaptive threads (dfim.engine.model.threads) for server-like single-line fills on this CPU.
 
 Each request is filled twice in one process, interleaved: with the engine's base thread count and with
 `AdaptiveThreads` (every core while the other processes are idle). "cold" requests cut a different place of
@@ -6,7 +6,7 @@ a file, so the whole context (~512 tokens after the window) is encoded; "warm" r
 place, so the context comes from the cache. Run it on a quiet machine, then with a busy neighbour
 (`python3 -c 'while True: pass' &`): the adaptive side should then fall back to the base count.
 
-    python scripts/bench_threads.py [--requests 12] [--file engine/sampler.py]
+    python scripts/bench_threads.py [--requests 12] [--file engine/inference/sampler.py]
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import statistics
 import time
 from pathlib import Path
 
-from engine import Engine
-from engine.api import FillRequest
-from engine.threads import AdaptiveThreads, usable_cores
+from dfim.engine import Engine
+from dfim.engine.api import FillRequest
+from dfim.engine.model.threads import AdaptiveThreads, usable_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def make_request(text: str, at: int, typed: int, seed: int, settings) -> FillReq
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=12)
-    parser.add_argument("--file", type=Path, default=ROOT / "engine" / "sampler.py")
+    parser.add_argument("--file", type=Path, default=ROOT / "engine" / "inference" / "sampler.py")
     parser.add_argument("--steps", type=int, default=16, help="max denoising steps (the server's inline cap)")
     args = parser.parse_args()
     engine = Engine.load(None)

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from engine import Engine
-from engine.api import FillRequest, SamplerSettings
-from engine.evaluate import SWEEP_KEYS
-from engine.metrics import edit_similarity, exact_match
+from dfim.engine import Engine
+from dfim.engine.api import FillRequest, SamplerSettings
+from dfim.engine.evaluation.fim import SWEEP_KEYS
+from dfim.engine.evaluation.metrics import edit_similarity, exact_match
 
 ROOT = Path(__file__).resolve().parents[1]
 # The files lines are drawn from (globs under the source root): our own Python.

@@ -2,7 +2,13 @@
 # environment, token shards (built from that machine's Python stdlib + site-packages on the first call,
 # skipped later), and TRAIN_MINUTES, what is left of this call's MINUTES_TOTAL for training after the
 # data step and RESERVE_MINUTES (saving, export, copying back).
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD TOKENIZERS_PARALLELISM=false
+# dfim is not pip-installed there (no registry): a folder on PYTHONPATH that mirrors the installed
+# layout (dfim/ with engine/ and server/ as dfim.engine and dfim.server) makes `python3 -m dfim...` work.
+SRC=/tmp/dfim-src
+rm -rf "$SRC" && mkdir -p "$SRC/dfim"
+for entry in dfim/*; do ln -s "$PWD/$entry" "$SRC/dfim/"; done
+ln -s "$PWD/engine" "$SRC/dfim/engine" && ln -s "$PWD/server" "$SRC/dfim/server"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$SRC TOKENIZERS_PARALLELISM=false
 START=$(date +%s)
 DATA=${DATA:-/root/dfim-data}
 MINUTES_TOTAL=${MINUTES_TOTAL:-9}
@@ -15,7 +21,7 @@ if [ -n "${CORPUS:-}" ]; then
   [ -f /root/corpus/corpus.json ] || tar -C /root -xJf "$CORPUS"
   EXTRA=(--extra-roots /root/corpus)
 fi
-python3 -m engine.data --out "$DATA" --tokenizer engine/weights/dfim-small/tokenizer.json \
+python3 -m dfim.engine.training.data --out "$DATA" --tokenizer engine/weights/dfim-small/tokenizer.json \
   --workers "$(nproc)" --skip-if-built "${EXTRA[@]}"
 
 ELAPSED=$(( $(date +%s) - START ))

@@ -34,10 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dfim.bench.replay import Client, _get, utf16_offset  # noqa: E402
-from engine import sandbox  # noqa: E402
-from engine.evaluate import Problem, load_problems  # noqa: E402
-from engine.metrics import edit_similarity, exact_match  # noqa: E402
-from server.context import EXTENSIONS  # noqa: E402
+from dfim.engine.evaluation import sandbox  # noqa: E402
+from dfim.engine.evaluation.fim import Problem, load_problems  # noqa: E402
+from dfim.engine.evaluation.metrics import edit_similarity, exact_match  # noqa: E402
+from dfim.server.context import EXTENSIONS  # noqa: E402
 
 
 def between(problem: Problem, new: str) -> str | None:

@@ -1,4 +1,4 @@
-"""Fetch extra Python training code from PyPI into a corpus folder that `engine.data` reads.
+"""Fetch extra Python training code from PyPI into a corpus folder that `dfim.engine.training.data` reads.
 
     python scripts/fetch_corpus.py scripts/corpus_packages.txt --out data-build/corpus --max-mb 180
     tar -C data-build -cJf .carry/corpus.tar.xz corpus        # carried to the GPU machine
@@ -8,7 +8,7 @@ and ML libraries) and cannot reach the network, so new code has to travel with a
 where the package registry is reachable. For every listed package it takes the newest release's
 source distribution (or a pure-Python wheel when there is none), keeps only its `.py` files (tests
 included: they are real code), and records name, version, license and download hash in
-`corpus.json`; packages under a copyleft or unknown license are skipped. `engine.data` reads that file as the provenance of everything under the folder; the
+`corpus.json`; packages under a copyleft or unknown license are skipped. `dfim.engine.training.data` reads that file as the provenance of everything under the folder; the
 usual filters (vendored, generated, minified, duplicates, the HumanEval overlap) still apply there.
 Lines of the package list: `name` or `name==version`; `#` starts a comment.
 """

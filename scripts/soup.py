@@ -21,7 +21,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.checkpoint import load_model, read_config, save_model  # noqa: E402
+from dfim.engine.model.checkpoint import load_model, read_config, save_model  # noqa: E402
 
 
 def soup(out: Path, parts: list[Path], weights: list[float]) -> Path:

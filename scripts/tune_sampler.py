@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from engine import Engine
-from engine.api import FillRequest, SamplerSettings
-from engine.metrics import edit_similarity, exact_match
+from dfim.engine import Engine
+from dfim.engine.api import FillRequest, SamplerSettings
+from dfim.engine.evaluation.metrics import edit_similarity, exact_match
 
 GRID = [
     # (label, settings)

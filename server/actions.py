@@ -1,5 +1,5 @@
 """Code actions: which fills make sense at a cursor or selection, the engine request each one needs, and the
-text edits its result becomes. Pure functions; `server.app` runs the engine and wraps the edits in a
+text edits its result becomes. Pure functions; `dfim.server.app` runs the engine and wraps the edits in a
 version-stamped `WorkspaceEdit`.
 
 - fillHole: the `pass` / `...` / TODO / `todo!()` under the cursor, or the empty function body around it;
@@ -15,9 +15,9 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from engine.api import Hole, TokenScore
-from engine.layout import code_of_line, unclosed_on_line
-from server.context import (
+from dfim.engine.api import Hole, TokenScore
+from dfim.engine.layout import code_of_line, unclosed_on_line
+from dfim.server.context import (
     FillContext,
     Source,
     build_context,
@@ -36,7 +36,7 @@ from server.context import (
     open_brackets,
     region,
 )
-from server.postprocess import (
+from dfim.server.postprocess import (
     clean,
     code_of,
     fit_whitespace,
@@ -355,7 +355,7 @@ def close_what_it_opened(fill: str, lang: str | None, first_indent: str = "") ->
     """A several-line fill that ends (where a canvas or a cut tail ended it) inside what it opened, closed:
     the brackets its last line opens close on that line (`return math.isnan(r` -> `...(r)`), a brace an
     earlier line opened closes on a line of its own at that line's indentation, and a triple-quoted string
-    it starts but never ends goes, from its line on. Lines are read as code (`engine.layout.scan_line`):
+    it starts but never ends goes, from its line on. Lines are read as code (`dfim.engine.layout.scan_line`):
     brackets in comments and strings count for nothing. The first line stands at `first_indent` (the
     hole's; the model writes after it)."""
     for quote in ('"""', "'''"):
@@ -585,8 +585,8 @@ def register(ls) -> None:
     from lsprotocol import types
     from pygls.exceptions import JsonRpcInvalidParams
 
-    from server.context import language_for
-    from server.documents import PositionError
+    from dfim.server.context import language_for
+    from dfim.server.documents import PositionError
 
     options = types.CodeActionOptions(code_action_kinds=[KIND], resolve_provider=True)
 
@@ -681,10 +681,10 @@ async def run_action(ls, data: dict):
         JsonRpcInvalidParams,
     )
 
-    from engine.api import EngineError, FillCancelled, FillRequest
-    from server.context import language_for
-    from server.documents import Document, PositionError
-    from server.options import quoted
+    from dfim.engine.api import EngineError, FillCancelled, FillRequest
+    from dfim.server.context import language_for
+    from dfim.server.documents import Document, PositionError
+    from dfim.server.options import quoted
 
     # `data` comes back from the client (a resolve's data, a command's arguments): check its types before use
     uri, action, instruction = data.get("uri"), data.get("action"), data.get("instruction")
@@ -790,7 +790,8 @@ async def run_action(ls, data: dict):
             middle=plan.middle,
             max_tokens=plan.max_tokens,
             warm_start=plan.warm_start,
-            instruction=plan.instruction or "",  # read by instruction-tuned checkpoints only (engine.chat)
+            instruction=plan.instruction
+            or "",  # read by instruction-tuned checkpoints only (dfim.engine.inference.chat)
             settings=settings,
             seed=options.sampling.seed,
             candidates=options.actions.candidates,

@@ -1,6 +1,6 @@
 """The language server object: lifecycle, capabilities, document sync, configuration, status.
 
-Features live in their own modules (`server.inline`, `server.actions`) and register their handlers on the
+Features live in their own modules (`dfim.server.inline`, `dfim.server.actions`) and register their handlers on the
 server built here. The model loads in the background after `initialized`, so the editor never waits on torch;
 until it is ready (or if it cannot load) requests are still answered, with no completions.
 """
@@ -19,12 +19,12 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.json_rpc import RPCRequest
 from pygls.protocol.language_server import lsp_method
 
-from server.documents import DocumentStore, choose_encoding
-from server.engine_host import EngineHost
-from server.inline import ResultCache, ShownSuggestion
-from server.options import Options, merge_options, snake
-from server.status import StatusReporter
-from server.telemetry import SuggestionTracker, Telemetry, data_dir
+from dfim.server.documents import DocumentStore, choose_encoding
+from dfim.server.engine_host import EngineHost
+from dfim.server.inline import ResultCache, ShownSuggestion
+from dfim.server.options import Options, merge_options, snake
+from dfim.server.status import StatusReporter
+from dfim.server.telemetry import SuggestionTracker, Telemetry, data_dir
 
 log = logging.getLogger("dfim.server")
 VERSION = "0.1.0"
@@ -309,7 +309,7 @@ def dfim_section(settings):
 
 def build_server(model: str = "", device: str = "cpu") -> DfimServer:
     """A fresh server with every feature registered (tests may build several in one process)."""
-    from server import actions, inline, trace_feature
+    from dfim.server import actions, inline, trace_feature
 
     ls = DfimServer(model, device)
     _register_lifecycle(ls)

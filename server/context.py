@@ -13,8 +13,8 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from engine.layout import indent_unit, leading_ws, opens_block, statement_indent
-from engine.tokenizer import FIM_SPECIALS, head_within, tail_within
+from dfim.engine.layout import indent_unit, leading_ws, opens_block, statement_indent
+from dfim.engine.model.tokenizer import FIM_SPECIALS, head_within, tail_within
 
 # LSP languageId -> (grammar module, language function)
 GRAMMARS: dict[str, tuple[str, str]] = {

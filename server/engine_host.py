@@ -37,8 +37,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from engine.api import EngineError, FillCancelled, FillRequest, FillResult
-from server.context import fit_context_budget
+from dfim.engine.api import EngineError, FillCancelled, FillRequest, FillResult
+from dfim.server.context import fit_context_budget
 
 log = logging.getLogger("dfim.server")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # lone UTF-16 halves: JSON can carry them, tokenizers refuse them
@@ -64,7 +64,7 @@ class EngineHost:
         self.fell_back_to_cpu = False  # set when CUDA ran out of memory and the model moved to the CPU
         self.faults = os.environ.get(FAULTS_ENV) == "1"
         self._moved: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # GPU engine -> its CPU copy
-        # Sees every fill (server.trace_feature): called with the engine and the request before it is queued
+        # Sees every fill (dfim.server.trace_feature): called with the engine and the request before it is queued
         # (it may chain the request's on_step); what it returns gets the result of a fill that completed.
         self.watch: Callable[[Any, FillRequest], Callable[[FillResult], None]] | None = None
 
@@ -260,7 +260,9 @@ class EngineHost:
 
 
 def _load(path: str | None, device: str):
-    from engine.infill import Engine  # imported here: torch takes a second, initialize must not wait
+    from dfim.engine.inference.fill import (
+        Engine,  # imported here: torch takes a second, initialize must not wait
+    )
 
     return Engine.load(path or None, device=device)
 

@@ -17,13 +17,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from engine.api import FillRequest, FillResult, Hole, SamplerSettings
-from server.context import FillContext, line_end, line_start
-from server.options import Options
-from server.postprocess import fit_whitespace, rank_candidates
+from dfim.engine.api import FillRequest, FillResult, Hole, SamplerSettings
+from dfim.server.context import FillContext, line_end, line_start
+from dfim.server.options import Options
+from dfim.server.postprocess import fit_whitespace, rank_candidates
 
 if TYPE_CHECKING:
-    from server.documents import Document
+    from dfim.server.documents import Document
 
 log = logging.getLogger("dfim.server")
 
@@ -227,7 +227,7 @@ def fill_request(
 ) -> tuple[FillRequest, str]:
     """The engine request for a fill context, and the rest of the line pinned after its hole ("" if none).
 
-    A single-line open hole is drafted by the checkpoint's encoder (engine.draft): one canvas, which the
+    A single-line open hole is drafted by the checkpoint's encoder (dfim.engine.inference.draft): one canvas, which the
     denoiser mostly confirms in a step. Anything else (several lines, a pinned rest of line) denoises
     `inline.candidates` canvases from noise."""
     settings = replace(
@@ -300,7 +300,7 @@ def inline_items(ls, place: Place, candidates: list[str], ctx: FillContext, sour
     shown (typed-ahead reuse) and reported to telemetry. None when no fill makes such an edit."""
     from lsprotocol import types
 
-    from server.telemetry import Shown
+    from dfim.server.telemetry import Shown
 
     snapshot, cursor = place.snapshot, place.cursor
     text = snapshot.text
@@ -342,7 +342,7 @@ async def run_fill(ls, request: FillRequest, flag) -> FillResult | None:
 
     from pygls.exceptions import JsonRpcInternalError
 
-    from engine.api import EngineError, FillCancelled
+    from dfim.engine.api import EngineError, FillCancelled
 
     ls.counters["fills"] += 1
     ls.status.begin_fill()
@@ -378,9 +378,9 @@ async def complete(ls, params):
     from lsprotocol import types
     from pygls.exceptions import JsonRpcInvalidParams
 
-    from server.context import build_context, language_for, single_line, with_lead
-    from server.documents import Document, PositionError
-    from server.options import language_enabled
+    from dfim.server.context import build_context, language_for, single_line, with_lead
+    from dfim.server.documents import Document, PositionError
+    from dfim.server.options import language_enabled
 
     started = time.perf_counter()
     uri = params.text_document.uri

@@ -11,8 +11,8 @@ import functools
 import re
 from collections.abc import Callable
 
-from engine.layout import code_of_line
-from server.context import (
+from dfim.engine.layout import code_of_line
+from dfim.server.context import (
     CLOSERS,
     MATCH,
     OPENERS,

@@ -1,6 +1,6 @@
 """`dfim/lastTrace`: the denoising canvas of the server's last fill, as the page `dfim trace` writes.
 
-Every fill (inline or code action) is watched through `EngineHost.watch`: an `engine.trace.Recorder` on the
+Every fill (inline or code action) is watched through `EngineHost.watch`: an `dfim.engine.inference.trace.Recorder` on the
 request's `on_step` keeps each step's per-position report (argmax token, confidence, kept or renoised,
 pinned). When the fill completes, its frames become the last trace and the previous one is dropped, so the
 server holds one trace at most (a few thousand numbers for an inline fill; of a fill longer than MAX_FRAMES
@@ -8,7 +8,7 @@ steps, its last MAX_FRAMES). A cancelled or failed fill leaves the last trace as
 
 Request params: `{"nonce"?: string}`. Result: null before any fill completed, else
 `{"html", "fill", "steps", "frames", "latencyMs", "stopReason", "model", "randomModel"}`, where
-`html` is `engine.trace.build_html` (one view for the CLI and the editors); with a nonce its
+`html` is `dfim.engine.inference.trace.build_html` (one view for the CLI and the editors); with a nonce its
 Content-Security-Policy allows only the style and script blocks carrying it (an editor's webview).
 """
 
@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from engine.api import FillRequest, FillResult, StepInfo
-from engine.trace import NONCE, Recorder, Trace, build_html, context_head, context_tail
+from dfim.engine.api import FillRequest, FillResult, StepInfo
+from dfim.engine.inference.trace import NONCE, Recorder, Trace, build_html, context_head, context_tail
 
 log = logging.getLogger("dfim.server")
 LAST_TRACE_METHOD = "dfim/lastTrace"

@@ -15,7 +15,7 @@ TOKENIZER = ROOT / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 
 
 def random_checkpoint(folder: Path) -> Path:
-    from engine.checkpoint import write_random_checkpoint
+    from dfim.engine.model.checkpoint import write_random_checkpoint
 
     return Path(write_random_checkpoint(folder, TOKENIZER))
 
@@ -183,7 +183,7 @@ class Session:
 
 def apply_edits(text: str, edits, encoding: str = "utf-16") -> str:
     """Apply LSP TextEdits (non-overlapping) to `text` the way an editor would."""
-    from server.documents import Document
+    from dfim.server.documents import Document
 
     doc = Document("file:///x", text)
     spans = sorted(((doc.range_offsets(e.range, encoding), e.new_text) for e in edits), reverse=True)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.cache import ContextCache, common_prefix_length
-from engine.checkpoint import load_model, write_random_checkpoint
-from engine.tokenizer import Tokenizer
+from dfim.engine.inference.cache import ContextCache, common_prefix_length
+from dfim.engine.model.checkpoint import load_model, write_random_checkpoint
+from dfim.engine.model.tokenizer import Tokenizer
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.api import EngineError, FillRequest, Hole
-from engine.canvas import (
+from dfim.engine.api import EngineError, FillRequest, Hole
+from dfim.engine.inference.canvas import (
     TokenTable,
     assemble_text,
     bucket_length,
@@ -16,7 +16,7 @@ from engine.canvas import (
     layout_middle,
     middle_tokens,
 )
-from engine.tokenizer import Tokenizer
+from dfim.engine.model.tokenizer import Tokenizer
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 

@@ -1,5 +1,5 @@
 """An instruction-tuned checkpoint (no FIM tokens, a chat vocabulary) in the in-process engine and the
-server: `engine.chat`. The vocabulary is built here in Gemma's layout (SentencePiece pieces, "▁" for a
+server: `dfim.engine.inference.chat`. The vocabulary is built here in Gemma's layout (SentencePiece pieces, "▁" for a
 space, `<0xNN>` byte fallbacks, turn markup), the weights are random: these tests check the plumbing, not
 the answers."""
 
@@ -13,11 +13,11 @@ from lsprotocol import types
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers
 
-from engine import Engine, FillRequest, Hole
-from engine.api import CheckpointError
-from engine.chat import ChatTokenizer, load_tokenizer
-from engine.checkpoint import write_random_checkpoint
-from engine.tokenizer import Tokenizer
+from dfim.engine import Engine, FillRequest, Hole
+from dfim.engine.api import CheckpointError
+from dfim.engine.inference.chat import ChatTokenizer, load_tokenizer
+from dfim.engine.model.checkpoint import write_random_checkpoint
+from dfim.engine.model.tokenizer import Tokenizer
 from tests.server_helpers import Session
 
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]

@@ -18,13 +18,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import engine.config
-import engine.fp8
-from engine.api import CheckpointError
-from engine.checkpoint import INDEX_FILE, load_model, write_random_checkpoint
-from engine.fp8 import dequantize, scale_layout
-from engine.model import KVCache
-from engine.tokenizer import Tokenizer
+from dfim.engine.api import CheckpointError
+from dfim.engine.model import config as model_config
+from dfim.engine.model import fp8
+from dfim.engine.model.checkpoint import INDEX_FILE, load_model, write_random_checkpoint
+from dfim.engine.model.fp8 import dequantize, scale_layout
+from dfim.engine.model.network import KVCache
+from dfim.engine.model.tokenizer import Tokenizer
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 FP8 = torch.float8_e4m3fn
@@ -212,7 +212,7 @@ def shipped() -> tuple[Path, list[int]]:
     """The shipped trained model and 332 tokens of real code: a random model's logits are too
     sensitive (2 % weight noise moves them 18 %) to show what FP8 does to a real one."""
     folder = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small"
-    ids = Tokenizer.from_file(folder / "tokenizer.json").encode(Path(engine.config.__file__).read_text())
+    ids = Tokenizer.from_file(folder / "tokenizer.json").encode(Path(model_config.__file__).read_text())
     assert len(ids) >= 332
     return folder, ids
 
@@ -273,7 +273,7 @@ def test_dequantize_in_chunks_equals_one_pass(monkeypatch):
         (torch.rand(3, 3, 4, generator=gen), [(16, 16)]),
     ]:
         whole = dequantize(q, scale, torch.float32, blocks)
-        monkeypatch.setattr(engine.fp8, "CHUNK_ELEMENTS", 100)  # 1 row of 56 at a time
+        monkeypatch.setattr(fp8, "CHUNK_ELEMENTS", 100)  # 1 row of 56 at a time
         torch.testing.assert_close(dequantize(q, scale, torch.float32, blocks), whole, rtol=0, atol=0)
         monkeypatch.undo()
     want = q.float() * scale.repeat_interleave(16, 1).repeat_interleave(16, 2)[:, :40, :56]

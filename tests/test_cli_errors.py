@@ -22,9 +22,9 @@ REALCODE = ROOT / "fixtures" / "realcode" / "problems.jsonl"
 
 
 def cli(*args: object, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    """`python -m dfim ARGS` (or `python -m engine.data ARGS` when the first word is `engine.data`)."""
-    module = ["engine.data"] if args and args[0] == "engine.data" else ["dfim"]
-    words = [str(a) for a in (args[1:] if module == ["engine.data"] else args)]
+    """`python -m dfim ARGS` (or `python -m dfim.engine.training.data ARGS` when the first word is `dfim.engine.training.data`)."""
+    module = ["dfim.engine.training.data"] if args and args[0] == "dfim.engine.training.data" else ["dfim"]
+    words = [str(a) for a in (args[1:] if module == ["dfim.engine.training.data"] else args)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", *module, *words],
@@ -61,7 +61,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made["latin1"].write_bytes(b'x = "\xe9"\n')
     made["unknown"] = tmp / "notes.xyz"
     made["unknown"].write_text("hello\n")
-    # Shards as `python -m engine.data` leaves them for a root without files: an empty index.
+    # Shards as `python -m dfim.engine.training.data` leaves them for a root without files: an empty index.
     made["no_docs"] = tmp / "no_docs"
     made["no_docs"].mkdir()
     np.save(made["no_docs"] / "train_docs.npy", np.zeros((0, 3), dtype=np.int64))
@@ -154,7 +154,7 @@ def test_train_refuses_more(files: dict[str, Path], shards: Path, capsys: pytest
 
 
 def test_model_config_names_unknown_keys() -> None:
-    from engine.config import ModelConfig
+    from dfim.engine.model.config import ModelConfig
 
     with pytest.raises(ValueError, match="'colour'"):
         ModelConfig.from_dict({"hidden_size": 64, "colour": "red"})
@@ -208,7 +208,14 @@ def test_replay_partial_accepts_are_never_empty() -> None:
 def test_replay_stops_its_server_when_terminated(files: dict[str, Path]) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dfim", "replay", str(ROOT / "engine" / "metrics.py"), "--quiet"]
+        [
+            sys.executable,
+            "-m",
+            "dfim",
+            "replay",
+            str(ROOT / "engine" / "evaluation" / "metrics.py"),
+            "--quiet",
+        ]
         + ["--out", str(files["tmp"] / "replay-out")],
         cwd=files["tmp"],
         env=env,
@@ -365,8 +372,8 @@ def test_eval_script_uses_the_repository_environment() -> None:
 
 def test_a_bad_generation_config_names_its_file_and_key(files: dict[str, Path], capsys) -> None:
     from dfim.cli import main
-    from engine.api import CheckpointError
-    from engine.checkpoint import read_settings
+    from dfim.engine.api import CheckpointError
+    from dfim.engine.model.checkpoint import read_settings
 
     folder = files["tmp"] / "gen-config"
     folder.mkdir()
@@ -490,7 +497,7 @@ def test_serve_refuses_bad_tcp_and_log_file(files: dict[str, Path]) -> None:
     assert_refused(cli("serve", "--log-file", tmp, cwd=tmp), "dfim serve", "--log-file", "directory")
 
 
-# ----------------------------------------------------------------------------- python -m engine.data
+# ----------------------------------------------------------------------------- python -m dfim.engine.training.data
 
 
 def test_data_builder_refuses_bad_input(files: dict[str, Path]) -> None:
@@ -506,7 +513,9 @@ def test_data_builder_refuses_bad_input(files: dict[str, Path]) -> None:
         (["--out", files["file"], "--tokenizer", TOKENIZER, "--roots", tmp], ("--out", "not a folder")),
     ]
     for args, needles in cases:
-        assert_refused(cli("engine.data", *args, cwd=tmp), "python -m engine.data", *needles)
+        assert_refused(
+            cli("dfim.engine.training.data", *args, cwd=tmp), "python -m dfim.engine.training.data", *needles
+        )
     assert not (out / "meta.json").exists()
 
 

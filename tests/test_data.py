@@ -9,8 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.data import EvalFilter, Root, TokenShards, build, classify_root, is_built, quality_problem
-from engine.tokenizer import Tokenizer
+from dfim.engine.model.tokenizer import Tokenizer
+from dfim.engine.training.data import (
+    EvalFilter,
+    Root,
+    TokenShards,
+    build,
+    classify_root,
+    is_built,
+    quality_problem,
+)
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import Engine, FillRequest, Hole, SamplerSettings, sampler
-from engine.autoregressive import allowed_logits
-from engine.cache import ContextCache
-from engine.canvas import assemble_text, build_canvas
-from engine.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
-from engine.draft import Draft, can_draft, draft_canvas, fit_canvas, hole_end
-from engine.model import KVCache
+from dfim.engine import Engine, FillRequest, Hole, SamplerSettings
+from dfim.engine.inference import sampler
+from dfim.engine.inference.autoregressive import allowed_logits
+from dfim.engine.inference.cache import ContextCache
+from dfim.engine.inference.canvas import assemble_text, build_canvas
+from dfim.engine.inference.draft import Draft, can_draft, draft_canvas, fit_canvas, hole_end
+from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
+from dfim.engine.model.network import KVCache
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 DRAFT = SamplerSettings(max_steps=4, draft=True)
@@ -102,7 +103,7 @@ def test_the_draft_is_the_greedy_continuation_of_the_prefix(engine):
 
 def test_a_draft_from_the_middle_is_the_ar_fim_decode_after_fim_middle(engine):
     """draft_from="middle": greedy after the whole context, `<fim_middle>` included, as an AR FIM model
-    decodes (what `engine.train --causal-weight` trains); it ends at its own EOS or a stop string."""
+    decodes (what `dfim.engine.training.train --causal-weight` trains); it ends at its own EOS or a stop string."""
     request = FillRequest(
         prefix="total = 0\nfor x in xs:\n    total +=",
         suffix="\nprint(total)\n",
@@ -164,8 +165,8 @@ def test_a_several_line_draft_ends_where_it_leaves_the_hole():
 def test_a_several_line_draft_keeps_the_tokens_before_the_line_that_left_the_hole(engine):
     """A random model never writes the suffix's line, so the draft is built by hand: decode is replaced by
     one that writes the hole's line, then the suffix's first line, then more."""
-    from engine import autoregressive
-    from engine.autoregressive import Decoded
+    from dfim.engine.inference import autoregressive
+    from dfim.engine.inference.autoregressive import Decoded
 
     tok = engine.tokenizer
     request = FillRequest(prefix="def f(x):\n    y = x\n", suffix="\n    return y\n", max_tokens=32)
@@ -292,7 +293,7 @@ def test_the_shipped_model_drafts_the_readme_line():
 
 
 def test_a_fill_cancelled_while_drafting_leaves_the_engine_usable(engine):
-    from engine import FillCancelled
+    from dfim.engine import FillCancelled
 
     calls = 0
 
@@ -383,8 +384,8 @@ def test_a_drafted_fill_reports_its_draft_as_step_0(engine):
 
 
 def test_leaving_avoided_texts_at_their_first_word():
-    from engine.autoregressive import _leave_avoided
-    from engine.tokenizer import Tokenizer
+    from dfim.engine.inference.autoregressive import _leave_avoided
+    from dfim.engine.model.tokenizer import Tokenizer
 
     tok = Tokenizer.from_file(TOKENIZER_JSON)
     one = {piece: tok.encode(piece) for piece in ("return", " x", "result", "    ", "\n", ")\n")}

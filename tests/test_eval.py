@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from dfim.cli import main
-from engine import evaluate as ev
-from engine.api import EngineError, SamplerSettings
-from engine.sandbox import SandboxLimits
+from dfim.engine.api import EngineError, SamplerSettings
+from dfim.engine.evaluation import fim as ev
+from dfim.engine.evaluation.sandbox import SandboxLimits
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "fixtures" / "eval" / "tiny-infilling.jsonl"
@@ -287,8 +287,8 @@ def test_eval_out_that_cannot_be_made_is_one_line(capsys):
 
 
 def test_eval_command_with_a_random_checkpoint(tmp_path):
-    pytest.importorskip("engine.infill", reason="the sampler's Engine has not landed")
-    from engine.checkpoint import write_random_checkpoint
+    pytest.importorskip("dfim.engine.inference.fill", reason="the sampler's Engine has not landed")
+    from dfim.engine.model.checkpoint import write_random_checkpoint
 
     model = write_random_checkpoint(tmp_path / "model", TOKENIZER)
     out = tmp_path / "out"

@@ -1,4 +1,4 @@
-"""The fast GPU path (engine/fast.py) computes the same function as engine.model, checked on the CPU.
+"""The fast GPU path (engine/model/fast.py) computes the same function as dfim.engine.model.network, checked on the CPU.
 
 fp32, a tiny config with both layer kinds, a context longer than the sliding window, prefill in
 chunks and a small graph bucket, so every static-cache slice and mask is exercised. CUDA graphs and
@@ -12,10 +12,10 @@ import json
 import pytest
 import torch
 
-from engine.api import CheckpointError
-from engine.checkpoint import write_random_checkpoint
-from engine.config import ModelConfig
-from engine.fast import (
+from dfim.engine.api import CheckpointError
+from dfim.engine.model.checkpoint import write_random_checkpoint
+from dfim.engine.model.config import ModelConfig
+from dfim.engine.model.fast import (
     FastDiffusionGemma,
     expected_experts_touched,
     load_fast,
@@ -24,7 +24,7 @@ from engine.fast import (
     moe_padded,
     pick_moe,
 )
-from engine.model import DiffusionGemma, causal_mask
+from dfim.engine.model.network import DiffusionGemma, causal_mask
 
 TOLERANCE = 1e-4
 TOKENIZER = "engine/weights/dfim-small/tokenizer.json"

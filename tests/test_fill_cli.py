@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dfim.cli import main
-from engine.checkpoint import write_random_checkpoint
+from dfim.engine.model.checkpoint import write_random_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_JSON = ROOT / "engine" / "weights" / "dfim-small" / "tokenizer.json"
@@ -140,7 +140,7 @@ def test_position_out_of_range(capsys, line, col, needle):
 
 
 def test_position_at_line_end_and_after_the_last_newline_is_fine():
-    from engine.fill_command import split_at
+    from dfim.commands.fill import split_at
 
     text = "ab\r\ncd\n"
     assert split_at(text, 1, 3) == ("ab", "\r\ncd\n")  # after the last character of a CRLF line
@@ -283,7 +283,7 @@ def test_a_fill_is_one_line_unless_multiline(capsys, checkpoint):
 
 
 def test_block_lead_follows_the_line_that_opens_a_block():
-    from engine.layout import block_lead, opens_block
+    from dfim.engine.layout import block_lead, opens_block
 
     assert block_lead("def f(x):", "\n") == "\n    "
     assert block_lead("class A:\n    def f(self):", "") == "\n        "
@@ -338,7 +338,7 @@ def test_block_lead_follows_the_line_that_opens_a_block():
 def test_a_crlf_file_fills_without_a_stray_carriage_return(capsys, tmp_path, checkpoint):
     import argparse
 
-    from engine.fill_command import add_fill_arguments, read_fill_input
+    from dfim.commands.fill import add_fill_arguments, read_fill_input
 
     path = tmp_path / "crlf.py"
     path.write_bytes(b"def add(a, b):\r\n    total = a + b\r\n    return total +\r\n\r\nprint(add(1, 2))\r\n")
@@ -353,8 +353,8 @@ def test_a_crlf_file_fills_without_a_stray_carriage_return(capsys, tmp_path, che
 
 
 def test_the_windows_fit_the_context_the_model_was_trained_with():
-    from engine.fill_command import fit_to_model
-    from engine.infill import Engine
+    from dfim.commands.fill import fit_to_model
+    from dfim.engine.inference.fill import Engine
 
     engine = Engine.load(None)  # the shipped model: dfim.json says 512 context tokens
     assert engine.trained_context == 512
@@ -371,7 +371,7 @@ def test_the_windows_fit_the_context_the_model_was_trained_with():
 
 
 def test_fill_with_candidates_answers_the_engines_best_and_refuses_bad_counts(capsys, checkpoint):
-    from engine import Engine, FillRequest, SamplerSettings
+    from dfim.engine import Engine, FillRequest, SamplerSettings
 
     args = (EXAMPLE, "--line", 5, "--col", 1, "--model", checkpoint, "--steps", 2, "--seed", 3)
     code, out, _ = dfim_fill(capsys, *args, "--candidates", 3, "--json")

@@ -1,6 +1,6 @@
 """Fuzzing the server with hypothesis: document sync (pure, then over stdio) and random requests.
 
-1. `server.documents` against a reference written here from the LSP spec: after 1,000 random incremental
+1. `dfim.server.documents` against a reference written here from the LSP spec: after 1,000 random incremental
    edits (CRLF, lone CR, tabs, emoji, surrogate pairs, NUL, U+2028, empty and very long lines, positions
    past the end) in every position encoding, the store's text equals the client's.
 2. The real `dfim serve` over stdio: random edits interleaved with random requests (inline, code actions,
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 
-from server.documents import UTF8, UTF16, UTF32, Document, DocumentStore, PositionError
+from dfim.server.documents import UTF8, UTF16, UTF32, Document, DocumentStore, PositionError
 from tests.server_helpers import Session, random_checkpoint
 
 # Pieces of text that break naive line/column code: every LSP line end, a CR that a later edit may join to
@@ -61,7 +61,7 @@ raw_edit = st.tuples(
 )
 
 
-# ---- the reference: LSP's rules, written independently of server.documents ----------------------------
+# ---- the reference: LSP's rules, written independently of dfim.server.documents ----------------------------
 
 
 def ref_lines(text: str) -> list[tuple[int, int]]:

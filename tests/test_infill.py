@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import Engine, FillCancelled, FillRequest, Hole, SamplerSettings
-from engine.api import CheckpointError, EngineError
-from engine.checkpoint import write_random_checkpoint
+from dfim.engine import Engine, FillCancelled, FillRequest, Hole, SamplerSettings
+from dfim.engine.api import CheckpointError, EngineError
+from dfim.engine.model.checkpoint import write_random_checkpoint
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 FAST = SamplerSettings(max_steps=4)  # a random model never gets confident: keep runs short
@@ -42,7 +42,7 @@ def test_load_reads_the_random_marker_and_settings(engine, checkpoint):
 def test_checkpoint_sampler_notes_round_trip(tmp_path):
     """dfim's own sampler knobs (no field in generation_config.json) live in dfim.json and load back;
     a bad value is a one-line checkpoint error, not a crash."""
-    from engine.checkpoint import load_model, read_settings, save_model
+    from dfim.engine.model.checkpoint import load_model, read_settings, save_model
 
     model, _ = load_model(write_random_checkpoint(tmp_path / "a", TOKENIZER_JSON, seed=1))
     ours = SamplerSettings(window=8, rank="likelihood", draft=True, draft_from="middle")
@@ -62,7 +62,7 @@ def test_checkpoint_sampler_notes_round_trip(tmp_path):
 
 
 def test_shipped_model_uses_the_order_window():
-    from engine.checkpoint import DEFAULT_MODEL_DIR, read_settings
+    from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, read_settings
 
     assert read_settings(DEFAULT_MODEL_DIR).window == 8  # decision 20
 
@@ -269,8 +269,8 @@ def test_a_nested_fill_may_not_take_the_cache_slot_of_the_fill_it_runs_in(engine
 def test_likelihood_rank_picks_the_candidate_the_encoder_lm_prefers(engine):
     import torch
 
-    from engine.canvas import build_canvas
-    from engine.model import KVCache
+    from dfim.engine.inference.canvas import build_canvas
+    from dfim.engine.model.network import KVCache
 
     prefix, suffix = "def area(r):\n    return 3.14 *", "\n\nprint(area(2))\n"
     kw = dict(prefix=prefix, suffix=suffix, stop=("\n",), candidates=4, seed=5, max_tokens=16)

@@ -1,4 +1,4 @@
-"""Prompt lookup decoding (`engine.lookup`): guesses the greedy decode checks in one pass, which change
+"""Prompt lookup decoding (`dfim.engine.inference.lookup`): guesses the greedy decode checks in one pass, which change
 how many passes it takes and never which tokens it writes."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from engine import Engine, FillRequest
-from engine.autoregressive import decode
-from engine.canvas import assemble_text, build_canvas
-from engine.lookup import cut_after_stop, propose
+from dfim.engine import Engine, FillRequest
+from dfim.engine.inference.autoregressive import decode
+from dfim.engine.inference.canvas import assemble_text, build_canvas
+from dfim.engine.inference.lookup import cut_after_stop, propose
 
 
 def test_a_guess_is_what_followed_the_last_tokens_the_latest_time_they_occurred() -> None:

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from engine import metrics
+from dfim.engine.evaluation import metrics
 
 
 def test_exact_match_ignores_surrounding_whitespace_only():

@@ -14,8 +14,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from engine.checkpoint import load_model, read_settings, save_model  # noqa: E402
-from engine.config import ModelConfig  # noqa: E402
+from dfim.engine.model.checkpoint import load_model, read_settings, save_model  # noqa: E402
+from dfim.engine.model.config import ModelConfig  # noqa: E402
 
 TOLERANCE = 1e-4
 
@@ -39,7 +39,7 @@ TEXT_CONFIG = dict(
 def make_reference(tmp_path, bf16_values: bool = False, **overrides):
     from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
-    from engine.config import TINY_VISION_CONFIG
+    from dfim.engine.model.config import TINY_VISION_CONFIG
 
     torch.manual_seed(0)
     config = DiffusionGemmaConfig(
@@ -78,7 +78,9 @@ def reference_logits(ref, context, canvas, self_cond):
 def test_logits_match_reference(tmp_path, experts_mode, monkeypatch):
     ref = make_reference(tmp_path)
     ours, _ = load_model(tmp_path / "ref")
-    monkeypatch.setattr("engine.model.Experts.mode", experts_mode)  # both expert paths must match
+    monkeypatch.setattr(
+        "dfim.engine.model.network.Experts.mode", experts_mode
+    )  # both expert paths must match
     g = torch.Generator().manual_seed(1)
     context = torch.randint(0, 96, (1, 11), generator=g)  # longer than the sliding window (6)
     canvas = torch.randint(0, 96, (1, 8), generator=g)
@@ -186,7 +188,7 @@ def test_cpu_inference_layout_keeps_logits_and_state_dict(tmp_path):
 def test_fp16_copies_serve_few_rows_with_the_reference_logits(tmp_path):
     """With weights that fit fp16 (a bf16 checkpoint's), `prepare_cpu_inference` adds fbgemm fp16 copies for
     products of a few rows; the logits stay the reference's, in the denoiser and the causal draft pass."""
-    from engine import model as network
+    from dfim.engine.model import network as network
 
     ref = make_reference(tmp_path, bf16_values=True)
     ours, _ = load_model(tmp_path / "ref")

@@ -37,7 +37,7 @@ SOURCE = (
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    from engine.checkpoint import write_random_checkpoint
+    from dfim.engine.model.checkpoint import write_random_checkpoint
 
     return write_random_checkpoint(tmp_path_factory.mktemp("ckpt"), TOKENIZER)
 

@@ -1,4 +1,4 @@
-"""`engine.model.pack_fp16` / `linear`: fbgemm's fp16-weight GEMM for few-row products, only where the
+"""`dfim.engine.model.network.pack_fp16` / `linear`: fbgemm's fp16-weight GEMM for few-row products, only where the
 weights fit fp16, never while gradients are on, and never from a stale copy."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import model as network
+from dfim.engine.model import network as network
 
 
 def bf16_valued(*shape: int) -> torch.Tensor:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from engine.api import CheckpointError, EngineError, FillRequest, Hole
-from engine.prompts import HOLE, infill_message, load_chat_template, render, rewrite_message
-from engine.vllm_backend import VllmBackend, strip_fences, vllm_available
+from dfim.engine.api import CheckpointError, EngineError, FillRequest, Hole
+from dfim.engine.inference.prompts import HOLE, infill_message, load_chat_template, render, rewrite_message
+from dfim.engine.inference.vllm_backend import VllmBackend, strip_fences, vllm_available
 
 
 def test_infill_prompt_shows_both_sides_and_the_hole_once():

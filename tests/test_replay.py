@@ -77,7 +77,7 @@ def test_git_regions(tmp_path):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from engine.checkpoint import write_random_checkpoint
+    from dfim.engine.model.checkpoint import write_random_checkpoint
 
     return write_random_checkpoint(tmp_path_factory.mktemp("ckpt"), TOKENIZER)
 

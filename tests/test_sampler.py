@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine import sampler
-from engine.api import FillCancelled, SamplerSettings
+from dfim.engine.api import FillCancelled, SamplerSettings
+from dfim.engine.inference import sampler
 
 V = 50  # vocab of the synthetic denoisers
 EOS, PAD = 1, 0

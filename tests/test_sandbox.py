@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.sandbox import SandboxLimits, humaneval_program, minimal_env, run_program
+from dfim.engine.evaluation.sandbox import SandboxLimits, humaneval_program, minimal_env, run_program
 
 FAST = SandboxLimits(timeout_s=2.0)
 

@@ -28,7 +28,9 @@ from tests.robustness_helpers import ServerSession
 from tests.server_helpers import ROOT, random_checkpoint
 
 PRODUCT = ("engine", "server", "dfim")
-SANDBOX_ALLOWED = {"engine/sandbox.py"}  # the eval command's sandbox: the one place that starts processes
+SANDBOX_ALLOWED = {
+    "engine/evaluation/sandbox.py"
+}  # the eval command's sandbox: the one place that starts processes
 BENCH_ALLOWED_PREFIX = "dfim/bench/"  # benchmarks start `dfim serve` and read git history (not the server)
 
 
@@ -151,8 +153,8 @@ class _Payload:
 
 
 def test_a_pickle_only_checkpoint_is_refused_without_unpickling(tmp_path):
-    from engine.api import CheckpointError
-    from engine.infill import Engine
+    from dfim.engine.api import CheckpointError
+    from dfim.engine.inference.fill import Engine
 
     good = random_checkpoint(tmp_path / "good")
     folder = tmp_path / "pickled"

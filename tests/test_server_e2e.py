@@ -15,7 +15,7 @@ import pytest_asyncio
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 
-from server.telemetry import read_events
+from dfim.server.telemetry import read_events
 from tests.server_helpers import Session, apply_edits, random_checkpoint
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -637,7 +637,7 @@ async def test_the_shipped_model_drafts_a_line_and_the_denoiser_confirms_it(tmp_
     """The real server with the shipped checkpoint (its dfim.json asks for the draft): the README's spot gets
     the encoder's line, confirmed in one denoising step; with `inline.draft` off the same spot is denoised
     from noise, over more steps."""
-    from engine.checkpoint import DEFAULT_MODEL_DIR
+    from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR
 
     demo = (Path(__file__).resolve().parents[1] / "fixtures" / "demo.py").read_text()
     s = Session()

@@ -9,9 +9,17 @@ from dataclasses import replace
 import pytest
 from lsprotocol import types
 
-from engine.api import Hole, SamplerSettings, TokenScore
-from server import actions, context, inline, options, postprocess, telemetry
-from server.documents import UTF8, UTF16, UTF32, Document, PositionError, choose_encoding, column_to_index
+from dfim.engine.api import Hole, SamplerSettings, TokenScore
+from dfim.server import actions, context, inline, options, postprocess, telemetry
+from dfim.server.documents import (
+    UTF8,
+    UTF16,
+    UTF32,
+    Document,
+    PositionError,
+    choose_encoding,
+    column_to_index,
+)
 
 
 def pos(line: int, character: int) -> types.Position:
@@ -157,8 +165,8 @@ def test_windows_cut_on_whole_lines_preferring_top_level_ones():
 
 
 def shipped_token_count():
-    from engine.checkpoint import DEFAULT_MODEL_DIR
-    from engine.tokenizer import Tokenizer
+    from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR
+    from dfim.engine.model.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_file(DEFAULT_MODEL_DIR / "tokenizer.json")
     return lambda text: len(tokenizer.encode(text))
@@ -399,7 +407,7 @@ def test_a_brace_fill_does_not_end_in_a_braceless_header():
 
 
 def test_an_empty_brace_body_fill_stays_on_the_cursors_line():
-    from server.inline import fit_body_fill, one_line_edit
+    from dfim.server.inline import fit_body_fill, one_line_edit
 
     for src in ("function f(w) {\n  |\n}\n", "function f(w) {\n\n  |\n\n}\n", "function f(w) {|\n}\n"):
         text, cursor = split(src)
@@ -698,7 +706,7 @@ def test_options_json_round_trip():
 def test_fill_until_shown_asks_again_with_the_next_seed_only_when_nothing_is_left():
     import asyncio
 
-    from engine.api import FillRequest, FillResult
+    from dfim.engine.api import FillRequest, FillResult
 
     ctx = ctx_for("def f(x):\n    y = x\n    |\n    return y\n")
     ctx = context.one_line(ctx)
@@ -736,7 +744,7 @@ def test_a_drafted_fills_retries_draft_again_avoiding_what_was_dropped():
     import asyncio
     from dataclasses import replace
 
-    from engine.api import FillRequest, FillResult, SamplerSettings
+    from dfim.engine.api import FillRequest, FillResult, SamplerSettings
 
     ctx = context.one_line(ctx_for("def f(x):\n    y = x\n    |\n    return y\n"))
     asked: list[tuple[bool, int, int | None, tuple[str, ...]]] = []
@@ -789,7 +797,7 @@ def test_a_drafted_lines_retry_adds_canvases_from_noise_only_at_a_lines_start():
 def test_a_column_0_cursor_on_a_blank_line_gets_its_indentation_typed_on_the_last_try():
     import asyncio
 
-    from engine.api import FillRequest, FillResult
+    from dfim.engine.api import FillRequest, FillResult
 
     src = "def f(xs):\n    out = []\n    for x in xs:\n|\n\n    return out\n"
     text, cursor = split(src)
@@ -1042,7 +1050,7 @@ def test_a_holes_multi_line_fill_is_kept_whole_and_a_same_line_hole_gets_one_lin
 
 
 def test_a_python_body_after_a_blank_line_shows_its_fill_without_a_stray_line():
-    from server.inline import fit_body_fill, one_line_edit
+    from dfim.server.inline import fit_body_fill, one_line_edit
 
     text, cursor = split("def f():\n\n    |\n")
     ctx = context.build_context(text, cursor, "python")
@@ -1199,7 +1207,7 @@ def test_percentile():
 
 
 def test_context_budget_fits_the_trained_context() -> None:
-    from server.context import FIM_SPECIALS, fit_context_budget
+    from dfim.server.context import FIM_SPECIALS, fit_context_budget
 
     # The shipped model was trained on 512 context tokens, suffix at most a third of them.
     prefix, suffix = fit_context_budget(1024, 256, 512)
@@ -1213,9 +1221,9 @@ def test_context_budget_fits_the_trained_context() -> None:
 def test_shipped_model_declares_its_trained_context() -> None:
     import json
 
-    from engine import Engine
-    from engine.checkpoint import DEFAULT_MODEL_DIR
-    from server.engine_host import EngineHost
+    from dfim.engine import Engine
+    from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR
+    from dfim.server.engine_host import EngineHost
 
     info = json.loads((DEFAULT_MODEL_DIR / "dfim.json").read_text())
     assert info["context_tokens"] == 512 and info["objective"] == "diffusion"
@@ -1230,9 +1238,9 @@ async def test_an_urgent_fill_runs_at_the_next_step_boundary_of_a_long_one(tmp_p
     import asyncio
     import threading
 
-    from engine import Engine, FillRequest, SamplerSettings
-    from engine.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
-    from server.engine_host import EngineHost
+    from dfim.engine import Engine, FillRequest, SamplerSettings
+    from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
+    from dfim.server.engine_host import EngineHost
 
     host = EngineHost()
     host.engine = Engine.load(write_random_checkpoint(tmp_path, DEFAULT_MODEL_DIR / "tokenizer.json"))
@@ -1337,8 +1345,8 @@ def test_nested_urgent_fills_leave_the_action_a_step_and_never_move_the_model():
 
     import torch
 
-    from engine.api import EngineError, FillRequest
-    from server.engine_host import EngineHost
+    from dfim.engine.api import EngineError, FillRequest
+    from dfim.server.engine_host import EngineHost
 
     host = EngineHost()
     ran: list[str] = []
@@ -1407,7 +1415,7 @@ def test_an_unknown_action_is_named_before_the_selection_is_checked():
 
 
 def test_pushed_settings_are_dfims_only_where_they_say_so():
-    from server.app import dfim_section
+    from dfim.server.app import dfim_section
 
     ours = {"inline": {"enabled": False}}
     assert dfim_section({"dfim": ours, "pylsp": {}}) == ours
@@ -1452,7 +1460,7 @@ def test_the_inline_request_drafts_a_single_line_and_denoises_the_rest():
     several lines or a pinned rest of the line denoise `inline.candidates` canvases from noise."""
     from dataclasses import replace
 
-    from engine.api import Hole, SamplerSettings
+    from dfim.engine.api import Hole, SamplerSettings
 
     settings = SamplerSettings(draft=True)
     opts = options.Options()

@@ -6,9 +6,9 @@ import os
 
 import torch
 
-from engine import Engine
-from engine.api import FillRequest
-from engine.threads import AdaptiveThreads, busy_seconds
+from dfim.engine import Engine
+from dfim.engine.api import FillRequest
+from dfim.engine.model.threads import AdaptiveThreads, busy_seconds
 
 
 class FakeMachine:

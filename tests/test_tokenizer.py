@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.tokenizer import NUM_SPECIAL, SPECIAL_TOKENS, Tokenizer, train
+from dfim.engine.model.tokenizer import NUM_SPECIAL, SPECIAL_TOKENS, Tokenizer, train
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 
@@ -43,7 +43,7 @@ def test_round_trip_exact(tok: Tokenizer, text: str) -> None:
 
 
 def test_round_trip_source_files(tok: Tokenizer) -> None:
-    for path in sorted((Path(__file__).resolve().parents[1] / "engine").glob("*.py")):
+    for path in sorted((Path(__file__).resolve().parents[1] / "engine").rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         assert tok.decode(tok.encode(text)) == text, path
 

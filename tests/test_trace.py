@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.api import FillRequest, Hole, SamplerSettings
-from engine.checkpoint import write_random_checkpoint
-from engine.infill import Engine
-from engine.trace import Trace, build_html, record
+from dfim.engine.api import FillRequest, Hole, SamplerSettings
+from dfim.engine.inference.fill import Engine
+from dfim.engine.inference.trace import Trace, build_html, record
+from dfim.engine.model.checkpoint import write_random_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "engine/weights/dfim-small/tokenizer.json"
@@ -246,8 +246,8 @@ def test_chromium_runs_the_nonce_page_under_its_strict_policy(trace, tmp_path):
 
 
 def test_recorder_keeps_only_the_last_frames_when_bounded():
-    from engine.api import StepInfo
-    from engine.trace import Recorder
+    from dfim.engine.api import StepInfo
+    from dfim.engine.inference.trace import Recorder
 
     def info(step: int, block: int = 0) -> StepInfo:
         return StepInfo(step, 9, 1, 1, 0.5, f"s{step}", block, [5], ["x"], [0.5], [True], [False])
@@ -304,7 +304,7 @@ def test_chromium_follows_the_dark_color_scheme(trace, tmp_path, dark):
 def test_page_shows_where_a_stop_string_cut_the_fill(trace):
     from dataclasses import replace
 
-    from engine.trace import build_html, text_after_stop
+    from dfim.engine.inference.trace import build_html, text_after_stop
 
     assert text_after_stop("len(x)", "len(x)\n    return <y>", ("\n",)) == "\n    return <y>"
     assert text_after_stop("len(x)", "len(x)", ("\n",)) == ""  # nothing was cut

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.data import Root, TokenShards, build
-from engine.tokenizer import Tokenizer
-from engine.train import (
+from dfim.engine.model.tokenizer import Tokenizer
+from dfim.engine.training.data import Root, TokenShards, build
+from dfim.engine.training.train import (
     Batch,
     ExampleSettings,
     FimExamples,
@@ -33,7 +33,7 @@ TOKENIZER_JSON = REPO / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Shards built from two packages of the running Python's standard library (email, json): real code
     that does not change with this repository. The repository's own files did, and the margins below
-    moved with every edit (a near-copy of engine/sampler.py once broke one)."""
+    moved with every edit (a near-copy of engine/inference/sampler.py once broke one)."""
     out = tmp_path_factory.mktemp("shards")
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     roots = [Root(stdlib / "email", "dir"), Root(stdlib / "json", "dir")]
@@ -125,12 +125,12 @@ def test_tiny_training_loss_falls_and_resume_continues(data_dir: Path, tmp_path:
     assert any("val_loss" in r for r in rows) and rows[-1]["final"] and rows[-1]["step"] == 33
 
     # The optimizer state round-trips without pickle, and the export is a loadable checkpoint.
-    from engine.checkpoint import load_model
-    from engine.model import DiffusionGemma
+    from dfim.engine.model.checkpoint import load_model
+    from dfim.engine.model.network import DiffusionGemma
 
     model, _ = load_model(out / "export")
     assert isinstance(model, DiffusionGemma) and (out / "export" / "tokenizer.json").is_file()
-    from engine.checkpoint import read_info
+    from dfim.engine.model.checkpoint import read_info
 
     info = read_info(out / "export")
     assert info["name"] == "run" and info["random"] is False  # no --name: the --out folder's name
@@ -149,8 +149,8 @@ def test_tiny_training_loss_falls_and_resume_continues(data_dir: Path, tmp_path:
 def test_context_lm_branch_is_the_encoder_read_to_the_end() -> None:
     """The hidden states behind the context LM loss are the causal encoder's, last feed-forward
     included, left padding ignored; asking for them leaves the canvas logits unchanged."""
-    from engine.model import DiffusionGemma
-    from engine.train import model_config
+    from dfim.engine.model.network import DiffusionGemma
+    from dfim.engine.training.train import model_config
 
     model = DiffusionGemma(model_config("tiny", 512, 32))
     model.init_weights(generator=torch.Generator().manual_seed(0))
@@ -187,7 +187,7 @@ def plain_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def probe_batch(data_dir: Path) -> Batch:
-    from engine.train import BatchStream
+    from dfim.engine.training.train import BatchStream
 
     settings = ExampleSettings(context_tokens=64, buckets=(16,))
     return next(iter(BatchStream(str(data_dir), "train", str(TOKENIZER_JSON), settings, 8, seed=99)))
@@ -198,8 +198,8 @@ def test_context_lm_loss_teaches_the_encoder_next_tokens(
 ) -> None:
     """Two tiny runs from the same seed, with and without the context LM loss: only the first logs it,
     records it in dfim.json, and ends with an encoder that predicts the next context token better."""
-    from engine.checkpoint import load_model, read_info
-    from engine.train import context_lm_loss
+    from dfim.engine.model.checkpoint import load_model, read_info
+    from dfim.engine.training.train import context_lm_loss
 
     with_lm = tiny_lm_run(data_dir, tmp_path / "lm", "--context-lm-weight", "1.0")
     rows = [json.loads(line) for line in (with_lm / "train_log.jsonl").read_text().splitlines()]
@@ -223,8 +223,8 @@ def test_causal_weight_teaches_the_draft_the_whole_middle(
 ) -> None:
     """The AR FIM term trains what the single-line draft decodes: the middle and its EOS read left to
     right after the context. Against the control its causal loss on the middle ends clearly lower."""
-    from engine.checkpoint import load_model, read_info
-    from engine.train import causal_sequence, weighted_loss
+    from dfim.engine.model.checkpoint import load_model, read_info
+    from dfim.engine.training.train import causal_sequence, weighted_loss
 
     with_causal = tiny_lm_run(data_dir, tmp_path / "causal", "--causal-weight", "1.0")
     rows = [json.loads(line) for line in (with_causal / "train_log.jsonl").read_text().splitlines()]
@@ -245,8 +245,8 @@ def test_causal_weight_teaches_the_draft_the_whole_middle(
 
 
 def test_causal_weight_and_context_lm_weight_are_not_combined(data_dir: Path, tmp_path: Path) -> None:
-    from engine.cli_checks import InputError
-    from engine.train import check_args
+    from dfim.commands.checks import InputError
+    from dfim.engine.training.train import check_args
 
     args = parse(
         "--data", str(data_dir), "--out", str(tmp_path / "run"), "--causal-weight", "1",
@@ -266,7 +266,7 @@ def test_context_lm_weight_is_refused_for_a_causal_run(data_dir: Path, tmp_path:
 
 
 def test_span_mix_and_pins_shape_the_training_stream_only(data_dir: Path, tok: Tokenizer) -> None:
-    from engine.train import example_mix
+    from dfim.engine.training.train import example_mix
 
     settings = ExampleSettings(context_tokens=256, buckets=(16, 32, 64))
     args = parse("--data", str(data_dir), "--out", "unused", "--span-mix", "1,0,0", "--pin-subset-p", "0")

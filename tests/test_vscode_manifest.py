@@ -1,5 +1,5 @@
 """The VS Code extension's settings are the server's: every `dfim.*` key the manifest declares (except the
-client's own) must exist in `server.options.Options` with the same default, and every server option must be
+client's own) must exist in `dfim.server.options.Options` with the same default, and every server option must be
 declared, so a user sees each knob in the Settings UI and a typo can never reach the server."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from server.options import Options, merge_options, to_json
+from dfim.server.options import Options, merge_options, to_json
 
 MANIFEST = Path(__file__).resolve().parents[1] / "clients" / "vscode" / "package.json"
 CLIENT_ONLY = ("dfim.serverPath", "dfim.serverArgs", "dfim.trace.server")

@@ -4,7 +4,7 @@
     dfim bench-realcode score problems.jsonl (--reference | --completions FILE | --model PATH) [--out DIR]
 
 `build`
-1. runs the project's tests once, in the sandbox (engine.sandbox) on a temporary copy, under a line tracer
+1. runs the project's tests once, in the sandbox (dfim.engine.evaluation.sandbox) on a temporary copy, under a line tracer
    (`sys.settrace`, no coverage package) that records which lines of the project's own files ran; the suite
    must pass unmodified, or there is nothing to compare against;
 2. parses every non-test source file with tree-sitter and takes four kinds of spans inside functions:
@@ -17,7 +17,7 @@
 
 `score` writes `prompt + completion + suffix` over the file in a fresh copy of the project and runs the
 project's test command in the sandbox: pass = exit status 0 within the limits. Also exact match and edit
-similarity (engine.metrics). Line and block middles are whole lines (indentation and newline included, as
+similarity (dfim.engine.evaluation.metrics). Line and block middles are whole lines (indentation and newline included, as
 in HumanEval-infilling); condition and call middles are the exact expression text.
 
 The test command runs under `python -I -S` like every sandboxed program: the standard library only (so
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from engine import metrics, sandbox
+from dfim.engine.evaluation import metrics, sandbox
 
 DEFAULT_TEST_COMMAND = "python -m unittest discover -s tests -t ."
 KINDS = ("line", "block", "condition", "call")
@@ -447,7 +447,7 @@ PROBLEM_FIELDS = (
 def read_problems(path: str | os.PathLike, limit: int | None = None) -> list[dict[str, Any]]:
     """The problems `score` runs (the first `limit`), checked: a JSONL of `build`'s objects whose project
     folders and files exist. InputError (the one line `dfim bench-realcode` prints) otherwise."""
-    from engine.cli_checks import InputError, existing_file
+    from dfim.commands.checks import InputError, existing_file
 
     existing_file(path)
     rows: list[tuple[int, dict[str, Any]]] = []
@@ -488,7 +488,7 @@ def read_problems(path: str | os.PathLike, limit: int | None = None) -> list[dic
 
 def read_completions(path: str | os.PathLike) -> dict[str, str]:
     """{task_id: completion} from a JSONL of {task_id, completion}; InputError when it is not one."""
-    from engine.cli_checks import InputError, existing_file
+    from dfim.commands.checks import InputError, existing_file
 
     existing_file(path, "--completions")
     out: dict[str, str] = {}
@@ -503,7 +503,7 @@ def read_completions(path: str | os.PathLike) -> dict[str, str]:
 
 def _jsonl(path: str | os.PathLike, label: str, expected: str = "") -> list[tuple[int, Any]]:
     """(line number, parsed value) of every non-blank line; InputError naming `label` when unreadable."""
-    from engine.cli_checks import InputError
+    from dfim.commands.checks import InputError
 
     hint = f" ({expected})" if expected else ""
     try:
@@ -640,9 +640,9 @@ def model_completions(
     problems: Sequence[dict[str, Any]], model: str | None, device: str, max_tokens: int, seed: int
 ):
     """Fill every problem with the engine (one request at a time); returns (completions, per-problem info)."""
-    from engine.api import EngineError, FillRequest
-    from engine.infill import Engine
-    from server.postprocess import remove_suffix_overlap
+    from dfim.engine.api import EngineError, FillRequest
+    from dfim.engine.inference.fill import Engine
+    from dfim.server.postprocess import remove_suffix_overlap
 
     engine = Engine.load(model or None, device=device)
     completions, info = [], []
@@ -719,7 +719,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Refuse bad options before any test suite runs or model loads (InputError: the line to print)."""
-    from engine.cli_checks import (
+    from dfim.commands.checks import (
         InputError,
         at_least,
         existing_dir,
@@ -749,7 +749,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
-    from engine.cli_checks import InputError, fail, reference_warning, sandbox_problem
+    from dfim.commands.checks import InputError, fail, reference_warning, sandbox_problem
 
     stdout = stdout or sys.stdout
     prog = "dfim bench-realcode"
@@ -819,7 +819,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     elif args.completions:
         completions, source = [by_id[p["task_id"]] for p in problems], f"completions {args.completions}"
     else:
-        from engine.api import EngineError
+        from dfim.engine.api import EngineError
 
         try:
             model = None if args.model == "default" else args.model

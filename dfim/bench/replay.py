@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from engine import metrics
+from dfim.engine.evaluation import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 TRIGGERS = ("word", "line", "chars")
@@ -120,9 +120,9 @@ def normalize(text: str) -> str:
 def file_region(path: str | os.PathLike) -> Region:
     """A file typed from an empty document. InputError (the line `dfim replay` prints) for a file `dfim fill`
     would refuse: missing, empty, binary, not UTF-8, or of an unknown language."""
-    from engine.cli_checks import InputError, read_text_file
-    from engine.fill_command import LANGUAGES
-    from server.context import language_for
+    from dfim.commands.checks import InputError, read_text_file
+    from dfim.commands.fill import LANGUAGES
+    from dfim.server.context import language_for
 
     path = Path(path)
     text = normalize(read_text_file(path, "dfim replay"))
@@ -183,7 +183,7 @@ def git(repo: str, *args: str) -> str:
 
 def check_git(repo: str, rev: str) -> None:
     """`repo` is a git work tree (or repository) and `rev` names a commit in it; InputError otherwise."""
-    from engine.cli_checks import InputError, existing_dir
+    from dfim.commands.checks import InputError, existing_dir
 
     existing_dir(repo, "--git")
 
@@ -204,7 +204,7 @@ def check_git(repo: str, rev: str) -> None:
 
 def git_regions(repo: str, commits: int, rev: str, max_chars: int) -> list[Region]:
     """Runs of added lines of the last `commits` non-merge commits up to `rev`, files of known languages only."""
-    from server.context import language_for
+    from dfim.server.context import language_for
 
     regions: list[Region] = []
     for commit in git(repo, "log", "--no-merges", f"-n{commits}", "--format=%H", rev).split():
@@ -441,7 +441,7 @@ class Client:
 
 
 async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOptions) -> RegionStats:
-    from server.context import language_for
+    from dfim.server.context import language_for
 
     typed = region.typed[: opts.max_chars]
     stats = RegionStats(source=region.source, chars=len(typed))
@@ -657,8 +657,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check_args(args: argparse.Namespace) -> None:
     """Refuse bad options before a server starts (InputError: the line `dfim replay` prints). The sampling
     overrides are checked against the server's own bounds: it would refuse them and keep its defaults."""
-    from engine.cli_checks import InputError, at_least, existing_dir, output_folder, within
-    from server.options import SamplingOptions
+    from dfim.commands.checks import InputError, at_least, existing_dir, output_folder, within
+    from dfim.server.options import SamplingOptions
 
     at_least("--min-partial", args.min_partial, 1)
     at_least("--every", args.every, 1)
@@ -702,7 +702,7 @@ async def cancelled_by_sigterm(work: Awaitable[dict[str, Any]]) -> dict[str, Any
 
 
 def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
-    from engine.cli_checks import InputError, fail
+    from dfim.commands.checks import InputError, fail
 
     stdout = stdout or sys.stdout
     options = ReplayOptions(args.trigger, args.every, args.min_partial, args.max_chars)

@@ -1,6 +1,6 @@
-"""Train a DiffusionGemma infilling model on token shards from `engine.data`.
+"""Train a DiffusionGemma infilling model on token shards from `dfim.engine.training.data`.
 
-    python -m engine.train --data DIR --out RUN [--model-config small] [--minutes 8] [--resume]
+    python -m dfim.engine.training.train --data DIR --out RUN [--model-config small] [--minutes 8] [--resume]
     dfim train ...                       (same options)
 
 Objective (DESIGN §2, shaped for infilling). Every example is a file window cut at CHARACTER
@@ -37,14 +37,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.config import ModelConfig
-from engine.data import TokenShards
-from engine.tokenizer import FIM_SPECIALS, Tokenizer, tail_within
+from dfim.engine.model.config import ModelConfig
+from dfim.engine.model.tokenizer import FIM_SPECIALS, Tokenizer, tail_within
+from dfim.engine.training.data import TokenShards
 
 if TYPE_CHECKING:
-    from engine.model import DiffusionGemma
+    from dfim.engine.model.network import DiffusionGemma
 
-DEFAULT_TOKENIZER = Path(__file__).parent / "weights" / "dfim-small" / "tokenizer.json"
+DEFAULT_TOKENIZER = Path(__file__).parents[1] / "weights" / "dfim-small" / "tokenizer.json"
 
 # Model presets. `small` is the shipped candidate (~15.5 M parameters, 31 MB in bf16).
 PRESETS: dict[str, dict[str, Any]] = {
@@ -601,8 +601,8 @@ def validate(model, fwd, batches, causal: bool, config: ModelConfig, pad_id: int
 def export(model, out_dir: Path, tok_path: Path, info: dict[str, Any], origin: str | None = None) -> Path:
     """Write the trained weights as a checkpoint. Sampler defaults come from `origin` (the checkpoint the
     run started from) when it is still there, so a continuation keeps e.g. its `window`."""
-    from engine.api import SamplerSettings
-    from engine.checkpoint import read_settings, save_model
+    from dfim.engine.api import SamplerSettings
+    from dfim.engine.model.checkpoint import read_settings, save_model
 
     settings = SamplerSettings()
     if origin and Path(origin).is_dir():
@@ -710,7 +710,7 @@ class Run:
 def setup(args: argparse.Namespace, out: Path, tok: Tokenizer, device: torch.device, max_canvas: int) -> Run:
     """The model and its AdamW: a fresh init (--model-config), a checkpoint's weights (--init-from), or,
     with --resume and a saved state in OUT/state, the saved run with its optimizer and counters."""
-    from engine.model import DiffusionGemma
+    from dfim.engine.model.network import DiffusionGemma
 
     resuming = args.resume and (out / "state" / "trainer.json").is_file()
     origin = args.init_from
@@ -719,7 +719,7 @@ def setup(args: argparse.Namespace, out: Path, tok: Tokenizer, device: torch.dev
         config = ModelConfig.from_dict(saved["model_config"])
         origin = saved.get("init_from") or origin
     elif args.init_from:
-        from engine.checkpoint import read_config
+        from dfim.engine.model.checkpoint import read_config
 
         config = read_config(Path(args.init_from))
     else:
@@ -729,7 +729,7 @@ def setup(args: argparse.Namespace, out: Path, tok: Tokenizer, device: torch.dev
     model = DiffusionGemma(config)
     model.init_weights(generator=torch.Generator().manual_seed(args.seed))
     if args.init_from and not resuming:
-        from engine.checkpoint import load_model
+        from dfim.engine.model.checkpoint import load_model
 
         loaded, _ = load_model(args.init_from, dtype=torch.float32)
         model.load_state_dict(loaded.state_dict())
@@ -1025,11 +1025,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Command line (python -m engine.train, dfim train)
+# Command line (python -m dfim.engine.training.train, dfim train)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, help="token shards from `python -m engine.data`")
+    parser.add_argument(
+        "--data", required=True, help="token shards from `python -m dfim.engine.training.data`"
+    )
     parser.add_argument("--out", required=True, help="run folder: state/, train_log.jsonl, export/")
     parser.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
     parser.add_argument(
@@ -1126,9 +1128,7 @@ MIN_DOC_TOKENS = 8  # shorter files are never drawn (FimExamples)
 def check_args(args: argparse.Namespace) -> None:
     """Refuse bad options before any data or model is loaded: InputError, whose message is the one line
     `dfim train` prints (exit 2). Reads the tokenizer, the shard index and the model config only."""
-    from engine.api import EngineError
-    from engine.checkpoint import read_config
-    from engine.cli_checks import (
+    from dfim.commands.checks import (
         InputError,
         at_least,
         existing_dir,
@@ -1137,8 +1137,10 @@ def check_args(args: argparse.Namespace) -> None:
         positive,
         within,
     )
-    from engine.infill import check_device
-    from engine.model import DiffusionGemma
+    from dfim.engine.api import EngineError
+    from dfim.engine.inference.fill import check_device
+    from dfim.engine.model.checkpoint import read_config
+    from dfim.engine.model.network import DiffusionGemma
 
     at_least("--batch-size", args.batch_size, 1)
     at_least("--steps", args.steps, 0)  # 0: no step limit
@@ -1212,7 +1214,7 @@ def check_args(args: argparse.Namespace) -> None:
     if not index.is_file():
         raise InputError(
             f"--data {data}: no token shards (train_docs.npy); build them with "
-            f"`python -m engine.data --out {data} --tokenizer ...`"
+            f"`python -m dfim.engine.training.data --out {data} --tokenizer ...`"
         )
     try:
         docs = np.load(index)
@@ -1265,8 +1267,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.api import EngineError
-    from engine.cli_checks import InputError, fail
+    from dfim.commands.checks import InputError, fail
+    from dfim.engine.api import EngineError
 
     try:
         check_args(args)
@@ -1286,7 +1288,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m dfim.engine.training.train", description=__doc__.split("\n\n")[0]
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -1,6 +1,6 @@
 """Training data: Python source on this machine -> deduplicated, filtered token shards.
 
-    python -m engine.data --out DIR --tokenizer PATH [--roots DIR ...] [--extra-roots DIR ...]
+    python -m dfim.engine.training.data --out DIR --tokenizer PATH [--roots DIR ...] [--extra-roots DIR ...]
 
 Walks directories of `.py` files (default: the standard library without its tests, and every
 site-packages directory of the running interpreter; `--extra-roots` adds folders to those, such as
@@ -232,12 +232,11 @@ HUMANEVAL_SIGNATURES: tuple[str, ...] = (
 
 def find_eval_dirs() -> list[Path]:
     """The HumanEval-infilling set, wherever this checkout sees it (shared/data next to the repo)."""
-    here = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     candidates = [
         Path(os.environ.get("DFIM_EVAL_DATA", "/nonexistent")),
-        here / "shared" / "data" / "humaneval-infilling",
-        here.parent / "shared" / "data" / "humaneval-infilling",
-        Path("/work/shared/data/humaneval-infilling"),
+        repo / "shared" / "data" / "humaneval-infilling",
+        repo.parent / "shared" / "data" / "humaneval-infilling",
     ]
     return [c for c in candidates if c.is_dir()]
 
@@ -440,7 +439,7 @@ _eval_filter = EvalFilter()
 def _init_worker(tokenizer_path: str, eval_filter: EvalFilter) -> None:
     global _tokenizer, _eval_filter
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from engine.tokenizer import Tokenizer
+    from dfim.engine.model.tokenizer import Tokenizer
 
     _tokenizer = Tokenizer.from_file(tokenizer_path)
     _eval_filter = eval_filter
@@ -574,7 +573,7 @@ def build(
     for old in list(out.glob("*.bin")) + list(out.glob("*_docs.npy")) + list(out.glob("meta.json")):
         old.unlink()
 
-    from engine.tokenizer import Tokenizer
+    from dfim.engine.model.tokenizer import Tokenizer
 
     sep_id = Tokenizer.from_file(tokenizer_path).file_sep_id
     writers = {s: ShardWriter(out, s, sep_id, max_shard_tokens) for s in ("train", "val")}
@@ -730,7 +729,9 @@ def is_built(folder: str | Path, tokenizer_path: str | Path, roots: Sequence[Roo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.data", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m dfim.engine.training.data", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--tokenizer", required=True, type=Path)
     parser.add_argument("--roots", nargs="*", type=Path, help="default: stdlib + site-packages")
@@ -741,7 +742,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--eval-data", type=Path, nargs="*", help="HumanEval-style folders to exclude")
     parser.add_argument("--skip-if-built", action="store_true", help="do nothing if DIR already matches")
     args = parser.parse_args(argv)
-    from engine.cli_checks import (
+    from dfim.commands.checks import (
         InputError,
         at_least,
         existing_dir,
@@ -751,12 +752,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         within,
     )
 
-    prog = "python -m engine.data"
+    prog = "python -m dfim.engine.training.data"
     try:
         output_folder(args.out, "--out")
         existing_file(args.tokenizer, "--tokenizer")
         try:
-            from engine.tokenizer import Tokenizer
+            from dfim.engine.model.tokenizer import Tokenizer
 
             Tokenizer.from_file(args.tokenizer)
         except Exception as err:  # tokenizers raises its own Exception subclass

@@ -25,7 +25,7 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.api import EngineError, FillRequest, Hole, TokenScore
+from dfim.engine.api import EngineError, FillRequest, Hole, TokenScore
 
 BUCKETS = (16, 32, 64, 128, 256)
 MAX_HEAL_TOKENS = 3  # back off at most this many prefix tokens (a partial identifier spans 1-2 tokens)
@@ -167,7 +167,9 @@ def layout_middle(middle: Sequence[str | Hole], tokenizer, max_tokens: int, limi
 def build_canvas(request: FillRequest, tokenizer, table: TokenTable, limit: int) -> CanvasPlan:
     """The canvas plan for a request: layout, FIM context, token healing, warm start."""
     plan = layout_middle(request.middle, tokenizer, request.max_tokens, limit)
-    if tokenizer.chat:  # an instruction-tuned checkpoint: the request as a user turn (engine.chat)
+    if (
+        tokenizer.chat
+    ):  # an instruction-tuned checkpoint: the request as a user turn (dfim.engine.inference.chat)
         plan.context_ids = tokenizer.prompt_context(request)
         _warm_start(plan, request, tokenizer)
         return plan

@@ -1,6 +1,6 @@
-"""Checks of command-line input shared by the `dfim` commands (and `python -m engine.data`).
+"""Checks of command-line input shared by the `dfim` commands (and `python -m dfim.engine.training.data`).
 
-Every command answers bad input as `dfim fill` does (engine/fill_command.py): one line on stderr,
+Every command answers bad input as `dfim fill` does (dfim/commands/fill.py): one line on stderr,
 `dfim COMMAND: what is wrong`, naming the flag or the file, and exit status 2; never a traceback, a
 hang, or a run that does nothing and exits 0. The checks raise `InputError` (the class `dfim fill`
 uses) with that line; a command's `run` catches it and returns `fail(prog, str(err))`.
@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from engine.fill_command import InputError, read_source
+from dfim.commands.fill import InputError, read_source
 
 __all__ = [
     "InputError",
@@ -180,10 +180,10 @@ def read_text_file(path: str | os.PathLike, prog: str) -> str:
 
 
 def sandbox_problem(limits) -> str | None:
-    """Why the test sandbox (engine.sandbox) cannot run even an empty program under `limits`, or None.
+    """Why the test sandbox (dfim.engine.evaluation.sandbox) cannot run even an empty program under `limits`, or None.
 
     Every test would fail the same way, so a benchmark would report pass@1 0 for a broken harness."""
-    from engine import sandbox
+    from dfim.engine.evaluation import sandbox
 
     result = sandbox.run_program("pass\n", limits)
     if result.passed:

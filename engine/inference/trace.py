@@ -5,7 +5,7 @@ each token shaded by its confidence exp(-entropy), renoised positions struck thr
 the step number and the time since the fill started; a slider and a play button walk the steps. It opens
 on the last frame, and the committed fill is always in the page as `<pre id="final">`.
 
-Input checks are `dfim fill`'s (engine/fill_command.py); bad input is one line on stderr and exit status 2.
+Input checks are `dfim fill`'s (dfim/commands/fill.py); bad input is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from engine.api import FillRequest, FillResult, StepInfo
-from engine.fill_command import (
+from dfim.commands.fill import (
     InputError,
     add_fill_arguments,
     fill_request,
     fit_to_model,
     read_fill_input,
 )
-from engine.layout import block_lead
+from dfim.engine.api import FillRequest, FillResult, StepInfo
+from dfim.engine.layout import block_lead
 
 # How much context the page shows around the canvas: enough to see where the fill goes.
 CONTEXT_LINES = 6
@@ -361,10 +361,12 @@ def run(args: argparse.Namespace) -> int:
     except InputError as err:
         return fail(str(err))
 
-    from engine.api import EngineError  # torch loads (engine.infill) only once the input is known good
+    from dfim.engine.api import (
+        EngineError,  # torch loads (dfim.engine.inference.fill) only once the input is known good
+    )
 
     try:
-        from engine.infill import Engine
+        from dfim.engine.inference.fill import Engine
 
         engine = Engine.load(args.model)
         if engine.is_random:

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=level, handlers=[handler], format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    from server.app import build_server
+    from dfim.server.app import build_server
 
     ls = build_server(model=args.model, device=args.device)
     if address:

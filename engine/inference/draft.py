@@ -1,7 +1,7 @@
 """The encoder's draft: a canvas that starts from text instead of noise.
 
 DiffusionGemma's encoder reads the context causally, and ours was trained with a next-token loss on it
-(`engine.train --context-lm-weight` or `--causal-weight`): read as a causal LM it writes the middle,
+(`dfim.engine.training.train --context-lm-weight` or `--causal-weight`): read as a causal LM it writes the middle,
 with the suffix in view, since the FIM layout puts the suffix first. A greedy continuation costs one
 one-token pass over the cached context per token, a few milliseconds on a CPU against tens for a
 denoising step over a whole canvas.
@@ -18,7 +18,7 @@ Where the draft starts (`SamplerSettings.draft_from`, set by the checkpoint's `d
   writes garbage. Continuing the prefix, the encoder never writes EOS; the draft ends at a stop string
   or where it leaves the hole (`hole_end`).
 - "middle": decode after `<fim_middle>`, as an AR FIM model does, until its own EOS. For a checkpoint
-  trained with the AR FIM loss over the whole middle (`engine.train --causal-weight`, dfim-small version
+  trained with the AR FIM loss over the whole middle (`dfim.engine.training.train --causal-weight`, dfim-small version
   6 on): it knows where the middle ends, and writes it knowing that a suffix follows (decision 40).
 """
 
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import autoregressive
-from engine.api import FillRequest
-from engine.cache import ContextCache
-from engine.canvas import CanvasPlan, assemble_text, bucket_length
-from engine.tokenizer import Tokenizer
+from dfim.engine.api import FillRequest
+from dfim.engine.inference import autoregressive
+from dfim.engine.inference.cache import ContextCache
+from dfim.engine.inference.canvas import CanvasPlan, assemble_text, bucket_length
+from dfim.engine.model.tokenizer import Tokenizer
 
 
 def can_draft(plan: CanvasPlan, request: FillRequest) -> bool:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from engine.api import FillCancelled, SamplerSettings
+from dfim.engine.api import FillCancelled, SamplerSettings
 
 NEG_INF = float("-inf")
 

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.api import EngineError, FillRequest
-from engine.prompts import infill_message, load_chat_template, render
+from dfim.engine.api import EngineError, FillRequest
+from dfim.engine.inference.prompts import infill_message, load_chat_template, render
 
 
 def vllm_available() -> bool:

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import torch
 
-from engine import autoregressive, draft, sampler
-from engine.api import (
+from dfim.engine.api import (
     CheckpointError,
     EngineError,
     FillRequest,
@@ -32,8 +31,9 @@ from engine.api import (
     StepInfo,
     parse_rank,
 )
-from engine.cache import ContextCache, common_prefix_length
-from engine.canvas import (
+from dfim.engine.inference import autoregressive, draft, sampler
+from dfim.engine.inference.cache import ContextCache, common_prefix_length
+from dfim.engine.inference.canvas import (
     CanvasPlan,
     TokenTable,
     assemble_text,
@@ -43,10 +43,10 @@ from engine.canvas import (
     cut_at_stop,
     middle_tokens,
 )
-from engine.chat import load_tokenizer
-from engine.checkpoint import DEFAULT_MODEL_DIR, load_model, read_info
-from engine.threads import AdaptiveThreads, limit_threads, usable_cores
-from engine.tokenizer import Tokenizer
+from dfim.engine.inference.chat import load_tokenizer
+from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, load_model, read_info
+from dfim.engine.model.threads import AdaptiveThreads, limit_threads, usable_cores
+from dfim.engine.model.tokenizer import Tokenizer
 
 SUFFIX_HEAD_CHARS = 48  # suffix text a candidate's likelihood includes (the line break and code after it)
 MAX_CACHE_SLOTS = 4  # context caches an engine keeps (FillRequest.cache_slot); each holds one context's keys
@@ -110,10 +110,10 @@ class Engine:
         self.canvas_limit = int(model.config.canvas_length)
         self.vocab_size = int(model.config.vocab_size)
         self.table = TokenTable(tokenizer, self.vocab_size)
-        # "causal": an AR checkpoint (the evaluation's baseline), filled by engine.autoregressive.
+        # "causal": an AR checkpoint (the evaluation's baseline), filled by dfim.engine.inference.autoregressive.
         self.objective = objective
         # Context tokens the checkpoint was trained with (dfim.json `context_tokens`); None: unknown.
-        # Front ends keep their windows within it (server.context.fit_context_budget).
+        # Front ends keep their windows within it (dfim.server.context.fit_context_budget).
         self.trained_context = trained_context
         self.caches: dict[str, ContextCache] = {}  # by FillRequest.cache_slot, created on first use
         self._busy_slots: set[str] = set()  # slots of the fills running now (the outer one, a nested one)
@@ -127,7 +127,7 @@ class Engine:
     def load(
         cls, path: str | os.PathLike | None = None, device: str = "cpu", threads: int | None = None
     ) -> Engine:
-        """`threads`: torch's CPU thread count (default: `engine.threads`: one core fewer than this process
+        """`threads`: torch's CPU thread count (default: `dfim.engine.model.threads`: one core fewer than this process
         may use, every core while the others are idle)."""
         folder = Path(path) if path is not None else DEFAULT_MODEL_DIR
         dev = check_device(device)
@@ -144,7 +144,7 @@ class Engine:
         except Exception as err:  # tokenizers raises plain Exceptions for unreadable files
             raise CheckpointError(f"{tokenizer_path}: not a usable tokenizer ({err})") from None
         model, settings = load_model(folder, device=str(dev))
-        if tokenizer.chat and settings.draft:  # the draft reads the FIM layout (engine.chat)
+        if tokenizer.chat and settings.draft:  # the draft reads the FIM layout (dfim.engine.inference.chat)
             settings = dataclasses.replace(settings, draft=False)
         if dev.type == "cpu":
             model.prepare_cpu_inference()  # fused and transposed weights: same values, faster products

@@ -3,7 +3,7 @@
 
 Weights are read only from safetensors (memory-mapped, tensor by tensor, no pickle); scaled FP8
 checkpoints (`quantization_config` in config.json, `*_scale` keys) are dequantized on load by
-engine/fp8.py. Every problem with a folder is a `CheckpointError` whose message names the path and
+engine/model/fp8.py. Every problem with a folder is a `CheckpointError` whose message names the path and
 what is wrong.
 """
 
@@ -21,9 +21,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
-from engine.api import CheckpointError, SamplerSettings, parse_draft_from, parse_rank
-from engine.config import ModelConfig
-from engine.fp8 import (
+from dfim.engine.api import CheckpointError, SamplerSettings, parse_draft_from, parse_rank
+from dfim.engine.model.config import ModelConfig
+from dfim.engine.model.fp8 import (
     Quantization,
     QuantizationError,
     dequantize,
@@ -34,9 +34,9 @@ from engine.fp8 import (
     scale_keys,
     scale_layout,
 )
-from engine.model import DiffusionGemma
+from dfim.engine.model.network import DiffusionGemma
 
-DEFAULT_MODEL_DIR = Path(__file__).parent / "weights" / "dfim-small"
+DEFAULT_MODEL_DIR = Path(__file__).parents[1] / "weights" / "dfim-small"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 INFO_FILE = "dfim.json"
@@ -210,7 +210,7 @@ def load_model(
     """Build the network from a checkpoint folder, checking every key and shape against the config.
 
     Tensors are read one at a time from the memory-mapped shards and moved to `device` in `dtype`, so
-    host memory holds one tensor, not the checkpoint. Scaled FP8 weights (see engine/fp8.py) are
+    host memory holds one tensor, not the checkpoint. Scaled FP8 weights (see engine/model/fp8.py) are
     dequantized on `device` as they are read."""
     folder = Path(folder)
     if not folder.is_dir():

@@ -15,11 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.api import FillRequest, SamplerSettings  # plain dataclasses: no torch
-from engine.layout import block_lead
+from dfim.engine.api import FillRequest, SamplerSettings  # plain dataclasses: no torch
+from dfim.engine.layout import block_lead
 
 if TYPE_CHECKING:
-    from engine.infill import Engine
+    from dfim.engine.inference.fill import Engine
 
 # Extensions we know how to name. The shipped model is trained on Python; other languages still get
 # a fill (the model sees their text), but an unknown extension is refused unless --language says.
@@ -154,7 +154,7 @@ def fit_to_model(prefix: str, suffix: str, engine: Engine) -> tuple[str, str]:
     `context_tokens`), the suffix to at most a third of it, as the server does (decision 19): past that
     length a small model reads positions it never learnt, and every extra token costs encoding time.
     Unchanged for a checkpoint that declares no length."""
-    from engine.tokenizer import FIM_SPECIALS, head_within, tail_within
+    from dfim.engine.model.tokenizer import FIM_SPECIALS, head_within, tail_within
 
     trained = engine.trained_context
     if not trained:
@@ -206,7 +206,7 @@ def read_fill_input(args: argparse.Namespace) -> tuple[str, str, str]:
     candidates = getattr(args, "candidates", 1)
     if candidates is not None and not 1 <= candidates <= 16:
         raise InputError(f"--candidates must be between 1 and 16 (got {args.candidates})")
-    from engine.cli_checks import not_a_file, seed  # (cli_checks imports this module: a late import)
+    from dfim.commands.checks import not_a_file, seed  # (cli_checks imports this module: a late import)
 
     seed("--seed", args.seed)
     not_a_file("--model", args.model)
@@ -224,10 +224,12 @@ def run(args: argparse.Namespace) -> int:
     except InputError as err:
         return fail(str(err))
 
-    from engine.api import EngineError  # torch loads (engine.infill) only once the input is known good
+    from dfim.engine.api import (
+        EngineError,  # torch loads (dfim.engine.inference.fill) only once the input is known good
+    )
 
     try:
-        from engine.infill import Engine
+        from dfim.engine.inference.fill import Engine
 
         engine = Engine.load(args.model, device=args.device)
         if engine.is_random:

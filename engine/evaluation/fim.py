@@ -3,7 +3,7 @@
 For every problem of a HumanEval-infilling-format JSONL file (`task_id, prompt, suffix, canonical_solution,
 test, entry_point`; plain or .gz) the engine fills the middle between `prompt` and `suffix`; the completion is
 cut to its first line (the single-line set's middle is exactly one line), and scored by
-- pass@1: `prompt + completion + suffix + test + check(entry_point)` exits 0 in the sandbox (engine.sandbox);
+- pass@1: `prompt + completion + suffix + test + check(entry_point)` exits 0 in the sandbox (dfim.engine.evaluation.sandbox);
 - exact match after strip(), and edit similarity (normalized Levenshtein ratio, 0-100) against the canonical line;
 - the engine's steps, stop reason, tokens and latency.
 
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from engine import metrics, sandbox
-from engine.api import EngineError, FillRequest, SamplerSettings, parse_draft_from, parse_rank
+from dfim.engine.api import EngineError, FillRequest, SamplerSettings, parse_draft_from, parse_rank
+from dfim.engine.evaluation import metrics, sandbox
 
 PROBLEM_FIELDS = ("task_id", "prompt", "suffix", "canonical_solution", "test", "entry_point")
 DEFAULT_MAX_TOKENS = (
@@ -612,7 +612,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _validate(args: argparse.Namespace) -> str | None:
     """The one line to print for bad options (checked before any model loads), or None."""
-    from engine.cli_checks import InputError, at_least, not_a_file, output_folder, sandbox_limits, seed
+    from dfim.commands.checks import InputError, at_least, not_a_file, output_folder, sandbox_limits, seed
 
     try:
         at_least("--limit", args.limit, 1)
@@ -656,7 +656,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         return 2
     limits = sandbox.SandboxLimits(timeout_s=args.timeout, memory_bytes=args.memory_mb << 20)
     if not args.reference:  # (a reference run is itself the harness check, reported below)
-        from engine.cli_checks import sandbox_problem
+        from dfim.commands.checks import sandbox_problem
 
         problem = sandbox_problem(limits)
         if problem:
@@ -671,7 +671,9 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
             "is_random": False,
         }
     else:
-        from engine.infill import Engine  # imported here so `dfim eval --help` works without loading torch
+        from dfim.engine.inference.fill import (
+            Engine,  # imported here so `dfim eval --help` works without loading torch
+        )
 
         try:
             engine = Engine.load(args.model, device=args.device)
@@ -768,7 +770,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         return 2
     stdout.write(table + f"\nwritten: {out / 'results.json'}, {out / 'summary.md'}\n")
     if args.reference:
-        from engine.cli_checks import reference_warning
+        from dfim.commands.checks import reference_warning
 
         passed = sum(row["passed"] for row in summary)
         return reference_warning("dfim eval", passed, sum(row["n"] for row in summary), out / "results.json")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.api import CheckpointError, FillRequest
+from dfim.engine.api import CheckpointError, FillRequest
 
 HOLE = "<|fill|>"  # where the answer goes, inside the shown code
 GEMMA_TURNS = "<bos><start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"

@@ -9,7 +9,7 @@ separator, 8..15 reserved) and are never produced by `encode`: text that happens
 "<fim_prefix>" is encoded as ordinary bytes, so a file cannot inject control tokens.
 
 Build the shipped vocabulary with:
-    python -m engine.tokenizer build --out engine/weights/dfim-small/tokenizer.json [DIR ...]
+    python -m dfim.engine.model.tokenizer build --out engine/weights/dfim-small/tokenizer.json [DIR ...]
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def enumerate_byte_alphabet() -> dict[int, str]:
 class Tokenizer:
     """The engine's tokenizer (see docs/interfaces.md)."""
 
-    chat = False  # True for an instruction-tuned checkpoint's vocabulary (`engine.chat.ChatTokenizer`)
+    chat = False  # True for an instruction-tuned checkpoint's vocabulary (`dfim.engine.inference.chat.ChatTokenizer`)
 
     def __init__(self, hf: HFTokenizer) -> None:
         self._hf = hf
@@ -264,7 +264,7 @@ def default_roots() -> list[Path]:
 
 
 def build_main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.tokenizer build")
+    parser = argparse.ArgumentParser(prog="python -m dfim.engine.model.tokenizer build")
     parser.add_argument("--out", required=True, help="where to write tokenizer.json")
     parser.add_argument("--max-mb", type=float, default=80.0, help="sample at most this much source")
     parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
@@ -293,5 +293,5 @@ def build_main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "build":
         sys.exit(build_main(sys.argv[2:]))
-    print("usage: python -m engine.tokenizer build --out PATH [DIR ...]", file=sys.stderr)
+    print("usage: python -m dfim.engine.model.tokenizer build --out PATH [DIR ...]", file=sys.stderr)
     sys.exit(2)

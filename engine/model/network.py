@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.config import FULL, ModelConfig
+from dfim.engine.model.config import FULL, ModelConfig
 
 
 class RMSNorm(nn.Module):
@@ -859,7 +859,7 @@ class DiffusionGemma(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """`forward_train`, and with context_lm the encoder's final hidden states [B, n, H] as well.
 
-        Those feed the context language-model loss of training (`engine.train --context-lm-weight`):
+        Those feed the context language-model loss of training (`dfim.engine.training.train --context-lm-weight`):
         next-token prediction on every context token, through the encoder's own layer scalars and
         the last layer's feed-forward, which inference (`encode`) skips. It is a dense training signal
         for the shared stack; it changes nothing `encode` + `denoise` compute."""
@@ -926,7 +926,7 @@ class DiffusionGemma(nn.Module):
 
     # --- autoregressive mode ----------------------------------------------------------------------
     # The same network read as a causal language model (the same-size AR baseline of the evaluation,
-    # trained with `engine.train --objective causal`): every layer runs causally with the decoder's
+    # trained with `dfim.engine.training.train --objective causal`): every layer runs causally with the decoder's
     # layer scalars and feed-forward; self-conditioning and the encoder scalars are unused.
 
     def causal_lm(self, input_ids: Tensor, cache: KVCache, last: int | None = None) -> Tensor:

@@ -1,6 +1,6 @@
 """The fast inference path for big checkpoints on a GPU: static KV cache, CUDA graphs, grouped experts.
 
-It runs the *same* weights as `engine.model.DiffusionGemma` (it only holds references to them, no
+It runs the *same* weights as `dfim.engine.model.network.DiffusionGemma` (it only holds references to them, no
 copy) through functional code written for speed:
 
 - **Static KV cache.** One preallocated [1, Hkv, max_len, D] tensor pair per layer. The encoder
@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine.config import FULL
-from engine.model import DiffusionGemma, apply_rope, gelu, rms_norm, rope_inv_freq
+from dfim.engine.model.config import FULL
+from dfim.engine.model.network import DiffusionGemma, apply_rope, gelu, rms_norm, rope_inv_freq
 
 
 class LayerWeights(NamedTuple):
@@ -77,7 +77,7 @@ class LayerShape:
     head_dim: int
 
 
-# --- functional building blocks (rms_norm, gelu and apply_rope are engine.model's own) ---------------
+# --- functional building blocks (rms_norm, gelu and apply_rope are dfim.engine.model.network's own) ---------------
 
 
 def router(w: LayerWeights, x: Tensor, top_k: int, eps: float) -> tuple[Tensor, Tensor]:
@@ -612,8 +612,8 @@ def load_fast(
     folder: str | Path, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, **options
 ) -> FastDiffusionGemma:
     """Load an HF-format DiffusionGemma folder (memory-mapped safetensors) straight into the fast path.
-    Errors (wrong architecture, missing or misshaped weights) are `engine.api.CheckpointError`."""
-    from engine.checkpoint import load_model
+    Errors (wrong architecture, missing or misshaped weights) are `dfim.engine.api.CheckpointError`."""
+    from dfim.engine.model.checkpoint import load_model
 
     model, _ = load_model(folder, device=device, dtype=dtype)
     return FastDiffusionGemma(model, **options)

@@ -3,7 +3,7 @@
 Such a checkpoint has no FIM tokens: its tokenizer is a chat vocabulary (Gemma's: SentencePiece pieces with
 "▁" for a space and `<0xNN>` byte fallbacks, `<start_of_turn>` / `<end_of_turn>` markup). `ChatTokenizer`
 gives the engine the same interface as the FIM `Tokenizer` over such a vocabulary, and its
-`prompt_context` replaces `fim_context`: the encoder reads the request as one user turn (`engine.prompts`:
+`prompt_context` replaces `fim_context`: the encoder reads the request as one user turn (`dfim.engine.inference.prompts`:
 the code with a marker at the gap, "reply with exactly the missing text") rendered with the checkpoint's
 chat template, followed by the opening of the model's turn; the canvas is the model's answer, which ends at
 `<end_of_turn>`. A rewrite with an instruction (`FillRequest.instruction`) asks for the selection rewritten
@@ -23,9 +23,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.api import FillRequest
-from engine.prompts import infill_message, load_chat_template, render, rewrite_message
-from engine.tokenizer import Tokenizer, _byte_decoder
+from dfim.engine.api import FillRequest
+from dfim.engine.inference.prompts import infill_message, load_chat_template, render, rewrite_message
+from dfim.engine.model.tokenizer import Tokenizer, _byte_decoder
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _MARKUP = re.compile(r"<[^<>\s]+>")

@@ -4,7 +4,7 @@ On a CPU a one-token pass of the network costs about as much as a pass over eigh
 mostly per-op overhead: 12 vs 23 ms for dfim-small on the 2-core dev machine), so a greedy decode
 that guesses its next few tokens and checks them all in one pass writes several tokens for the price
 of one wherever the guess is right, and exactly the same tokens either way: a guess is only kept
-where the greedy choice agrees with it (`engine.autoregressive.decode`).
+where the greedy choice agrees with it (`dfim.engine.inference.autoregressive.decode`).
 
 Code repeats itself, and the best guess for what follows the last few tokens is what followed them
 the last time they occurred (Saxena, "Prompt Lookup Decoding", 2023): in the context (a name used

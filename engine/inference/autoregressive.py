@@ -1,6 +1,6 @@
 """Autoregressive fill with a causal checkpoint: the same-size AR baseline of the evaluation.
 
-A checkpoint trained with `engine.train --objective causal` (its `dfim.json` says
+A checkpoint trained with `dfim.engine.training.train --objective causal` (its `dfim.json` says
 `"objective": "causal"`) is the DiffusionGemma network read as a causal LM over
 `<bos><fim_suffix>suffix<fim_prefix>prefix<fim_middle>middle<eos>`. `Engine` sends its requests
 here instead of to the denoising loop, so `dfim fill`, `dfim eval`, `dfim replay` and the server
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import lookup
-from engine.api import FillCancelled, FillRequest, StepInfo
-from engine.cache import ContextCache
-from engine.canvas import CanvasPlan, assemble_text, cut_at_stop
-from engine.tokenizer import Tokenizer
+from dfim.engine.api import FillCancelled, FillRequest, StepInfo
+from dfim.engine.inference import lookup
+from dfim.engine.inference.cache import ContextCache
+from dfim.engine.inference.canvas import CanvasPlan, assemble_text, cut_at_stop
+from dfim.engine.model.tokenizer import Tokenizer
 
 NEG_INF = float("-inf")
 
@@ -64,7 +64,7 @@ def decode(
     `budget`: at most this many tokens (default: the request's `max_tokens`, or the plan if longer).
     `ends(text)`: True once the text so far is complete (as a stop string would end it).
     `park`: tokens the cache will need after the context later (see `ContextCache.next_logits`).
-    `lookahead`: tokens guessed per pass (`engine.lookup`; 0: one token per pass). Guesses change the
+    `lookahead`: tokens guessed per pass (`dfim.engine.inference.lookup`; 0: one token per pass). Guesses change the
     cost, never the tokens: each is kept only where the greedy choice agrees with it.
     `avoid`: texts not to write again (`FillRequest.avoid`): until the text has left all of them, a token
     that would follow one of them at a word (or end the text where one ends) gives way to the next most
