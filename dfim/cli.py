@@ -16,12 +16,12 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "fill": ("dfim.commands.fill", "print the code that belongs at a position of a file"),
     "serve": ("dfim.commands.serve", "run the language server (stdio by default)"),
-    "eval": ("dfim.engine.evaluation.fim", "fill-in-the-middle evaluation with execution-based pass@1"),
+    "eval": ("dfim.commands.eval", "fill-in-the-middle evaluation with execution-based pass@1"),
     "train": ("dfim.engine.training.train", "train or fine-tune a checkpoint on one GPU"),
-    "stats": ("dfim.server.telemetry", "acceptance rate and latency from local telemetry"),
-    "replay": ("dfim.bench.replay", "replay typing against the real server: acceptance, latency"),
-    "bench-realcode": ("dfim.bench.realcode", "FIM problems from a Python project and its tests"),
-    "trace": ("dfim.engine.inference.trace", "write an HTML replay of one fill, step by step"),
+    "stats": ("dfim.commands.stats", "acceptance rate and latency from local telemetry"),
+    "replay": ("dfim.commands.replay", "replay typing against the real server: acceptance, latency"),
+    "bench-realcode": ("dfim.commands.bench_realcode", "FIM problems from a Python project and its tests"),
+    "trace": ("dfim.commands.trace", "write an HTML replay of one fill, step by step"),
 }
 
 

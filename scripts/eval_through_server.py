@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dfim.bench.replay import Client, _get, utf16_offset  # noqa: E402
+from dfim.bench.lsp_client import Client, get_field, utf16_offset  # noqa: E402
 from dfim.engine.evaluation import sandbox  # noqa: E402
 from dfim.engine.evaluation.fim import Problem, load_problems  # noqa: E402
 from dfim.engine.evaluation.metrics import edit_similarity, exact_match  # noqa: E402
@@ -52,9 +52,9 @@ def completion_of(problem: Problem, doc: str, item) -> str | None:
     """What the item inserts between prompt and suffix, or None if its edit reaches into either."""
     if item is None:
         return ""
-    rng = _get(item, "range")
-    insert = _get(item, "insert_text")
-    insert = insert if isinstance(insert, str) else _get(insert, "value")
+    rng = get_field(item, "range")
+    insert = get_field(item, "insert_text")
+    insert = insert if isinstance(insert, str) else get_field(insert, "value")
     start = utf16_offset(doc, rng.start.line, rng.start.character)
     end = utf16_offset(doc, rng.end.line, rng.end.character)
     return between(problem, doc[:start] + insert + doc[end:])
@@ -72,12 +72,12 @@ def with_hole(problem: Problem) -> tuple[str, int, int]:
 def apply_workspace_edit(doc: str, reply) -> str:
     """`doc` with the edits of an action's reply ({applied, edit}) applied, last edit first."""
     edits = []
-    for change in _get(_get(reply, "edit"), "documentChanges") or []:
-        for edit in _get(change, "edits") or []:
-            rng = _get(edit, "range")
+    for change in get_field(get_field(reply, "edit"), "documentChanges") or []:
+        for edit in get_field(change, "edits") or []:
+            rng = get_field(edit, "range")
             start = utf16_offset(doc, rng["start"]["line"], rng["start"]["character"])
             end = utf16_offset(doc, rng["end"]["line"], rng["end"]["character"])
-            edits.append((start, end, _get(edit, "newText")))
+            edits.append((start, end, get_field(edit, "newText")))
     for start, end, text in sorted(edits, reverse=True):
         doc = doc[:start] + text + doc[end:]
     return doc
@@ -91,8 +91,8 @@ async def fill_all(
     rows = []
     with tempfile.TemporaryDirectory() as data_dir:
         status = await client.start(model, "cpu", {"telemetry": {"enabled": False}, **settings}, data_dir)
-        if _get(status, "state") != "ready":
-            raise SystemExit(f"the server did not start: {_get(status, 'message')}")
+        if get_field(status, "state") != "ready":
+            raise SystemExit(f"the server did not start: {get_field(status, 'message')}")
         try:
             for i, problem in enumerate(problems):
                 uri = f"file:///eval/problem_{i}{extension}"
@@ -112,7 +112,7 @@ async def fill_all(
                     completion = between(problem, apply_workspace_edit(doc, reply)) if shown else ""
                 else:
                     result = await client.inline(uri, doc, len(problem.prompt))
-                    items = list(_get(result, "items") or []) if result is not None else []
+                    items = list(get_field(result, "items") or []) if result is not None else []
                     shown = bool(items)
                     completion = completion_of(problem, doc, items[0] if items else None)
                 ms = (time.perf_counter() - started) * 1000.0

@@ -1,4 +1,4 @@
-"""Local telemetry of inline suggestions, and the `dfim stats` command that summarizes it.
+"""Local telemetry of inline suggestions (summarized by `dfim stats`, in dfim/commands/stats.py).
 
 Events are appended as JSON lines to `<data dir>/telemetry.jsonl` and never leave the machine. One line:
 
@@ -13,12 +13,10 @@ again with the running total, and the summary counts only the last outcome of ea
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,45 +232,3 @@ def read_events(path: Path) -> list[dict]:
             if isinstance(event, dict):
                 events.append(event)
     return events
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", default="", help="telemetry folder (default: the server's data dir)")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-
-
-def run(args: argparse.Namespace) -> int:
-    folder = data_dir(args.data_dir)
-    if folder.exists() and not folder.is_dir():
-        print(f"dfim stats: --data-dir {folder}: is a file, not a folder", file=sys.stderr)
-        return 2
-    path = folder / FILE_NAME
-    try:
-        events = read_events(path)
-    except OSError as e:
-        print(f"dfim stats: {e.filename or path}: cannot read ({e.strerror or e})", file=sys.stderr)
-        return 2
-    if not events:  # on stderr: `dfim stats --json | jq` must never read this line as the summary
-        print(f"dfim stats: no telemetry at {path}", file=sys.stderr)
-        return 1
-    summary = summarize(events)
-    if args.json:
-        print(json.dumps(summary, indent=2, allow_nan=False))
-        return 0
-
-    def ms(value):
-        return "-" if value is None else f"{value:.0f} ms"
-
-    print(f"telemetry: {path} ({len(events)} events)")
-    print(
-        f"shown {summary['shown']}  accepted {summary['accepted']}  partial {summary['partial']}  "
-        f"rejected {summary['rejected']}"
-    )
-    print(f"acceptance rate {summary['acceptance_rate']:.1%}  (partial {summary['partial_rate']:.1%})")
-    print(f"accepted characters {summary['accepted_chars']}")
-    for label, name in (("latency", "all shown"), ("model_latency", "model calls")):
-        print(
-            f"latency ({name}): p50 {ms(summary[f'{label}_p50'])}  p90 {ms(summary[f'{label}_p90'])}  "
-            f"p95 {ms(summary[f'{label}_p95'])}  p99 {ms(summary[f'{label}_p99'])}"
-        )
-    return 0

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dfim.bench import replay
+from dfim.commands import replay as replay_command
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 
@@ -86,7 +87,7 @@ def test_replay_against_the_real_server(checkpoint, tmp_path, monkeypatch):
     source = tmp_path / "tiny.py"
     source.write_text("a = 1\nb = a\n")
     parser = argparse.ArgumentParser()
-    replay.add_arguments(parser)
+    replay_command.add_arguments(parser)
     out = tmp_path / "out"
     # --model relative to the user's cwd, as the docs write it: the server runs elsewhere (the repository
     # root) and once answered "checkpoint folder not found" for a folder that was there.
@@ -95,7 +96,7 @@ def test_replay_against_the_real_server(checkpoint, tmp_path, monkeypatch):
         [str(source), "--model", checkpoint.name, "--trigger", "line", "--steps", "1", "--max-canvas", "16"]
         + ["--out", str(out), "--quiet"]
     )
-    assert replay.run(args) == 0
+    assert replay_command.run(args) == 0
     report = json.loads((out / "report.json").read_text())
     assert "dfim replay" in (out / "summary.md").read_text()
     s, (region,) = report["summary"], report["regions"]

@@ -1194,7 +1194,9 @@ def test_tracker_and_stats(tmp_path, capsys):
     assert summary["acceptance_rate"] == pytest.approx(1 / 3)
     assert summary["latency_p50"] == 100.0 and summary["model_latency_p95"] == 200.0
     assert summary["accepted_chars"] == 8
-    assert telemetry.run(argparse.Namespace(data_dir=str(tmp_path), json=True)) == 0
+    from dfim.commands import stats
+
+    assert stats.run(argparse.Namespace(data_dir=str(tmp_path), json=True)) == 0
     assert json.loads(capsys.readouterr().out)["shown"] == 3
     disabled = telemetry.Telemetry(tmp_path / "off", enabled=False)
     disabled.record("shown", id="x")

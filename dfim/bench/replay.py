@@ -27,28 +27,21 @@ accepted suggestions (rejected requests included). JSON (`report.json`) and mark
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import dataclasses
-import datetime as dt
-import json
 import os
 import re
-import shlex
 import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from dfim.bench.lsp_client import Client, get_field, utf16_offset, utf16_position
 from dfim.engine.evaluation import metrics
 
-ROOT = Path(__file__).resolve().parents[2]
 TRIGGERS = ("word", "line", "chars")
 IDENT = re.compile(r"\w")
 
@@ -262,179 +255,7 @@ def judge(doc: str, cursor: int, start: int, end: int, insert: str, remaining: s
     return "rejected", 0
 
 
-def utf16_position(text: str, offset: int) -> tuple[int, int]:
-    line = text.count("\n", 0, offset)
-    start = text.rfind("\n", 0, offset) + 1
-    return line, len(text[start:offset].encode("utf-16-le")) // 2
-
-
-def utf16_offset(text: str, line: int, character: int) -> int:
-    start = 0
-    for _ in range(line):
-        start = text.index("\n", start) + 1
-    end = text.find("\n", start)
-    row = text[start : len(text) if end < 0 else end]
-    units = 0
-    for i, ch in enumerate(row):
-        if units >= character:
-            return start + i
-        units += 2 if ord(ch) > 0xFFFF else 1
-    return start + len(row)
-
-
-def _get(obj: Any, key: str) -> Any:
-    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
-
-
 # ----------------------------------------------------------------------------- the client
-
-
-class Client:
-    """The real `dfim serve` over stdio."""
-
-    def __init__(self) -> None:
-        from lsprotocol import types
-        from pygls.lsp.client import LanguageClient
-
-        self.types = types
-        self.lsp = LanguageClient("dfim-replay", "0")
-        self.statuses: list[Any] = []
-        self.version: dict[str, int] = {}
-
-        @self.lsp.feature("dfim/status")
-        def status(params: Any) -> None:
-            self.statuses.append(params)
-
-        @self.lsp.feature(types.WORKSPACE_APPLY_EDIT)
-        def apply_edit(params: Any) -> Any:  # a code action's edit: the caller reads it from the reply
-            return types.ApplyWorkspaceEditResult(applied=True)
-
-        @self.lsp.feature(types.WINDOW_SHOW_MESSAGE)
-        def show_message(params: Any) -> None:  # the status notification says the same: the caller reports it
-            return None
-
-    async def start(self, model: str, device: str, init_options: dict, data_dir: str) -> Any:
-        t = self.types
-        env = {**os.environ, "DFIM_DATA_DIR": data_dir, "PYTHONPATH": str(ROOT)}
-        args = ["-m", "dfim", "serve", "--device", device] + (["--model", model] if model else [])
-        await self.lsp.start_io(sys.executable, *args, env=env, cwd=str(ROOT))
-        await self.lsp.initialize_async(
-            t.InitializeParams(
-                process_id=os.getpid(),
-                capabilities=t.ClientCapabilities(
-                    text_document=t.TextDocumentClientCapabilities(
-                        inline_completion=t.InlineCompletionClientCapabilities()
-                    ),
-                    workspace=t.WorkspaceClientCapabilities(apply_edit=True),
-                ),
-                initialization_options=init_options,
-            )
-        )
-        self.lsp.initialized(t.InitializedParams())
-        return await self.wait_ready()
-
-    async def wait_ready(self, timeout: float = 600.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.statuses and _get(self.statuses[-1], "state") in ("ready", "error"):
-                return self.statuses[-1]
-            await asyncio.sleep(0.05)
-        raise TimeoutError("the server never became ready")
-
-    def open(self, uri: str, text: str, language_id: str) -> None:
-        t = self.types
-        self.version[uri] = 1
-        self.lsp.text_document_did_open(
-            t.DidOpenTextDocumentParams(
-                text_document=t.TextDocumentItem(uri=uri, language_id=language_id, version=1, text=text)
-            )
-        )
-
-    def insert(self, uri: str, doc: str, offset: int, text: str) -> None:
-        t = self.types
-        line, character = utf16_position(doc, offset)
-        here = t.Position(line=line, character=character)
-        self.version[uri] += 1
-        self.lsp.text_document_did_change(
-            t.DidChangeTextDocumentParams(
-                text_document=t.VersionedTextDocumentIdentifier(uri=uri, version=self.version[uri]),
-                content_changes=[
-                    t.TextDocumentContentChangePartial(range=t.Range(start=here, end=here), text=text)
-                ],
-            )
-        )
-
-    def close(self, uri: str) -> None:
-        t = self.types
-        self.lsp.text_document_did_close(
-            t.DidCloseTextDocumentParams(text_document=t.TextDocumentIdentifier(uri=uri))
-        )
-
-    async def inline(self, uri: str, doc: str, offset: int) -> Any:
-        t = self.types
-        line, character = utf16_position(doc, offset)
-        return await self.lsp.text_document_inline_completion_async(
-            t.InlineCompletionParams(
-                text_document=t.TextDocumentIdentifier(uri=uri),
-                position=t.Position(line=line, character=character),
-                context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic),
-            )
-        )
-
-    async def action(self, uri: str, doc: str, name: str, start: int, end: int) -> Any:
-        """Run code action `name` (`dfim.<name>`) on [start, end); the server's reply: {applied, edit}."""
-        t = self.types
-        rng = t.Range(
-            start=t.Position(*utf16_position(doc, start)), end=t.Position(*utf16_position(doc, end))
-        )
-        params = t.ExecuteCommandParams(
-            command=f"dfim.{name}", arguments=[uri, self.lsp.protocol._converter.unstructure(rng)]
-        )
-        return await self.lsp.workspace_execute_command_async(params)
-
-    async def stats(self) -> Any:
-        return await self.lsp.protocol.send_request_async("dfim/stats", {})
-
-    async def stop(self) -> None:
-        """Shut the server down as an editor does (shutdown, exit); kill it if it does not go in 10 s."""
-        try:
-            await asyncio.wait_for(self.lsp.shutdown_async(None), 10)
-            self.lsp.exit(None)
-            await asyncio.wait_for(self.lsp.stop(), 10)
-        except Exception:  # the report is complete: a server that will not stop cleanly is killed
-            pass
-        finally:
-            self.kill()
-
-    def kill(self) -> None:
-        """Stop the server process now, if it runs (synchronous: safe in any `finally`)."""
-        server = getattr(self.lsp, "_server", None)
-        if server is None:
-            return
-        if server.returncode is None:
-            try:
-                server.kill()
-            except ProcessLookupError:
-                pass
-        # Close its pipes now, while the event loop runs: left to the garbage collector, the transport would
-        # close them after `asyncio.run` closed the loop and print a traceback (seen on SIGTERM under load).
-        transport = getattr(server, "_transport", None)
-        if transport is not None:
-            try:
-                transport.close()
-            except RuntimeError:  # called after the loop was closed: nothing left to do
-                pass
-
-    async def reap(self, timeout: float = 5.0) -> None:
-        """`kill`, then wait for the process to exit while the event loop runs (else the loop's child watcher
-        reports the exit to a closed loop)."""
-        self.kill()
-        server = getattr(self.lsp, "_server", None)
-        if server is not None:
-            try:
-                await asyncio.wait_for(server.wait(), timeout)
-            except (TimeoutError, asyncio.TimeoutError, ProcessLookupError):
-                pass
 
 
 # ----------------------------------------------------------------------------- the replay
@@ -448,9 +269,9 @@ async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOp
     points = trigger_points(typed, opts.trigger, opts.every)
     client.open(uri, region.before + region.after, language_for(None, region.path) or "plaintext")
     before_stats = await client.stats()
-    fills_done = _get(before_stats, "engine_fills_completed") or 0
-    model_ms_seen = float(_get(before_stats, "model_ms") or 0.0)  # inline engine time so far
-    encoded_seen = _get(before_stats, "encoded_tokens") or 0
+    fills_done = get_field(before_stats, "engine_fills_completed") or 0
+    model_ms_seen = float(get_field(before_stats, "model_ms") or 0.0)  # inline engine time so far
+    encoded_seen = get_field(before_stats, "encoded_tokens") or 0
     p, force = 0, True  # a request goes out on opening and right after every accept
     try:
         while p < len(typed):
@@ -476,24 +297,24 @@ async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOp
             record = RequestRecord(p, line, character, round(stats.latencies_ms[-1], 1), None, "", "none")
             stats.request_log.append(record)
             server = await client.stats()
-            done = _get(server, "engine_fills_completed") or 0
+            done = get_field(server, "engine_fills_completed") or 0
             if done > fills_done:  # the model ran for this request (twice when the server retried)
-                spent = float(_get(server, "model_ms") or 0.0)
+                spent = float(get_field(server, "model_ms") or 0.0)
                 latency = spent - model_ms_seen
                 stats.model_fills += done - fills_done
                 stats.model_ms += latency
                 stats.model_latencies_ms.append(latency)
                 record.model_ms, record.fills = round(latency, 1), done - fills_done
-                encoded = _get(server, "encoded_tokens") or 0
+                encoded = get_field(server, "encoded_tokens") or 0
                 record.encoded_tokens, encoded_seen = encoded - encoded_seen, encoded
                 fills_done, model_ms_seen = done, spent
-            items = list(_get(result, "items") or []) if result is not None else []
-            insert = _get(items[0], "insert_text") if items else None
-            insert = insert if isinstance(insert, str) else _get(insert, "value")
+            items = list(get_field(result, "items") or []) if result is not None else []
+            insert = get_field(items[0], "insert_text") if items else None
+            insert = insert if isinstance(insert, str) else get_field(insert, "value")
             if not insert:
                 continue
             stats.shown += 1
-            rng = _get(items[0], "range")
+            rng = get_field(items[0], "range")
             if rng is None:
                 start = end = cursor
             else:
@@ -560,8 +381,8 @@ async def replay(
     with tempfile.TemporaryDirectory(prefix="dfim-replay-") as data_dir:
         try:
             ready = await client.start(model, device, init, data_dir)
-            if _get(ready, "state") != "ready":
-                raise RuntimeError(f"the server could not load the model: {_get(ready, 'message')}")
+            if get_field(ready, "state") != "ready":
+                raise RuntimeError(f"the server could not load the model: {get_field(ready, 'message')}")
             results = []
             for i, region in enumerate(regions):
                 uri = f"file:///dfim-replay/{i}/{region.path}"
@@ -584,11 +405,11 @@ async def replay(
         row["model_latencies_ms"] = [round(x, 1) for x in r.model_latencies_ms]
         rows.append(row)
     server_info = {
-        "model": _get(ready, "model"),
-        "is_random": _get(ready, "isRandom"),
-        "device": _get(ready, "device"),
+        "model": get_field(ready, "model"),
+        "is_random": get_field(ready, "isRandom"),
+        "device": get_field(ready, "device"),
         "counters": {
-            k: _get(server, k)
+            k: get_field(server, k)
             for k in ("fills", "completed", "cancelled", "failed", "cache_hits", "typed_ahead")
         },
     }
@@ -625,69 +446,6 @@ def markdown(report: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- command line
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="*", metavar="PATH", help="files to type from an empty document")
-    parser.add_argument(
-        "--git", metavar="REPO", help="also replay the added lines of commits of this repository"
-    )
-    parser.add_argument(
-        "--commits", type=int, default=None, help="how many recent non-merge commits (with --git; default 10)"
-    )
-    parser.add_argument("--rev", default=None, help="the newest commit to look at (with --git; default HEAD)")
-    parser.add_argument("--model", default="", help="checkpoint folder (default: the shipped model)")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--trigger", default="word", choices=TRIGGERS, help="when the client asks")
-    parser.add_argument(
-        "--every", type=int, default=8, help="characters between requests for --trigger chars"
-    )
-    parser.add_argument(
-        "--min-partial", type=int, default=3, help="shortest common prefix counted as accepted"
-    )
-    parser.add_argument(
-        "--max-chars", type=int, default=2000, help="characters replayed per file or added run"
-    )
-    parser.add_argument("--steps", type=int, default=None, help="server sampling.maxSteps")
-    parser.add_argument("--max-canvas", type=int, default=None, help="server sampling.maxCanvas")
-    parser.add_argument(
-        "--out", default=None, help="folder for report.json and summary.md (default runs/replay/...)"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no per-region progress lines")
-
-
-def check_args(args: argparse.Namespace) -> None:
-    """Refuse bad options before a server starts (InputError: the line `dfim replay` prints). The sampling
-    overrides are checked against the server's own bounds: it would refuse them and keep its defaults."""
-    from dfim.commands.checks import InputError, at_least, existing_dir, output_folder, within
-    from dfim.server.options import SamplingOptions
-
-    at_least("--min-partial", args.min_partial, 1)
-    at_least("--every", args.every, 1)
-    at_least("--max-chars", args.max_chars, 1)
-    if not args.git:
-        given = [
-            flag for flag, value in (("--commits", args.commits), ("--rev", args.rev)) if value is not None
-        ]
-        if given:  # silently ignored before: the user meant to replay commits
-            raise InputError(
-                f"{' and '.join(given)} need --git REPO (the repository whose commits to replay)"
-            )
-    args.commits = 10 if args.commits is None else args.commits
-    args.rev = args.rev or "HEAD"
-    at_least("--commits", args.commits, 1)
-    bounds = {f.name: f.metadata for f in dataclasses.fields(SamplingOptions)}
-    for flag, value, name in (
-        ("--steps", args.steps, "max_steps"),
-        ("--max-canvas", args.max_canvas, "max_canvas"),
-    ):
-        within(flag, value, bounds[name]["min"], bounds[name]["max"])
-    if args.model:
-        existing_dir(args.model, "--model")
-    if args.out:
-        output_folder(args.out, "--out")
-    if args.git:
-        check_git(args.git, args.rev)
-
-
 async def cancelled_by_sigterm(work: Awaitable[dict[str, Any]]) -> dict[str, Any]:
     """`work`, cancelled by SIGTERM as asyncio.run cancels on Ctrl-C: it unwinds at an await, its `finally`
     stops the server child. (A handler raising KeyboardInterrupt wherever the signal landed sometimes hit
@@ -699,82 +457,3 @@ async def cancelled_by_sigterm(work: Awaitable[dict[str, Any]]) -> dict[str, Any
         return await work
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
-
-
-def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
-    from dfim.commands.checks import InputError, fail
-
-    stdout = stdout or sys.stdout
-    options = ReplayOptions(args.trigger, args.every, args.min_partial, args.max_chars)
-    try:
-        check_args(args)
-        regions = [file_region(p) for p in args.paths]
-        if args.git:
-            regions += git_regions(args.git, args.commits, args.rev, args.max_chars)
-    except InputError as e:
-        return fail("dfim replay", str(e))
-    except (OSError, subprocess.CalledProcessError) as e:
-        detail = (getattr(e, "stderr", None) or "").strip().splitlines()
-        return fail("dfim replay", detail[-1] if detail else str(e))
-    for r in regions:
-        r.typed = r.typed[: args.max_chars]
-    regions = [r for r in regions if r.typed]
-    if not regions:
-        print("dfim replay: nothing to replay (give files or --git REPO)", file=sys.stderr)
-        return 2
-    sampling = {k: v for k, v in (("maxSteps", args.steps), ("maxCanvas", args.max_canvas)) if v is not None}
-    # The server runs in the repository root (so no `dfim` folder in the user's cwd shadows the package):
-    # a relative --model must be resolved here, against the cwd it was checked in.
-    model = str(Path(args.model).resolve()) if args.model else ""
-    out = Path(args.out) if args.out else Path("runs/replay") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    made = not out.exists()
-    try:  # made before the replay runs: a folder that cannot be made must not cost the whole replay
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        return fail("dfim replay", f"--out {out}: cannot create ({e.strerror or e})")
-    started = time.perf_counter()
-    work = replay(
-        regions,
-        model=model,
-        device=args.device,
-        options=options,
-        server_settings={"sampling": sampling} if sampling else None,
-        progress=None if args.quiet else sys.stderr,
-    )
-    try:
-        # signal handlers can only be set from the main thread (tests call run() from others)
-        on_main = threading.current_thread() is threading.main_thread()
-        report = asyncio.run(cancelled_by_sigterm(work) if on_main else work)
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("dfim replay: interrupted", file=sys.stderr)
-        return 130
-    except (RuntimeError, TimeoutError) as e:
-        if made:  # nothing was written: no empty folder left behind
-            out.rmdir()
-        print(f"dfim replay: {e}", file=sys.stderr)
-        return 2
-    rest = sys.argv[sys.argv.index("replay") + 1 :] if "replay" in sys.argv else sys.argv[1:]
-    report["meta"] = {
-        "command": "dfim replay " + " ".join(shlex.quote(a) for a in rest),
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "wall_s": round(time.perf_counter() - started, 2),
-        "sources": [r.source for r in regions],
-    }
-    table = markdown(report)
-    try:
-        (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-        (out / "summary.md").write_text(table, encoding="utf-8")
-    except OSError as e:
-        return fail("dfim replay", f"--out {out}: cannot write ({e.strerror or e})")
-    stdout.write(table + f"\nwritten: {out / 'report.json'}, {out / 'summary.md'}\n")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dfim replay")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

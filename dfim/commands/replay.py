@@ -1,0 +1,169 @@
+"""`dfim replay FILE...`: the command line of the typing replay (`dfim.bench.replay`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime as dt
+import json
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TextIO
+
+from dfim.bench.replay import (
+    TRIGGERS,
+    ReplayOptions,
+    cancelled_by_sigterm,
+    check_git,
+    file_region,
+    git_regions,
+    markdown,
+    replay,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="files to type from an empty document")
+    parser.add_argument(
+        "--git", metavar="REPO", help="also replay the added lines of commits of this repository"
+    )
+    parser.add_argument(
+        "--commits", type=int, default=None, help="how many recent non-merge commits (with --git; default 10)"
+    )
+    parser.add_argument("--rev", default=None, help="the newest commit to look at (with --git; default HEAD)")
+    parser.add_argument("--model", default="", help="checkpoint folder (default: the shipped model)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--trigger", default="word", choices=TRIGGERS, help="when the client asks")
+    parser.add_argument(
+        "--every", type=int, default=8, help="characters between requests for --trigger chars"
+    )
+    parser.add_argument(
+        "--min-partial", type=int, default=3, help="shortest common prefix counted as accepted"
+    )
+    parser.add_argument(
+        "--max-chars", type=int, default=2000, help="characters replayed per file or added run"
+    )
+    parser.add_argument("--steps", type=int, default=None, help="server sampling.maxSteps")
+    parser.add_argument("--max-canvas", type=int, default=None, help="server sampling.maxCanvas")
+    parser.add_argument(
+        "--out", default=None, help="folder for report.json and summary.md (default runs/replay/...)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no per-region progress lines")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad options before a server starts (InputError: the line `dfim replay` prints). The sampling
+    overrides are checked against the server's own bounds: it would refuse them and keep its defaults."""
+    from dfim.commands.checks import InputError, at_least, existing_dir, output_folder, within
+    from dfim.server.options import SamplingOptions
+
+    at_least("--min-partial", args.min_partial, 1)
+    at_least("--every", args.every, 1)
+    at_least("--max-chars", args.max_chars, 1)
+    if not args.git:
+        given = [
+            flag for flag, value in (("--commits", args.commits), ("--rev", args.rev)) if value is not None
+        ]
+        if given:  # silently ignored before: the user meant to replay commits
+            raise InputError(
+                f"{' and '.join(given)} need --git REPO (the repository whose commits to replay)"
+            )
+    args.commits = 10 if args.commits is None else args.commits
+    args.rev = args.rev or "HEAD"
+    at_least("--commits", args.commits, 1)
+    bounds = {f.name: f.metadata for f in dataclasses.fields(SamplingOptions)}
+    for flag, value, name in (
+        ("--steps", args.steps, "max_steps"),
+        ("--max-canvas", args.max_canvas, "max_canvas"),
+    ):
+        within(flag, value, bounds[name]["min"], bounds[name]["max"])
+    if args.model:
+        existing_dir(args.model, "--model")
+    if args.out:
+        output_folder(args.out, "--out")
+    if args.git:
+        check_git(args.git, args.rev)
+
+
+def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
+    from dfim.commands.checks import InputError, fail
+
+    stdout = stdout or sys.stdout
+    options = ReplayOptions(args.trigger, args.every, args.min_partial, args.max_chars)
+    try:
+        check_args(args)
+        regions = [file_region(p) for p in args.paths]
+        if args.git:
+            regions += git_regions(args.git, args.commits, args.rev, args.max_chars)
+    except InputError as e:
+        return fail("dfim replay", str(e))
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = (getattr(e, "stderr", None) or "").strip().splitlines()
+        return fail("dfim replay", detail[-1] if detail else str(e))
+    for r in regions:
+        r.typed = r.typed[: args.max_chars]
+    regions = [r for r in regions if r.typed]
+    if not regions:
+        print("dfim replay: nothing to replay (give files or --git REPO)", file=sys.stderr)
+        return 2
+    sampling = {k: v for k, v in (("maxSteps", args.steps), ("maxCanvas", args.max_canvas)) if v is not None}
+    # The server runs in the repository root (so no `dfim` folder in the user's cwd shadows the package):
+    # a relative --model must be resolved here, against the cwd it was checked in.
+    model = str(Path(args.model).resolve()) if args.model else ""
+    out = Path(args.out) if args.out else Path("runs/replay") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    made = not out.exists()
+    try:  # made before the replay runs: a folder that cannot be made must not cost the whole replay
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return fail("dfim replay", f"--out {out}: cannot create ({e.strerror or e})")
+    started = time.perf_counter()
+    work = replay(
+        regions,
+        model=model,
+        device=args.device,
+        options=options,
+        server_settings={"sampling": sampling} if sampling else None,
+        progress=None if args.quiet else sys.stderr,
+    )
+    try:
+        # signal handlers can only be set from the main thread (tests call run() from others)
+        on_main = threading.current_thread() is threading.main_thread()
+        report = asyncio.run(cancelled_by_sigterm(work) if on_main else work)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("dfim replay: interrupted", file=sys.stderr)
+        return 130
+    except (RuntimeError, TimeoutError) as e:
+        if made:  # nothing was written: no empty folder left behind
+            out.rmdir()
+        print(f"dfim replay: {e}", file=sys.stderr)
+        return 2
+    rest = sys.argv[sys.argv.index("replay") + 1 :] if "replay" in sys.argv else sys.argv[1:]
+    report["meta"] = {
+        "command": "dfim replay " + " ".join(shlex.quote(a) for a in rest),
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "wall_s": round(time.perf_counter() - started, 2),
+        "sources": [r.source for r in regions],
+    }
+    table = markdown(report)
+    try:
+        (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        (out / "summary.md").write_text(table, encoding="utf-8")
+    except OSError as e:
+        return fail("dfim replay", f"--out {out}: cannot write ({e.strerror or e})")
+    stdout.write(table + f"\nwritten: {out / 'report.json'}, {out / 'summary.md'}\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dfim replay")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
