@@ -185,3 +185,162 @@ def test_quality_problem() -> None:
     assert quality_problem("x = '" + "a" * 1200 + "'\n") == "long_line"
     # Markers deep inside a file are prose, not a generated-file header.
     assert quality_problem("x = 1\n" * 200 + "# do not edit this by hand\n") is None
+
+
+# ----------------------------------------------------------------------------------------------
+# Corpus shards (records in every language), licences, near-dedup, headers
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+GO_FUNCS = "".join(
+    f"func Scale{i}(v []float64, k float64) []float64 {{\n\tout := make([]float64, len(v))\n"
+    f"\tfor j, x := range v {{\n\t\tout[j] = x * k + {i}\n\t}}\n\treturn out\n}}\n\n"
+    for i in range(30)
+)
+GO_LONG = "// Copyright 2020 The Authors. MIT licence.\npackage scale\n\n" + GO_FUNCS
+
+
+def corpus_row(path: str, lang: str, text: str, license: str = "MIT", source: str = "npm:x@1") -> dict:
+    return {"text": text, "path": path, "lang": lang, "license": license, "source": source}
+
+
+def write_sample_corpus(shard: Path) -> list[dict]:
+    """A corpus shard in the shared format (one JSON record a line, xz), from the example fixtures."""
+    rows = [
+        corpus_row("ex/main.go", "go", (FIXTURES / "example.go").read_text(), "BSD-3-Clause", "deb:ex"),
+        corpus_row("ex/lib.rs", "rust", (FIXTURES / "example.rs").read_text(), "MIT OR Apache-2.0"),
+        corpus_row("ex/index.js", "javascript", (FIXTURES / "example.js").read_text(), "ISC"),
+        corpus_row("gpl/thing.js", "javascript", "export const gpl = (a) => a + 1;\n", "GPL-3.0-only"),
+        corpus_row("none/x.ts", "typescript", "export const x: number = 1;\n", ""),
+        corpus_row("big/scale.go", "go", GO_LONG),
+        # The same file in another project, only its licence header line changed: a near duplicate.
+        corpus_row(
+            "fork/scale.go", "go", GO_LONG.replace("2020 The Authors", "2023 Fork Team"), "Apache-2.0"
+        ),
+        corpus_row("leak/he.ts", "typescript", "def has_close_elements(numbers, threshold):\n    pass\n"),
+        corpus_row("py/area.py", "python", GOOD_A, "MIT"),  # also in a .py folder below: exact duplicate
+    ]
+    import lzma
+
+    with lzma.open(shard, "wb") as f:
+        for row in rows:
+            f.write((json.dumps(row) + "\n").encode())
+        f.write(b"{not json\n")
+    return rows
+
+
+@pytest.fixture(scope="module")
+def corpus_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    tmp = tmp_path_factory.mktemp("corpus")
+    shard = tmp / "train-00.jsonl.xz"
+    write_sample_corpus(shard)
+    pyroot = tmp / "py"
+    write(pyroot, "area.py", GOOD_A)
+    out = tmp / "out"
+    roots = [Root(pyroot, "dir"), Root(shard, "shard")]
+    summary = build(out, TOKENIZER_JSON, roots, workers=2, val_fraction=0.0, log=lambda *_: None)
+    return out, summary
+
+
+def test_corpus_records_filtered_and_attributed(corpus_build: tuple[Path, dict]) -> None:
+    out, summary = corpus_build
+    rows = {r["path"]: r for r in map(json.loads, (out / "manifest.jsonl").read_text().splitlines())}
+    assert set(rows) == {"dir:area.py", "corpus:ex/main.go", "corpus:ex/lib.rs", "corpus:ex/index.js",
+                         "corpus:big/scale.go"}  # fmt: skip
+    go = rows["corpus:ex/main.go"]
+    assert (go["lang"], go["license"], go["dist"]) == ("go", "BSD-3-Clause", "deb:ex")
+    assert rows["corpus:ex/lib.rs"]["license"] == "MIT OR Apache-2.0"
+    assert rows["dir:area.py"]["lang"] == "python"
+    dropped = summary["dropped"]
+    assert dropped["license_not_permissive"] == 2  # GPL and an empty licence
+    assert dropped["near_duplicate_minhash"] == 1  # the fork with another header
+    assert dropped["eval_overlap"] == 1
+    assert dropped["duplicate"] == 1  # the record equal to a .py file seen first
+    assert dropped["bad_record"] == 1
+    assert summary["files_seen"] == 1 + 10
+
+
+def test_summary_per_language(corpus_build: tuple[Path, dict]) -> None:
+    out, summary = corpus_build
+    langs = summary["languages"]
+    assert set(langs) == {"python", "go", "rust", "javascript"}
+    assert langs["go"]["files"] == 2
+    assert sum(v["tokens"] for v in langs.values()) == summary["unique_tokens"] == summary["tokens"]["train"]
+    tok = Tokenizer.from_file(TOKENIZER_JSON)
+    assert langs["rust"]["tokens"] == len(tok.encode((FIXTURES / "example.rs").read_text()))
+    texts = {tok.decode(TokenShards(out, "train").doc(i).tolist()) for i in range(5)}
+    assert GO_LONG in texts
+
+
+def test_near_dedup_threshold() -> None:
+    from dfim.engine.training.near_dedup import NearDupIndex, jaccard, signature
+
+    tok = Tokenizer.from_file(TOKENIZER_JSON)
+    base = np.array(tok.encode(GO_LONG))
+    edited = np.array(tok.encode(GO_LONG.replace("2020 The Authors", "2023 Fork Team")))
+    half = np.array(tok.encode(GO_LONG[: len(GO_LONG) // 2] + GOOD_B * 8))
+    assert jaccard(base, edited) > 0.9 and jaccard(base, half) < 0.6
+    index = NearDupIndex()
+    assert not index.add(signature(base))
+    assert index.add(signature(edited))
+    assert not index.add(signature(half))
+    assert signature(np.array([20, 21])) is None  # shorter than one 5-gram: never a near duplicate
+
+
+def test_licence_expressions() -> None:
+    from dfim.engine.training.sources import is_permissive
+
+    for ok in ("MIT", "Apache-2.0", "MIT OR Apache-2.0", "BSD-3-Clause AND MIT", "BSD License", "Zlib",
+               "GPL-2.0 OR MIT", "Apache-2.0 WITH LLVM-exception", "public-domain", "PSF-2.0"):  # fmt: skip
+        assert is_permissive(ok), ok
+    for bad in ("", "UNKNOWN", "GPL-3.0-only", "LGPL-2.1-or-later", "MIT AND GPL-2.0", "MPL-2.0",
+                "see METADATA", "Proprietary"):  # fmt: skip
+        assert not is_permissive(bad), bad
+
+
+def test_header_roots_need_an_attributable_permissive_licence(tmp_path: Path) -> None:
+    from dfim.engine.training.sources import debian_license
+
+    site = tmp_path / "site-packages"
+    write(site, "tensorlib/include/tl/core.h", "#pragma once\nnamespace tl {\nint add(int a, int b);\n}\n")
+    write(site, "tensorlib/include/tl/plain.h", "#pragma once\nint tl_version(void);\n")
+    write(
+        site,
+        "tensorlib-2.0.dist-info/METADATA",
+        "Name: tensorlib\nVersion: 2.0\nLicense-Expression: BSD-3-Clause\n\n",
+    )
+    write(site, "tensorlib-2.0.dist-info/RECORD", "tensorlib/__init__.py,,\ntensorlib/include/tl/core.h,,\n")
+    write(site, "closedlib/include/c.h", "int closed(void);\n")
+    write(site, "closedlib-1.0.dist-info/top_level.txt", "closedlib\n")
+    write(site, "closedlib-1.0.dist-info/METADATA", "Name: closedlib\nVersion: 1.0\nLicense: Proprietary\n\n")
+    write(tmp_path / "loose", "orphan.h", "int orphan(void);\n")  # no package installed it
+    out = tmp_path / "out"
+    roots = [Root(site / "tensorlib" / "include", "headers"), Root(site / "closedlib" / "include", "headers"),
+             Root(tmp_path / "loose", "headers")]  # fmt: skip
+    summary = build(out, TOKENIZER_JSON, roots, workers=1, val_fraction=0.0, log=lambda *_: None)
+    rows = {r["path"]: r for r in map(json.loads, (out / "manifest.jsonl").read_text().splitlines())}
+    assert {p: (r["lang"], r["license"], r["dist"]) for p, r in rows.items()} == {
+        "headers:tl/core.h": ("cpp", "BSD-3-Clause", "pypi:tensorlib"),
+        "headers:tl/plain.h": ("c", "BSD-3-Clause", "pypi:tensorlib"),
+    }
+    assert summary["dropped"] == {"license_not_permissive": 1, "license_unattributed": 1}
+    dep5 = tmp_path / "copyright"
+    dep5.write_text("Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\n"
+                    "Files: *\nCopyright: 1995 J\nLicense: Zlib\n\nFiles: contrib/*\nLicense: GPL-2\n")  # fmt: skip
+    assert debian_license(dep5) == "Zlib"
+    dep5.write_text("This package was debianized by someone.\nIt is free software.\n")
+    assert debian_license(dep5) is None
+
+
+def test_signatures_ship_as_a_resource_file() -> None:
+    from dfim.engine.training import decontamination
+
+    signatures = decontamination.builtin_signatures()
+    assert len(signatures) == 162
+    assert "def has_close_elements(numbers: List[float], threshold: float) -> bool:" in signatures
+    assert decontamination.SIGNATURES_FILE.parent == Path(decontamination.__file__).parent
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert '"training/*.txt"' in pyproject  # shipped as package data: the exclusion holds when installed
+    # Whitespace differences do not hide a signature.
+    assert EvalFilter.load([]).hit(
+        "def  has_close_elements(numbers: List[float],threshold: float) -> bool:\n"
+    )

@@ -1,50 +1,65 @@
-"""Training data: Python source on this machine -> deduplicated, filtered token shards.
+"""Training data: source code -> filtered, deduplicated, decontaminated token shards.
 
     python -m dfim.engine.training.data --out DIR --tokenizer PATH [--roots DIR ...] [--extra-roots DIR ...]
+        [--corpus train-*.jsonl.xz ...] [--c-headers /usr/include ...] [--permissive-only]
 
-Walks directories of `.py` files (default: the standard library without its tests, and every
-site-packages directory of the running interpreter; `--extra-roots` adds folders to those, such as
-a corpus fetched from PyPI by `scripts/fetch_corpus.py`, whose `corpus.json` names the package,
-version and license of each top folder), drops what a code model should not learn
-from (vendored copies, generated or minified files, non-UTF-8, huge files), removes exact and
-whitespace-only duplicates, and NEVER keeps evaluation data: paths under a `shared/data` folder
-and files that define a HumanEval function (signature line verbatim, or a distinctive name).
+Sources: folders of `.py` files (default: the standard library without its tests, and every
+site-packages directory of the running interpreter; `--extra-roots` adds folders such as a PyPI
+corpus with a `corpus.json`), corpus shards of records in every language the server serves
+(`--corpus`, one JSON record a line with its own path, language, licence and source), and C/C++
+header folders of this machine (`--c-headers`; a header whose licence cannot be found is left out).
 
-Output in DIR:
-    {train,val}_NNN.bin   uint16 token ids, whole files each followed by <file_sep>
-    {train,val}_docs.npy  int64 [N, 3]: shard, start offset, length (without the separator)
-    manifest.jsonl        one line per kept file: path, distribution, version, license, split, tokens
-    summary.json          counts, drop reasons, tokens per split, license summary
-    meta.json             tokenizer hash and vocabulary size (the trainer checks them)
+Every file goes through the same steps: quality filters (vendored copies, generated or minified
+files, non-UTF-8, huge files), licence (corpus records and headers must be permissive, every source
+with `--permissive-only`), HumanEval decontamination (paths under `shared/data`, and files that define
+a HumanEval function: signature line verbatim or a distinctive name), exact and whitespace-only
+dedup, then MinHash near-dedup (Jaccard >= 0.85, `dfim.engine.training.near_dedup`). The first copy
+in walk order is kept.
+
+Output in DIR (shard format: `dfim.engine.training.shards`):
+    {train,val}_NNN.bin, {train,val}_docs.npy, meta.json
+    manifest.jsonl        one line per kept file: path, language, distribution, version, license, split, tokens
+    summary.json          counts, drop reasons, tokens per split, per language and per license
 The split is by file (a hash of its path), so no file is in both.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
+import glob
 import hashlib
 import json
 import multiprocessing as mp
 import os
-import re
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from dfim.engine.training.decontamination import EvalFilter, find_eval_dirs
+from dfim.engine.training.near_dedup import THRESHOLD, NearDupIndex, signature
+from dfim.engine.training.provenance import (
+    STDLIB_LICENSE,
+    Dist,
+    HeaderLicenses,
+    Root,
+    classify_root,
+    corpus_distributions,
+    default_roots,
+    distributions,
+    iter_files,
+)
+from dfim.engine.training.shards import ShardWriter, TokenShards, file_sha256, is_built
+from dfim.engine.training.sources import corpus_record, header_language, is_permissive, iter_corpus_lines
+
+__all__ = ["BuildError", "EvalFilter", "Root", "TokenShards", "build", "classify_root", "is_built", "main"]
+
 MAX_FILE_BYTES = 500_000
 MAX_LINE_CHARS = 1000
 MAX_MEAN_LINE_CHARS = 120
-# Path parts that mark copies of other projects' code (their licence and their duplicates).
-VENDOR_PARTS = {"_vendor", "vendor", "vendored", "_vendored", "third_party", "thirdparty", "extern"}
-SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", "node_modules", ".tox", ".venv"}
-# Skipped only inside the standard library: its test suite (huge, odd on purpose) and IDLE.
-STDLIB_SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "turtledemo"}
 # Markers of generated code, looked for in the first lines only (they also appear in prose later).
 GENERATED_MARKERS = (
     "auto-generated",
@@ -56,377 +71,6 @@ GENERATED_MARKERS = (
     "code generator",
 )
 HEADER_CHARS = 600
-STDLIB_LICENSE = "PSF-2.0"
-
-# Whitespace-normalised HumanEval(-infilling) signature lines, used when the evaluation folder is not on
-# this machine (the GPU box): the exclusion must hold wherever training data is built.
-HUMANEVAL_SIGNATURES: tuple[str, ...] = (
-    "def Strongest_Extension(class_name, extensions):",
-    "def add(lst):",
-    "def add(x: int, y: int):",
-    "def add_elements(arr, k):",
-    "def all_prefixes(string: str) -> List[str]:",
-    "def anti_shuffle(s):",
-    "def any_int(x, y, z):",
-    "def below_threshold(l: list, t: int):",
-    "def below_zero(operations: List[int]) -> bool:",
-    "def bf(planet1, planet2):",
-    "def by_length(arr):",
-    "def can_arrange(arr):",
-    "def car_race_collision(n: int):",
-    "def change_base(x: int, base: int):",
-    "def check_dict_case(dict):",
-    "def check_if_last_char_is_a_letter(txt):",
-    "def choose_num(x, y):",
-    "def circular_shift(x, shift):",
-    "def closest_integer(value):",
-    "def common(l1: list, l2: list):",
-    "def compare(game,guess):",
-    "def compare_one(a, b):",
-    "def concatenate(strings: List[str]) -> str:",
-    "def correct_bracketing(brackets: str):",
-    "def count_distinct_characters(string: str) -> int:",
-    "def count_nums(arr):",
-    "def count_up_to(n):",
-    "def count_upper(s):",
-    "def cycpattern_check(a , b):",
-    "def decimal_to_binary(decimal):",
-    "def decode_cyclic(s: str):",
-    "def decode_shift(s: str):",
-    "def derivative(xs: list):",
-    "def digitSum(s):",
-    "def digits(n):",
-    "def do_algebra(operator, operand):",
-    "def double_the_difference(lst):",
-    "def eat(number, need, remaining):",
-    "def encode(message):",
-    "def encrypt(s):",
-    "def even_odd_count(num):",
-    "def even_odd_palindrome(n):",
-    "def exchange(lst1, lst2):",
-    "def f(n):",
-    "def factorize(n: int) -> List[int]:",
-    "def fib(n: int):",
-    "def fib4(n: int):",
-    "def fibfib(n: int):",
-    "def file_name_check(file_name):",
-    "def filter_by_prefix(strings: List[str], prefix: str) -> List[str]:",
-    "def filter_by_substring(strings: List[str], substring: str) -> List[str]:",
-    "def filter_integers(values: List[Any]) -> List[int]:",
-    "def find_closest_elements(numbers: List[float]) -> Tuple[float, float]:",
-    "def find_max(words):",
-    "def find_zero(xs: list):",
-    "def fix_spaces(text):",
-    "def fizz_buzz(n: int):",
-    "def flip_case(string: str) -> str:",
-    "def fruit_distribution(s,n):",
-    "def generate_integers(a, b):",
-    "def get_closest_vowel(word):",
-    "def get_max_triples(n):",
-    "def get_odd_collatz(n):",
-    "def get_positive(l: list):",
-    "def get_row(lst, x):",
-    "def greatest_common_divisor(a: int, b: int) -> int:",
-    "def has_close_elements(numbers: List[float], threshold: float) -> bool:",
-    "def hex_key(num):",
-    "def histogram(test):",
-    "def how_many_times(string: str, substring: str) -> int:",
-    "def incr_list(l: list):",
-    "def int_to_mini_roman(number):",
-    "def intersection(interval1, interval2):",
-    "def intersperse(numbers: List[int], delimeter: int) -> List[int]:",
-    "def is_bored(S):",
-    "def is_equal_to_sum_even(n):",
-    "def is_happy(s):",
-    "def is_multiply_prime(a):",
-    "def is_nested(string):",
-    "def is_palindrome(text: str):",
-    "def is_prime(n):",
-    "def is_simple_power(x, n):",
-    "def is_sorted(lst):",
-    "def iscube(a):",
-    "def largest_divisor(n: int) -> int:",
-    "def largest_prime_factor(n: int):",
-    "def largest_smallest_integers(lst):",
-    "def longest(strings: List[str]) -> Optional[str]:",
-    "def make_a_pile(n):",
-    "def make_palindrome(string: str) -> str:",
-    "def match_parens(lst):",
-    "def max_element(l: list):",
-    "def max_fill(grid, capacity):",
-    "def maximum(arr, k):",
-    "def mean_absolute_deviation(numbers: List[float]) -> float:",
-    "def median(l: list):",
-    "def minPath(grid, k):",
-    "def minSubArraySum(nums):",
-    "def modp(n: int, p: int):",
-    "def monotonic(l: list):",
-    "def move_one_ball(arr):",
-    "def multiply(a, b):",
-    "def next_smallest(lst):",
-    "def numerical_letter_grade(grades):",
-    "def odd_count(lst):",
-    "def order_by_points(nums):",
-    "def pairs_sum_to_zero(l):",
-    "def parse_music(music_string: str) -> List[int]:",
-    "def parse_nested_parens(paren_string: str) -> List[int]:",
-    "def pluck(arr):",
-    "def prime_fib(n: int):",
-    "def prime_length(string):",
-    "def prod_signs(arr):",
-    "def remove_duplicates(numbers: List[int]) -> List[int]:",
-    "def remove_vowels(text):",
-    "def rescale_to_unit(numbers: List[float]) -> List[float]:",
-    "def reverse_delete(s,c):",
-    "def right_angle_triangle(a, b, c):",
-    "def rolling_max(numbers: List[int]) -> List[int]:",
-    "def rounded_avg(n, m):",
-    "def same_chars(s0: str, s1: str):",
-    "def search(lst):",
-    "def select_words(s, n):",
-    "def separate_paren_groups(paren_string: str) -> List[str]:",
-    "def simplify(x, n):",
-    "def skjkasdkd(lst):",
-    "def smallest_change(arr):",
-    "def solution(lst):",
-    "def solve(N):",
-    "def solve(s):",
-    "def sort_array(arr):",
-    "def sort_array(array):",
-    "def sort_even(l: list):",
-    "def sort_numbers(numbers: str) -> str:",
-    "def sort_third(l: list):",
-    "def sorted_list_sum(lst):",
-    "def specialFilter(nums):",
-    "def special_factorial(n):",
-    "def split_words(txt):",
-    "def starts_one_ends(n):",
-    "def strange_sort_list(lst):",
-    "def string_sequence(n: int) -> str:",
-    "def string_to_md5(text):",
-    "def string_xor(a: str, b: str) -> str:",
-    "def strlen(string: str) -> int:",
-    "def sum_product(numbers: List[int]) -> Tuple[int, int]:",
-    "def sum_squares(lst):",
-    "def sum_to_n(n: int):",
-    "def total_match(lst1, lst2):",
-    "def tri(n):",
-    "def triangle_area(a, b, c):",
-    "def triangle_area(a, h):",
-    "def triples_sum_to_zero(l: list):",
-    "def truncate_number(number: float) -> float:",
-    "def unique(l: list):",
-    "def unique_digits(x):",
-    "def valid_date(date):",
-    "def vowels_count(s):",
-    "def will_it_fly(q,w):",
-    "def words_in_sentence(sentence):",
-    "def words_string(s):",
-    "def x_or_y(n, x, y):",
-)
-
-
-# ----------------------------------------------------------------------------------------------
-# Evaluation data exclusion
-
-
-def find_eval_dirs() -> list[Path]:
-    """The HumanEval-infilling set, wherever this checkout sees it (shared/data next to the repo)."""
-    repo = Path(__file__).resolve().parents[2]
-    candidates = [
-        Path(os.environ.get("DFIM_EVAL_DATA", "/nonexistent")),
-        repo / "shared" / "data" / "humaneval-infilling",
-        repo.parent / "shared" / "data" / "humaneval-infilling",
-    ]
-    return [c for c in candidates if c.is_dir()]
-
-
-def _norm_ws(text: str) -> str:
-    return " ".join(text.split())
-
-
-def is_distinctive(name: str) -> bool:
-    """A function name unlikely to be defined by unrelated code (`has_close_elements`, `minSubArraySum`),
-    unlike `add` or `compare`."""
-    return (len(name) >= 10 and "_" in name.strip("_")) or (len(name) >= 8 and name != name.lower())
-
-
-@dataclass
-class EvalFilter:
-    """Drops files that contain a HumanEval prompt's function definition.
-
-    `signatures`: whitespace-normalised `def name(args) -> ret:` lines from the prompts, matched
-    verbatim. `names`: entry points distinctive enough that `def name(` alone identifies them
-    (generic ones such as `add` or `compare` would drop unrelated code)."""
-
-    signatures: frozenset[str] = frozenset()
-    names: frozenset[str] = frozenset()
-
-    @classmethod
-    def load(cls, dirs: Sequence[Path], builtin: bool = True) -> EvalFilter:
-        """Signatures from the prompts of every `*.jsonl[.gz]` in `dirs`, plus the built-in list."""
-        signatures: set[str] = set(HUMANEVAL_SIGNATURES) if builtin else set()
-        for d in dirs:
-            for path in sorted(d.glob("*.jsonl.gz")) + sorted(d.glob("*.jsonl")):
-                opener = gzip.open if path.suffix == ".gz" else open
-                with opener(path, "rt", encoding="utf-8") as f:
-                    for line in f:
-                        row = json.loads(line)
-                        name = row.get("entry_point")
-                        if name:
-                            pattern = rf"^\s*def {re.escape(name)}\(.*$"
-                            for m in re.finditer(pattern, row.get("prompt", ""), re.M):
-                                signatures.add(_norm_ws(m.group(0)))
-        names = {s[4:].split("(", 1)[0].strip() for s in signatures}
-        return cls(frozenset(signatures), frozenset(n for n in names if is_distinctive(n)))
-
-    def __bool__(self) -> bool:
-        return bool(self.signatures or self.names)
-
-    def hit(self, text: str) -> str | None:
-        for m in _DEF_LINE.finditer(text):
-            if m.group(1) in self.names:
-                return m.group(1)
-            if self.signatures and _norm_ws(m.group(0)) in self.signatures:
-                return m.group(1)
-        return None
-
-
-_DEF_LINE = re.compile(r"^[ \t]*def[ \t]+(\w+)[ \t]*\(.*$", re.M)
-
-
-# ----------------------------------------------------------------------------------------------
-# Walking and provenance
-
-
-@dataclass
-class Root:
-    path: Path
-    kind: str  # "stdlib" | "site-packages" | "corpus" (has a corpus.json) | "dir"
-
-
-def default_roots() -> list[Root]:
-    import site
-    import sysconfig
-
-    roots = [Root(Path(sysconfig.get_paths()["stdlib"]), "stdlib")]
-    seen = {roots[0].path.resolve()}
-    candidates = list(site.getsitepackages())
-    user = site.getusersitepackages()
-    candidates += [user] if isinstance(user, str) else list(user)
-    candidates += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
-    for p in candidates:
-        path = Path(p)
-        if path.is_dir() and path.resolve() not in seen:
-            seen.add(path.resolve())
-            roots.append(Root(path, "site-packages"))
-    return roots
-
-
-def classify_root(path: Path) -> Root:
-    import sysconfig
-
-    if path.resolve() == Path(sysconfig.get_paths()["stdlib"]).resolve():
-        return Root(path, "stdlib")
-    if path.name in ("site-packages", "dist-packages") or any(path.glob("*.dist-info")):
-        return Root(path, "site-packages")
-    if (path / "corpus.json").is_file():
-        return Root(path, "corpus")
-    return Root(path, "dir")
-
-
-def corpus_distributions(root: Path) -> dict[str, Dist]:
-    """Top folder -> Dist, from the corpus.json that scripts/fetch_corpus.py writes."""
-    entries = json.loads((root / "corpus.json").read_text(encoding="utf-8"))
-    return {
-        folder: Dist(e.get("name", folder), e.get("version", "?"), e.get("license") or "UNKNOWN")
-        for folder, e in entries.items()
-    }
-
-
-def is_vendored(rel_parts: Sequence[str]) -> bool:
-    return any(p in VENDOR_PARTS for p in rel_parts)
-
-
-def iter_files(root: Root) -> Iterator[tuple[Path, str | None]]:
-    """(path, reason-to-skip or None) for every .py file under the root."""
-    for dirpath, dirnames, filenames in os.walk(root.path):
-        d = Path(dirpath)
-        skip = SKIP_DIRS | (STDLIB_SKIP_DIRS if root.kind == "stdlib" else set())
-        dirnames[:] = sorted(
-            n for n in dirnames if n not in skip and not n.endswith((".dist-info", ".egg-info"))
-        )
-        if "/shared/data/" in d.as_posix() + "/":  # evaluation sets: never read, only counted
-            for name in filenames:
-                if name.endswith(".py"):
-                    yield d / name, "eval_data_path"
-            continue
-        for name in sorted(filenames):
-            if name.endswith(".py"):
-                path = d / name
-                rel = path.relative_to(root.path).parts
-                yield path, ("vendored" if is_vendored(rel[:-1]) else None)
-
-
-def _metadata_fields(text: str) -> dict[str, list[str]]:
-    """The header of a METADATA / PKG-INFO file (RFC 822 style, stops at the body)."""
-    out: dict[str, list[str]] = defaultdict(list)
-    for line in text.splitlines():
-        if not line.strip():
-            break
-        if line[:1] in " \t" or ":" not in line:
-            continue
-        key, _, value = line.partition(":")
-        out[key.strip().lower()].append(value.strip())
-    return out
-
-
-def license_of(fields: dict[str, list[str]]) -> str:
-    if fields.get("license-expression"):
-        return fields["license-expression"][0]
-    classifiers = [c for c in fields.get("classifier", []) if c.startswith("License ::")]
-    if classifiers:
-        return "; ".join(sorted({c.split("::")[-1].strip() for c in classifiers}))
-    lic = (fields.get("license") or [""])[0].strip()
-    if lic and lic.upper() != "UNKNOWN" and len(lic) <= 80:
-        return lic
-    return "see METADATA" if lic else "UNKNOWN"
-
-
-@dataclass
-class Dist:
-    name: str
-    version: str
-    license: str
-
-
-def distributions(site_dir: Path) -> tuple[dict[str, Dist], dict[str, Dist]]:
-    """(relative file path -> Dist from RECORD files, top-level name -> Dist) for a site-packages."""
-    by_file: dict[str, Dist] = {}
-    by_top: dict[str, Dist] = {}
-    for info in sorted(site_dir.glob("*.dist-info")) + sorted(site_dir.glob("*.egg-info")):
-        meta_path = info / ("METADATA" if info.suffix == ".dist-info" else "PKG-INFO")
-        try:
-            fields = _metadata_fields(meta_path.read_text(encoding="utf-8", errors="replace"))
-        except OSError:
-            continue
-        dist = Dist(
-            (fields.get("name") or [info.name.split("-")[0]])[0],
-            (fields.get("version") or ["?"])[0],
-            license_of(fields),
-        )
-        record = info / "RECORD"
-        if record.is_file():
-            for line in record.read_text(encoding="utf-8", errors="replace").splitlines():
-                rel = line.split(",", 1)[0]
-                if rel.endswith(".py"):
-                    by_file[os.path.normpath(rel)] = dist
-                    by_top.setdefault(rel.split("/", 1)[0].removesuffix(".py"), dist)
-        top = info / "top_level.txt"
-        if top.is_file():
-            for name in top.read_text(encoding="utf-8", errors="replace").split():
-                by_top.setdefault(name, dist)
-    return by_file, by_top
 
 
 # ----------------------------------------------------------------------------------------------
@@ -434,15 +78,17 @@ def distributions(site_dir: Path) -> tuple[dict[str, Dist], dict[str, Dist]]:
 
 _tokenizer = None
 _eval_filter = EvalFilter()
+_near_dedup = True
 
 
-def _init_worker(tokenizer_path: str, eval_filter: EvalFilter) -> None:
-    global _tokenizer, _eval_filter
+def _init_worker(tokenizer_path: str, eval_filter: EvalFilter, near_dedup: bool) -> None:
+    global _tokenizer, _eval_filter, _near_dedup
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from dfim.engine.model.tokenizer import Tokenizer
 
     _tokenizer = Tokenizer.from_file(tokenizer_path)
     _eval_filter = eval_filter
+    _near_dedup = near_dedup
 
 
 def quality_problem(text: str) -> str | None:
@@ -460,21 +106,51 @@ def quality_problem(text: str) -> str | None:
     return None
 
 
-def process_file(path: str) -> dict:
-    """Read, filter, hash and tokenize one file. Returns a record; `ids` only for kept files."""
-    rec: dict = {"path": path}
-    try:
-        raw = Path(path).read_bytes()
-    except OSError:
-        rec["drop"] = "unreadable"
-        return rec
+# A task: (root index, file path or None, corpus record line or None).
+Task = tuple[int, "str | None", "bytes | None"]
+
+
+def process_task(task: Task) -> dict:
+    """Read (or parse), filter, hash and tokenize one file or corpus record. Returns a record with the
+    root index and path; `drop` says why it goes, `ids` (and `minhash`) are there only for kept files."""
+    root_idx, path, line = task
+    rec: dict = {"root": root_idx}
+    if line is not None:
+        try:
+            row = corpus_record(line)
+        except ValueError:  # json.JSONDecodeError is a ValueError
+            rec.update(path="?", drop="bad_record")
+            return rec
+        rec.update(path=row["path"], lang=row.get("lang", "?"), license=row.get("license") or "UNKNOWN")
+        rec["source"] = row.get("source", "?")
+        if not is_permissive(rec["license"]):
+            rec["drop"] = "license_not_permissive"
+            return rec
+        text = row["text"]
+        raw = text.encode("utf-8", errors="surrogatepass")
+    else:
+        assert path is not None
+        rec["path"] = path
+        try:
+            raw = Path(path).read_bytes()
+        except OSError:
+            rec["drop"] = "unreadable"
+            return rec
+        if len(raw) > MAX_FILE_BYTES:
+            rec["drop"] = "too_large"
+            return rec
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            rec["drop"] = "not_utf8"
+            return rec
+        rec["lang"] = "python" if path.endswith(".py") else header_language(path, text)
+    return _filter_and_tokenize(rec, text, raw)
+
+
+def _filter_and_tokenize(rec: dict, text: str, raw: bytes) -> dict:
     if len(raw) > MAX_FILE_BYTES:
         rec["drop"] = "too_large"
-        return rec
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        rec["drop"] = "not_utf8"
         return rec
     problem = quality_problem(text)
     if problem:
@@ -490,6 +166,7 @@ def process_file(path: str) -> dict:
     rec["chars"] = len(text)
     assert _tokenizer is not None
     rec["ids"] = np.asarray(_tokenizer.encode(text), dtype=np.uint16)
+    rec["minhash"] = signature(rec["ids"]) if _near_dedup else None
     return rec
 
 
@@ -499,44 +176,31 @@ def val_split(rel_path: str, val_fraction: float) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
-# Shard writing
-
-
-class ShardWriter:
-    def __init__(self, out: Path, split: str, sep_id: int, max_tokens: int) -> None:
-        self.out, self.split, self.sep_id, self.max_tokens = out, split, sep_id, max_tokens
-        self.shard = 0
-        self.parts: list[np.ndarray] = []
-        self.size = 0
-        self.docs: list[tuple[int, int, int]] = []
-        self.tokens = 0
-
-    def add(self, ids: np.ndarray) -> None:
-        if self.size and self.size + len(ids) + 1 > self.max_tokens:
-            self.flush()
-        self.docs.append((self.shard, self.size, len(ids)))
-        self.parts += [ids, np.array([self.sep_id], dtype=np.uint16)]
-        self.size += len(ids) + 1
-        self.tokens += len(ids)
-
-    def flush(self) -> None:
-        if self.parts:
-            np.concatenate(self.parts).tofile(self.out / f"{self.split}_{self.shard:03d}.bin")
-            self.shard += 1
-        self.parts, self.size = [], 0
-
-    def close(self) -> None:
-        self.flush()
-        docs = np.array(self.docs, dtype=np.int64).reshape(-1, 3)
-        np.save(self.out / f"{self.split}_docs.npy", docs)
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+# The build
 
 
 class BuildError(Exception):
-    """Nothing to build from (no .py file under the roots, or none kept); the message is one line."""
+    """Nothing to build from (no file under the roots, or none kept); the message is one line."""
+
+
+def _provenance(
+    root: Root, rel: str, rec: dict, dist_maps: tuple[dict[str, Dist], dict[str, Dist]], header: Dist | None
+) -> Dist:
+    """The distribution and licence a kept file is recorded under."""
+    if root.kind == "stdlib":
+        return Dist("python-stdlib", sys.version.split()[0], STDLIB_LICENSE)
+    if root.kind == "site-packages":
+        by_file, by_top = dist_maps
+        top = rel.split(os.sep, 1)[0].removesuffix(".py")
+        return by_file.get(os.path.normpath(rel)) or by_top.get(top) or Dist(top, "?", "UNKNOWN")
+    if root.kind == "corpus":
+        top = rel.split(os.sep, 1)[0]
+        return dist_maps[1].get(top) or Dist(top, "?", "UNKNOWN")
+    if root.kind == "shard":
+        return Dist(rec.get("source", "?"), "", rec.get("license", "UNKNOWN"))
+    if root.kind == "headers" and header is not None:
+        return header
+    return Dist(root.path.name, "?", "UNKNOWN")
 
 
 def build(
@@ -547,6 +211,8 @@ def build(
     val_fraction: float = 0.01,
     max_shard_tokens: int = 2**26,
     eval_filter: EvalFilter | None = None,
+    permissive_only: bool = False,
+    near_dedup: bool = True,
     log=print,
 ) -> dict:
     t0 = time.time()
@@ -554,9 +220,13 @@ def build(
     if not eval_filter:
         log("warning: no evaluation set found; HumanEval exclusion is inactive")
 
-    # Provenance of every file, by root.
-    files: list[tuple[str, int, str | None]] = []  # (path, root index, early drop reason)
+    drops: Counter[str] = Counter()
+    # Files of every folder root, with provenance maps; corpus shards are streamed later.
+    files: list[tuple[str, int]] = []
     dist_maps: list[tuple[dict[str, Dist], dict[str, Dist]]] = []
+    header_dists: dict[str, Dist] = {}
+    header_licenses = HeaderLicenses()
+    files_seen = 0
     for i, root in enumerate(roots):
         if root.kind == "site-packages":
             dist_maps.append(distributions(root.path))
@@ -564,10 +234,26 @@ def build(
             dist_maps.append(({}, corpus_distributions(root.path)))
         else:
             dist_maps.append(({}, {}))
-        files += [(str(p), i, reason) for p, reason in iter_files(root)]
-    log(f"{len(files)} .py files under {len(roots)} roots ({time.time() - t0:.1f}s)")
-    if not files:
-        raise BuildError(f"no .py files under {', '.join(str(r.path) for r in roots)}")
+        if root.kind == "shard":
+            continue
+        for path, reason in iter_files(root):
+            files_seen += 1
+            if reason is None and root.kind == "headers":
+                found = header_licenses.find(path)
+                if found is None:
+                    reason = "license_unattributed"
+                elif not is_permissive(found[1]):
+                    reason = "license_not_permissive"
+                else:
+                    header_dists[str(path)] = Dist(found[0], "", found[1])
+            if reason:
+                drops[reason] += 1
+            else:
+                files.append((str(path), i))
+    shards = [i for i, r in enumerate(roots) if r.kind == "shard"]
+    log(f"{files_seen} files under {len(roots) - len(shards)} folders, {len(shards)} corpus shards")
+    if not files and not shards:
+        raise BuildError(f"no .py files (nor headers or corpus shards) under {', '.join(str(r.path) for r in roots)}")
     out.mkdir(parents=True, exist_ok=True)
     # The old build goes first, meta.json included: a build that fails midway never looks built.
     for old in list(out.glob("*.bin")) + list(out.glob("*_docs.npy")) + list(out.glob("meta.json")):
@@ -577,30 +263,48 @@ def build(
 
     sep_id = Tokenizer.from_file(tokenizer_path).file_sep_id
     writers = {s: ShardWriter(out, s, sep_id, max_shard_tokens) for s in ("train", "val")}
-    drops: Counter[str] = Counter()
     eval_hits: Counter[str] = Counter()
     seen_exact: set[str] = set()
     seen_norm: set[str] = set()
+    near_index = NearDupIndex()
     license_files: Counter[str] = Counter()
     license_tokens: Counter[str] = Counter()
     dist_tokens: Counter[str] = Counter()
+    lang_files: Counter[str] = Counter()
+    lang_tokens: Counter[str] = Counter()
     total_chars = 0
 
-    todo = [(p, i) for p, i, reason in files if reason is None]
-    for _, _, reason in files:
-        if reason:
-            drops[reason] += 1
+    def tasks() -> Iterator[Task]:
+        for path, i in files:
+            yield (i, path, None)
+        for i in shards:
+            for line in iter_corpus_lines(roots[i].path):
+                yield (i, None, line)
+
     ctx = mp.get_context("fork" if sys.platform != "win32" else "spawn")
+    last_log = time.time()
     with (
-        ctx.Pool(workers, initializer=_init_worker, initargs=(str(tokenizer_path), eval_filter)) as pool,
+        ctx.Pool(
+            workers, initializer=_init_worker, initargs=(str(tokenizer_path), eval_filter, near_dedup)
+        ) as pool,
         open(out / "manifest.jsonl", "w", encoding="utf-8") as manifest,
     ):
-        results = pool.imap(process_file, [p for p, _ in todo], chunksize=8)
-        for (path, root_idx), rec in zip(todo, results, strict=True):
+        for rec in pool.imap(process_task, tasks(), chunksize=16):
+            root = roots[rec["root"]]
+            if root.kind == "shard":
+                files_seen += 1
+            if time.time() - last_log > 30:
+                last_log = time.time()
+                log(f"  {files_seen} files seen, {sum(len(w.docs) for w in writers.values())} kept")
             if "drop" in rec:
                 drops[rec["drop"]] += 1
                 if "eval_hit" in rec:
                     eval_hits[rec["eval_hit"]] += 1
+                continue
+            rel = rec["path"] if root.kind == "shard" else os.path.relpath(rec["path"], root.path)
+            dist = _provenance(root, rel, rec, dist_maps[rec["root"]], header_dists.get(rec["path"]))
+            if permissive_only and not is_permissive(dist.license):
+                drops["license_not_permissive"] += 1
                 continue
             if rec["sha1"] in seen_exact:
                 drops["duplicate"] += 1
@@ -610,28 +314,23 @@ def build(
                 continue
             seen_exact.add(rec["sha1"])
             seen_norm.add(rec["norm_sha1"])
-            root = roots[root_idx]
-            rel = os.path.relpath(path, root.path)
-            if root.kind == "stdlib":
-                dist = Dist("python-stdlib", sys.version.split()[0], STDLIB_LICENSE)
-            elif root.kind == "site-packages":
-                by_file, by_top = dist_maps[root_idx]
-                top = rel.split(os.sep, 1)[0].removesuffix(".py")
-                dist = by_file.get(os.path.normpath(rel)) or by_top.get(top) or Dist(top, "?", "UNKNOWN")
-            elif root.kind == "corpus":
-                top = rel.split(os.sep, 1)[0]
-                dist = dist_maps[root_idx][1].get(top) or Dist(top, "?", "UNKNOWN")
-            else:
-                dist = Dist(root.path.name, "?", "UNKNOWN")
-            split = "val" if val_split(f"{root.kind}/{rel}", val_fraction) else "train"
+            if near_dedup and near_index.add(rec["minhash"]):
+                drops["near_duplicate_minhash"] += 1
+                continue
+            kind = "corpus" if root.kind == "shard" else root.kind
+            split = "val" if val_split(f"{kind}/{rel}", val_fraction) else "train"
             ids = rec["ids"]
             writers[split].add(ids)
             total_chars += rec["chars"]
+            lang = rec.get("lang", "?")
+            lang_files[lang] += 1
+            lang_tokens[lang] += len(ids)
             license_files[dist.license] += 1
             license_tokens[dist.license] += len(ids)
             dist_tokens[f"{dist.name} ({dist.license})"] += len(ids)
             entry = {
-                "path": f"{root.kind}:{rel}",
+                "path": f"{kind}:{rel}",
+                "lang": lang,
                 "dist": dist.name,
                 "version": dist.version,
                 "license": dist.license,
@@ -646,18 +345,24 @@ def build(
     tokens = {s: w.tokens for s, w in writers.items()}
     kept = sum(len(w.docs) for w in writers.values())
     if not kept:
-        raise BuildError(
-            f"none of the {len(files)} .py files was kept (dropped: {dict(drops.most_common())})"
-        )
+        raise BuildError(f"none of the {files_seen} files was kept (dropped: {dict(drops.most_common())})")
+    unique_tokens = sum(tokens.values())
     summary = {
         "roots": [{"path": str(r.path), "kind": r.kind} for r in roots],
-        "files_seen": len(files),
+        "files_seen": files_seen,
         "files_kept": kept,
         "files_per_split": {s: len(w.docs) for s, w in writers.items()},
         "tokens": tokens,
+        "unique_tokens": unique_tokens,
         "chars": total_chars,
-        "chars_per_token": round(total_chars / max(1, sum(tokens.values())), 3),
+        "chars_per_token": round(total_chars / max(1, unique_tokens), 3),
+        "languages": {
+            lang: {"files": lang_files[lang], "tokens": n, "share": round(n / unique_tokens, 4)}
+            for lang, n in lang_tokens.most_common()
+        },
         "dropped": dict(drops.most_common()),
+        "dedup": {"exact": True, "whitespace": True, "minhash_jaccard": THRESHOLD if near_dedup else None},
+        "permissive_only": permissive_only,
         "eval_filter": {
             "signatures": len(eval_filter.signatures),
             "names": len(eval_filter.names),
@@ -680,52 +385,22 @@ def build(
         "roots": [str(r.path) for r in roots],
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    per_lang = ", ".join(f"{lang} {n / 1e6:.1f}M" for lang, n in lang_tokens.most_common())
     log(
-        f"kept {kept}/{len(files)} files, {tokens['train']:,} train + {tokens['val']:,} val tokens, "
-        f"{summary['chars_per_token']} chars/token, dropped {dict(drops.most_common())}, "
+        f"kept {kept}/{files_seen} files, {tokens['train']:,} train + {tokens['val']:,} val tokens "
+        f"({per_lang}), {summary['chars_per_token']} chars/token, dropped {dict(drops.most_common())}, "
         f"{summary['seconds']}s -> {out}"
     )
     return summary
 
 
-# ----------------------------------------------------------------------------------------------
-# Reading shards back (the trainer's side)
-
-
-class TokenShards:
-    """Memory-mapped token shards of one split; `doc(i)` gives one file's ids."""
-
-    def __init__(self, folder: str | Path, split: str) -> None:
-        folder = Path(folder)
-        self.docs = np.load(folder / f"{split}_docs.npy")
-        n_shards = int(self.docs[:, 0].max()) + 1 if len(self.docs) else 0
-        self.shards = [
-            np.memmap(folder / f"{split}_{i:03d}.bin", dtype=np.uint16, mode="r") for i in range(n_shards)
-        ]
-        self.lengths = self.docs[:, 2]
-        self.num_tokens = int(self.lengths.sum())
-
-    def __len__(self) -> int:
-        return len(self.docs)
-
-    def doc(self, i: int) -> np.ndarray:
-        shard, start, length = (int(x) for x in self.docs[i])
-        return self.shards[shard][start : start + length]
-
-
-def is_built(folder: str | Path, tokenizer_path: str | Path, roots: Sequence[Root] | None = None) -> bool:
-    """Shards in `folder` match this tokenizer (and, when given, were built from these roots)."""
-    folder = Path(folder)
-    try:
-        meta = json.loads((folder / "meta.json").read_text())
-    except (OSError, ValueError):
-        return False
-    same_roots = roots is None or meta.get("roots") == [str(r.path) for r in roots]
-    return (
-        meta.get("tokenizer_sha256") == file_sha256(Path(tokenizer_path))
-        and (folder / "train_docs.npy").is_file()
-        and same_roots
-    )
+def _expand(patterns: Sequence[str]) -> list[Path]:
+    """Corpus shard arguments, globs expanded here too (a quoted `train-*.jsonl.xz` reaches us as is)."""
+    paths: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if any(c in pattern for c in "*?[") else [pattern]
+        paths += [Path(m) for m in matches] or [Path(pattern)]
+    return paths
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -736,6 +411,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokenizer", required=True, type=Path)
     parser.add_argument("--roots", nargs="*", type=Path, help="default: stdlib + site-packages")
     parser.add_argument("--extra-roots", nargs="*", type=Path, default=[], help="folders added to the roots")
+    parser.add_argument(
+        "--corpus", action="extend", nargs="+", default=[], help="corpus shards (.jsonl.xz; globs expanded)"
+    )
+    parser.add_argument(
+        "--c-headers", action="extend", nargs="+", type=Path, default=[], help="folders of C/C++ headers"
+    )
+    parser.add_argument(
+        "--permissive-only", action="store_true", help="drop .py files under a non-permissive licence too"
+    )
+    parser.add_argument("--no-near-dedup", action="store_true", help="exact and whitespace dedup only")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--val-fraction", type=float, default=0.01)
     parser.add_argument("--max-shard-tokens", type=int, default=2**26)
@@ -753,6 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     prog = "python -m dfim.engine.training.data"
+    corpus = _expand(args.corpus)
     try:
         output_folder(args.out, "--out")
         existing_file(args.tokenizer, "--tokenizer")
@@ -765,10 +451,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for flag, paths in (
             ("--roots", args.roots),
             ("--extra-roots", args.extra_roots),
+            ("--c-headers", args.c_headers),
             ("--eval-data", args.eval_data),
         ):
             for path in paths or ():
                 existing_dir(path, flag)
+        for path in corpus:
+            existing_file(path, "--corpus")
         at_least("--workers", args.workers, 1)
         within("--val-fraction", args.val_fraction, 0, 1, open_low=True, open_high=True)
         at_least("--max-shard-tokens", args.max_shard_tokens, 1)
@@ -776,6 +465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(prog, str(err))
     roots = [classify_root(r) for r in args.roots] if args.roots else default_roots()
     roots += [classify_root(r) for r in args.extra_roots]
+    roots += [Root(r, "headers") for r in args.c_headers]
+    roots += [Root(r, "shard") for r in corpus]
     if args.skip_if_built and is_built(args.out, args.tokenizer, roots):
         print(f"{args.out}: already built for this tokenizer and these roots")
         return 0
@@ -789,6 +480,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             val_fraction=args.val_fraction,
             max_shard_tokens=args.max_shard_tokens,
             eval_filter=EvalFilter.load(eval_dirs),
+            permissive_only=args.permissive_only,
+            near_dedup=not args.no_near_dedup,
         )
     except BuildError as err:
         return fail(prog, str(err))
