@@ -110,3 +110,90 @@ def test_train_small_vocab() -> None:
     assert small.eos_id == 1 and small.fim_middle_id == 6
     for t in texts[:1] + TRICKY:
         assert small.decode(small.encode(t)) == t
+
+
+# ----------------------------------------------------------------------------------------------
+# The multilingual vocabulary: training from .py folders plus corpus shards
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+BASE_TOKENIZER_JSON = TOKENIZER_JSON.parents[1] / "dfim-base" / "tokenizer.json"
+
+
+def write_shard(path: Path, rows: list[dict]) -> None:
+    import json
+    import lzma
+
+    with lzma.open(path, "wb") as f:
+        for row in rows:
+            f.write((json.dumps(row) + "\n").encode())
+
+
+def test_corpus_sample_is_balanced_and_filtered(tmp_path: Path) -> None:
+    from dfim.engine.model.tokenizer import read_corpus_text
+
+    go, rs = (FIXTURES / "example.go").read_text(), (FIXTURES / "example.rs").read_text()
+    rows = [{"text": go, "path": f"g{i}.go", "lang": "go", "license": "MIT"} for i in range(50)]
+    rows += [{"text": rs, "path": f"r{i}.rs", "lang": "rust", "license": "Apache-2.0"} for i in range(50)]
+    rows += [{"text": "GPL_ONLY_MARKER = 1\n", "path": "x.c", "lang": "c", "license": "GPL-2.0"}]
+    write_shard(tmp_path / "a.jsonl.xz", rows)
+    budget = 10 * len(go.encode())
+    sample = read_corpus_text([tmp_path / "a.jsonl.xz"], budget, languages=("go", "rust", "c"))
+    assert set(sample) == {"go", "rust"}  # the only C record is GPL
+    go_bytes = sum(len(t.encode()) for t in sample["go"])
+    assert budget / 3 <= go_bytes < budget / 3 + len(go.encode())  # its share, then no more
+    assert len(sample["rust"]) > len(sample["go"])  # shorter files: more of them in the same share
+
+
+def test_build_main_mixes_python_and_corpus(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dfim.engine.model.tokenizer import build_main
+
+    pyroot = tmp_path / "py"
+    pyroot.mkdir()
+    (pyroot / "example.py").write_text((FIXTURES / "example.py").read_text())
+    rows = [
+        {
+            "text": (FIXTURES / f"example.{ext}").read_text(),
+            "path": f"{i}.{ext}",
+            "lang": lang,
+            "license": "MIT",
+        }
+        for i in range(20)
+        for ext, lang in (("go", "go"), ("rs", "rust"), ("js", "javascript"))
+    ]
+    write_shard(tmp_path / "train-00.jsonl.xz", rows)
+    out = tmp_path / "tok" / "tokenizer.json"
+    argv = [
+        "--out",
+        str(out),
+        "--vocab-size",
+        "600",
+        "--max-mb",
+        "0.05",
+        "--corpus",
+        str(tmp_path / "train-00.jsonl.xz"),
+    ]
+    assert build_main([str(pyroot), *argv]) == 0  # after --corpus, a root would be a shard
+    printed = capsys.readouterr().out
+    for lang in ("python", "go", "rust", "javascript"):
+        assert f"  {lang}: " in printed
+    tok = Tokenizer.from_file(out)
+    assert tok.vocab_size <= 600
+    for i, name in enumerate(SPECIAL_TOKENS):
+        assert tok._hf.token_to_id(name) == i
+    for ext in ("go", "rs", "js", "py"):
+        text = (FIXTURES / f"example.{ext}").read_text()
+        assert tok.decode(tok.encode(text)) == text
+
+
+@pytest.mark.skipif(not BASE_TOKENIZER_JSON.is_file(), reason="dfim-base tokenizer not trained yet")
+def test_base_tokenizer_keeps_the_special_ids() -> None:
+    base, small = Tokenizer.from_file(BASE_TOKENIZER_JSON), Tokenizer.from_file(TOKENIZER_JSON)
+    assert base.vocab_size == 16384
+    for name in SPECIAL_TOKENS:
+        assert base._hf.token_to_id(name) == small._hf.token_to_id(name)
+    assert base.fim_context([], []) == small.fim_context([], [])
+    assert all(i >= NUM_SPECIAL for i in base.encode("<fim_prefix><eos><pad><file_sep>"))
+    for text in TRICKY + [(FIXTURES / f"example.{ext}").read_text() for ext in ("go", "rs", "js", "py")]:
+        assert base.decode(base.encode(text)) == text
+    # Indentation and digits follow the same code-friendly split as the shipped vocabulary.
+    assert all(len(base.token_bytes(i)) <= 3 for i in base.encode("1234567890"))

@@ -222,11 +222,14 @@ def iter_py_files(root: Path) -> Iterator[Path]:
 
 
 def read_training_text(roots: Sequence[Path], max_bytes: int, seed: int = 0) -> list[str]:
+    """A random sample of the `.py` files under `roots`, about `max_bytes` of them."""
     files = [p for root in roots for p in iter_py_files(root)]
     random.Random(seed).shuffle(files)
     texts: list[str] = []
     total = 0
     for path in files:
+        if total >= max_bytes:
+            break
         try:
             raw = path.read_bytes()
             if len(raw) > 500_000:
@@ -236,9 +239,48 @@ def read_training_text(roots: Sequence[Path], max_bytes: int, seed: int = 0) -> 
             continue
         texts.append(text)
         total += len(raw)
-        if total >= max_bytes:
-            break
     return texts
+
+
+# The languages of the corpus shards besides Python (whose sample comes from .py folders).
+CORPUS_LANGUAGES = ("typescript", "javascript", "go", "rust", "java", "c", "cpp")
+
+
+def read_corpus_text(
+    shards: Sequence[Path], max_bytes: int, seed: int = 0, languages: Sequence[str] = CORPUS_LANGUAGES
+) -> dict[str, list[str]]:
+    """Language -> texts from corpus shards: up to `max_bytes / len(languages)` of each language.
+
+    Only records the training data would keep shape the vocabulary: a permissive licence, no
+    generated or minified text. Shards are read in random interleaving so that a shard ordered by
+    language does not decide the sample; a language with less than its share leaves it unused."""
+    from dfim.engine.training.data import MAX_FILE_BYTES, quality_problem
+    from dfim.engine.training.sources import corpus_record, is_permissive, iter_corpus_lines
+
+    readers = [iter_corpus_lines(Path(s)) for s in shards]
+    rng = random.Random(seed)
+    share = max_bytes / len(languages)
+    by_lang: dict[str, list[str]] = {lang: [] for lang in languages}
+    sizes = dict.fromkeys(languages, 0)
+    while readers and any(n < share for n in sizes.values()):
+        reader = readers[rng.randrange(len(readers))]
+        line = next(reader, None)
+        if line is None:
+            readers.remove(reader)
+            continue
+        try:
+            row = corpus_record(line)
+        except ValueError:
+            continue
+        lang, text = row.get("lang"), row["text"]
+        if lang not in sizes or sizes[lang] >= share:
+            continue
+        size = len(text.encode("utf-8", errors="surrogatepass"))
+        if size > MAX_FILE_BYTES or not is_permissive(row.get("license") or "") or quality_problem(text):
+            continue
+        by_lang[lang].append(text)
+        sizes[lang] += size
+    return {lang: texts for lang, texts in by_lang.items() if texts}
 
 
 def train(texts: Sequence[str], vocab_size: int = VOCAB_SIZE) -> Tokenizer:
@@ -269,24 +311,46 @@ def build_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-mb", type=float, default=80.0, help="sample at most this much source")
     parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--corpus",
+        action="extend",
+        nargs="+",
+        default=[],
+        help="corpus shards (.jsonl.xz) of other languages",
+    )
+    parser.add_argument(
+        "--python-share", type=float, default=0.4, help="share of Python in the sample when --corpus is given"
+    )
     parser.add_argument("roots", nargs="*", help="directories of .py files (default: stdlib + site-packages)")
     args = parser.parse_args(argv)
     roots = [Path(r) for r in args.roots] or default_roots()
     t0 = time.time()
-    texts = read_training_text(roots, int(args.max_mb * 2**20), args.seed)
+    max_bytes = int(args.max_mb * 2**20)
+    python_bytes = int(max_bytes * args.python_share) if args.corpus else max_bytes
+    samples = {"python": read_training_text(roots, python_bytes, args.seed)}
+    if args.corpus:
+        for lang, texts in read_corpus_text(
+            [Path(c) for c in args.corpus], max_bytes - python_bytes, args.seed
+        ).items():
+            samples.setdefault(lang, []).extend(texts)
+    for lang, texts in sorted(samples.items()):
+        print(
+            f"  {lang}: {len(texts)} files, {sum(len(t.encode()) for t in texts) / 2**20:.1f} MiB", flush=True
+        )
+    texts = [t for group in samples.values() for t in group]
+    random.Random(args.seed).shuffle(texts)
     nbytes = sum(len(t.encode()) for t in texts)
     print(f"read {len(texts)} files, {nbytes / 2**20:.1f} MiB in {time.time() - t0:.1f}s", flush=True)
     tok = train(texts, args.vocab_size)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tok.save(out)
-    sample = texts[: min(len(texts), 200)]
-    chars = sum(len(t) for t in sample)
-    ntok = sum(len(ids) for ids in tok.encode_batch(sample))
-    print(
-        f"vocab {tok.vocab_size}, trained in {time.time() - t0:.1f}s, "
-        f"{chars / max(ntok, 1):.2f} chars/token on {len(sample)} training files -> {out}"
-    )
+    for lang, group in sorted(samples.items()):
+        sample = group[:200]
+        chars = sum(len(t) for t in sample)
+        ntok = sum(len(ids) for ids in tok.encode_batch(sample))
+        print(f"  {lang}: {chars / max(ntok, 1):.2f} chars/token on {len(sample)} training files")
+    print(f"vocab {tok.vocab_size}, trained in {time.time() - t0:.1f}s -> {out}")
     return 0
 
 
