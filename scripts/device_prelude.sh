@@ -2,13 +2,7 @@
 # environment, token shards (built from that machine's Python stdlib + site-packages on the first call,
 # skipped later), and TRAIN_MINUTES, what is left of this call's MINUTES_TOTAL for training after the
 # data step and RESERVE_MINUTES (saving, export, copying back).
-# dfim is not pip-installed there (no registry): a folder on PYTHONPATH that mirrors the installed
-# layout (dfim/ with engine/ and server/ as dfim.engine and dfim.server) makes `python3 -m dfim...` work.
-SRC=/tmp/dfim-src
-rm -rf "$SRC" && mkdir -p "$SRC/dfim"
-for entry in dfim/*; do ln -s "$PWD/$entry" "$SRC/dfim/"; done
-ln -s "$PWD/engine" "$SRC/dfim/engine" && ln -s "$PWD/server" "$SRC/dfim/server"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$SRC TOKENIZERS_PARALLELISM=false
+source scripts/device_env.sh   # PYTHONPATH mirror of the installed layout, NCCL settings
 START=$(date +%s)
 DATA=${DATA:-/root/dfim-data}
 MINUTES_TOTAL=${MINUTES_TOTAL:-9}

@@ -290,7 +290,7 @@ def test_licence_expressions() -> None:
     from dfim.engine.training.sources import is_permissive
 
     for ok in ("MIT", "Apache-2.0", "MIT OR Apache-2.0", "BSD-3-Clause AND MIT", "BSD License", "Zlib",
-               "GPL-2.0 OR MIT", "Apache-2.0 WITH LLVM-exception", "public-domain", "PSF-2.0"):  # fmt: skip
+               "GPL-2.0 OR MIT", "Apache-2.0 WITH LLVM-exception", "ISC License (ISCL)", "Apache 2.0 License", "public-domain", "PSF-2.0"):  # fmt: skip
         assert is_permissive(ok), ok
     for bad in ("", "UNKNOWN", "GPL-3.0-only", "LGPL-2.1-or-later", "MIT AND GPL-2.0", "MPL-2.0",
                 "see METADATA", "Proprietary"):  # fmt: skip

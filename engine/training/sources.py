@@ -61,6 +61,10 @@ PERMISSIVE = {
     "curl",
     "blueoak-1.0.0",
     "upl-1.0",
+    "apache software",
+    "apache license 2.0",
+    "apache license, version 2.0",
+    "cnri-python",
 }
 # Suffixes that mark an exception or variant of a permissive licence, not another licence.
 _LICENSE_NOISE = re.compile(r"\s*(\+|-or-later|-only|\s+with\s+llvm-exception|\s+with\s+.*exception)$", re.I)
@@ -81,9 +85,16 @@ def is_permissive(license_expr: str) -> bool:
         return False
     for alternative in re.split(r"\s+or\s+|\s*/\s*(?=[a-z])|;\s*", expr, flags=re.I):
         parts = re.split(r"\s+and\s+|\s*,\s*", alternative.strip().strip("()"), flags=re.I)
-        if parts and all(_LICENSE_NOISE.sub("", p.strip().strip("()")).lower() in PERMISSIVE for p in parts):
+        if parts and all(_normalise(p) in PERMISSIVE for p in parts):
             return True
     return False
+
+
+def _normalise(name: str) -> str:
+    """`Apache 2.0 License`, `ISC License (ISCL)`, `MIT+` -> the spelling PERMISSIVE lists."""
+    name = re.sub(r"\([^)]*\)?", "", name).strip().strip("()")  # an outer strip may eat its ")"
+    name = _LICENSE_NOISE.sub("", name).lower().strip()
+    return re.sub(r"\s+license$", "", name).strip()
 
 
 def header_language(path: str, text: str) -> str:

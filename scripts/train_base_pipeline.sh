@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The whole dfim-base run, started in the background by `scripts/train_base_on_device.sh start`
+# (it outlives the call that starts it): token shards, then phase 1 (AR FIM, `--objective causal`),
+# then phase 2 (diffusion from the AR export, with the AR loss kept at weight 1.0 for the draft).
+# Each step is skipped when its result is there already, so a restart continues where it stopped.
+# Settings come from the environment the stage script writes to $RUN/settings.env.
+set -euo pipefail
+source "$RUN/settings.env"
+cd "$CODE"
+DFIM_SRC_ROOT=$CODE DFIM_MIRROR=$CODE/mirror source "$CODE/scripts/device_env.sh"
+say() { echo "[$(date -u +%H:%M:%S)] $*"; }
+
+# 1. Token shards: corpus shards + this machine's Python + permissively licensed C/C++ headers.
+HEADERS=()
+for dir in $HEADER_ROOTS; do [ -d "$dir" ] && HEADERS+=(--c-headers "$dir"); done
+PY=()
+[ -n "$PY_ROOTS" ] && PY=(--roots $PY_ROOTS)
+say "data: $DATA (corpus $CORPUS_DIR, headers: ${HEADERS[*]:-none})"
+python3 -m dfim.engine.training.data --out "$DATA" --tokenizer "$TOKENIZER" "${PY[@]}" \
+  --corpus "$CORPUS_DIR"/train-*.jsonl.xz "${HEADERS[@]}" --permissive-only \
+  --workers "$(nproc)" --skip-if-built > "$RUN/data.log" 2>&1 || { tail -n 30 "$RUN/data.log"; exit 1; }
+cp "$DATA/summary.json" "$RUN/data_summary.json"
+say "data ready: $(tail -n 1 "$RUN/data.log")"
+if [ -z "${DEADLINE:-}" ]; then  # fixed once, so a restarted run keeps the first deadline
+  DEADLINE=$(python3 -c "import time; print(int(time.time() + $TRAIN_MINUTES * 60))")
+  echo "DEADLINE=$DEADLINE" >> "$RUN/settings.env"
+fi
+
+# 2. Training: both phases share TRAIN_MINUTES of wall clock, AR_SHARE of it for phase 1.
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+[ "$NGPU" -ge 1 ] || NGPU=1
+AR_MIN=$(python3 -c "print(round($TRAIN_MINUTES * $AR_SHARE, 2))")
+common=(--data "$DATA" --tokenizer "$TOKENIZER" --model-config base --resume --log-every 50 --eval-every 500
+        --workers "$LOADER_WORKERS" $EXTRA_TRAIN_ARGS)
+[ -n "$BATCH" ] && common+=(--batch-size "$BATCH")
+launch() {  # launch LOG ARGS...: torchrun on every GPU, with a hard stop a few minutes past the plan
+  local log=$1 minutes=$2; shift 2
+  local cmd=(torchrun --standalone --nproc_per_node="$NGPU" -m dfim.commands.train "$@")
+  say "run: ${cmd[*]} > $log"
+  if [ "$DRY_RUN" = 1 ]; then say "DRY_RUN: not started"; return 0; fi
+  timeout --signal=TERM --kill-after=60 "$(python3 -c "print(int(($minutes + 4) * 60))")" "${cmd[@]}" > "$log" 2>&1
+}
+
+if [ -f "$RUN/ar/export/config.json" ]; then
+  say "phase 1 (AR) done already: $RUN/ar/export"
+else
+  launch "$RUN/ar.log" "$AR_MIN" "${common[@]}" --out "$RUN/ar" --objective causal \
+    --minutes "$AR_MIN" --plan-minutes "$AR_MIN" --name dfim-base-ar
+fi
+
+# Phase 2 gets what is left of the deadline (phase 1 or the data may have run long), at least 2 minutes.
+DIFF_MIN=$(python3 -c "import time; print(round(max(2.0, ($DEADLINE - time.time()) / 60), 2))")
+INIT=()
+[ -f "$RUN/diff/state/trainer.json" ] || INIT=(--init-from "$RUN/ar/export")
+if [ -f "$RUN/diff/export/config.json" ]; then
+  say "phase 2 (diffusion) done already: $RUN/diff/export"
+else
+  launch "$RUN/diff.log" "$DIFF_MIN" "${common[@]}" --out "$RUN/diff" "${INIT[@]}" --causal-weight 1.0 \
+    --minutes "$DIFF_MIN" --plan-minutes "$DIFF_MIN" --name dfim-base
+fi
+[ "$DRY_RUN" = 1 ] || touch "$RUN/DONE"
+say "pipeline finished"
