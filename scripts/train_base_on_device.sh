@@ -93,7 +93,8 @@ ENV
   [ -n "$deadline" ] && echo "DEADLINE=$deadline" >> "$RUN/settings.env"
   say "settings ($RUN/settings.env):"; cat "$RUN/settings.env"
   # The deadline counts from the end of the data build: the pipeline fixes it there.
-  RUN=$RUN setsid bash "$CODE/scripts/train_base_pipeline.sh" > "$RUN/pipeline.log" 2>&1 < /dev/null &
+  # -w: setsid stays as the pid we watch even when it has to fork.
+  RUN=$RUN setsid -w bash "$CODE/scripts/train_base_pipeline.sh" > "$RUN/pipeline.log" 2>&1 < /dev/null &
   echo $! > "$RUN/pipeline.pid"
   say "pipeline started in the background (pid $!, log $RUN/pipeline.log)"
   # Show the data summary and the first training lines, within this call's time.
@@ -136,21 +137,22 @@ stage_wait() {
 
 stage_fetch() {
   : "${OUT:?OUT must name the folder that comes back}"
-  local phase
-  for phase in diff ar; do
-    if [ -f "$RUN/$phase/export/config.json" ]; then
-      tar -C "$RUN/$phase" -czf "/tmp/dfim-base-$phase.tgz" export
-      split -b 15m -d "/tmp/dfim-base-$phase.tgz" "$OUT/$phase-export.tgz.part"
-      say "$phase export: $(du -h "/tmp/dfim-base-$phase.tgz" | cut -f1) in $(ls "$OUT"/$phase-export.tgz.part* | wc -l) parts"
-      [ "$phase" = diff ] && [ "${FETCH_AR:-0}" != 1 ] && break  # the AR export only when asked (or alone)
-    fi
-    cp "$RUN/$phase/train_log.jsonl" "$OUT/${phase}_train_log.jsonl" 2>/dev/null || true
-  done
-  cp "$RUN/ar/train_log.jsonl" "$OUT/ar_train_log.jsonl" 2>/dev/null || true
+  local f phase
   for f in data.log ar.log diff.log pipeline.log data_summary.json settings.env; do
     [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/"
   done
-  if [ -f "$DATA/manifest.jsonl" ]; then  # per-file provenance, for the model card
+  for phase in ar diff; do
+    cp "$RUN/$phase/train_log.jsonl" "$OUT/${phase}_train_log.jsonl" 2>/dev/null || true
+  done
+  # The diffusion export is the product; the AR one comes too when asked (FETCH_AR=1) or alone.
+  for phase in diff ar; do
+    [ -f "$RUN/$phase/export/config.json" ] || continue
+    tar -C "$RUN/$phase" -czf "/tmp/dfim-base-$phase.tgz" export
+    split -b 15m -d "/tmp/dfim-base-$phase.tgz" "$OUT/$phase-export.tgz.part"
+    say "$phase export: $(du -h "/tmp/dfim-base-$phase.tgz" | cut -f1), $(ls "$OUT"/$phase-export.tgz.part* | wc -l) parts"
+    [ "$phase" = diff ] && [ "${FETCH_AR:-0}" != 1 ] && break
+  done
+  if [ -f "$DATA/manifest.jsonl" ]; then  # per-file provenance (path, language, licence), for the model card
     gzip -c "$DATA/manifest.jsonl" > /tmp/data_manifest.jsonl.gz
     split -b 15m -d /tmp/data_manifest.jsonl.gz "$OUT/data_manifest.jsonl.gz.part"
   fi
