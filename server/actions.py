@@ -144,6 +144,36 @@ class NothingToChange(ActionError):
     """An action that ran and found nothing to change: an empty edit and a note, not an error."""
 
 
+@dataclass
+class ActionInput:
+    """What every planner reads: the document, the cursor or selection, and the canvas and window budgets."""
+
+    action: str
+    source: Source
+    lang: str | None  # the document's language (Source keeps only those it has a grammar for)
+    start: int
+    end: int
+    max_canvas: int
+    windows: dict  # build_context's prefix_tokens, suffix_tokens and count_tokens
+    count: Callable[[str], int]  # tokens in a piece of text (the model's tokenizer, or a guess)
+    instruction: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.source.text
+
+    def context(self, at: int, mode: str, span: tuple[int, int], text: str | None = None) -> FillContext:
+        return build_context(
+            self.text if text is None else text,
+            at,
+            self.lang,
+            max_canvas=self.max_canvas,
+            mode=mode,
+            span=span,
+            **self.windows,
+        )
+
+
 def plan_action(
     action: str,
     text: str,
@@ -156,183 +186,192 @@ def plan_action(
     count_tokens: Callable[[str], int] | None = None,
     instruction: str | None = None,
 ) -> ActionPlan:
-    if action not in TITLES:  # before any check of the selection, whose message would mislead
+    """The plan of one action at a cursor (start == end) or selection; ActionError where it does not apply."""
+    if action not in PLANNERS:  # before any check of the selection, whose message would mislead
         raise ActionError(f"unknown action {action!r} (known: {', '.join(TITLES)})")
-    source = Source(text, lang)
-    count = count_tokens or (lambda s: max(1, len(s) // 3))
-    windows = dict(prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, count_tokens=count_tokens)
+    inp = ActionInput(
+        action=action,
+        source=Source(text, lang),
+        lang=lang,
+        start=start,
+        end=end,
+        max_canvas=max_canvas,
+        windows=dict(prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, count_tokens=count_tokens),
+        count=count_tokens or (lambda s: max(1, len(s) // 3)),
+        instruction=instruction,
+    )
+    return PLANNERS[action](inp)
 
-    if action == "fillHole":
-        span = hole_at(source, start) or empty_body_at(source, start)
-        if span is None:
-            raise ActionError("no hole (pass, ..., TODO, empty body) at the cursor")
-        if (
-            span.kind == "body"
-            and text[span.start - 1 : span.start] == "{"
-            and text[span.end : span.end + 1] == "}"
-            and "\n" not in text[span.start : span.end]
-        ):
-            # `{}` on one line: the body goes on lines of its own between the braces, as Complete the
-            # function body writes it, and the model reads the opened body
-            header = text[line_start(text, span.start) : line_end(text, span.start)]
-            lead, trail = newline_of(text) + span.indent, newline_of(text) + leading_ws(header)
-            return _opened_plan(
-                action, text, span.start, span.end, lead, trail, span.indent, lang, max_canvas, windows
-            )
-        ctx = build_context(
-            text, start, lang, max_canvas=max_canvas, mode="block", span=(span.start, span.end), **windows
-        )
-        ctx.indent = (
-            span.indent
-            if span.kind == "body"
-            else leading_ws(text[line_start(text, span.start) : span.start])
-        )
-        return ActionPlan(
-            action,
-            span.start,
-            span.end,
-            ctx,
-            original_text=text[span.start : span.end],
-            max_tokens=max_canvas,
-        )
 
-    if action == "completeFunction":
-        found = function_body_around(source, start)
-        if found is None:
-            raise ActionError("the cursor is not inside a function's body")
-        body = empty_body_at(source, start)
-        if body is not None:
-            return plan_action(
-                "fillHole", text, lang, start, end, max_canvas, prefix_tokens, suffix_tokens, count_tokens
-            )
-        _, _, bs, _ = found
-        first_body_line = text[line_start(text, bs) : line_end(text, bs)]
-        body_indent = leading_ws(first_body_line) if text[bs:].startswith(first_body_line.strip()) else None
-        ls_ = line_start(text, start)
-        line = text[ls_ : line_end(text, start)]
-        if not line.strip():  # a blank line: the new lines go right here
-            ctx = build_context(
-                text, start, lang, max_canvas=max_canvas, mode="multiline", span=(start, start), **windows
-            )
-            ctx.indent = body_indent if body_indent is not None else ctx.indent
-            return ActionPlan(action, start, start, ctx, max_tokens=max_canvas)
-        # Code on the cursor's line (the cursor may be mid-word): the new lines never go into it.
-        _, _, _, be = found
-        if text[be - 1 : be] == "}" and ls_ <= be - 1 <= line_end(text, start):
-            # the line that closes a brace body: the new lines go above it, inside the body
-            if text[ls_ : be - 1].strip():
-                raise ActionError("the body ends on this line: put the cursor on a line of its own inside it")
-            indent = leading_ws(line) + indent_unit(text)  # the `}` line's, one level in (Allman too)
-            lead, trail, at = indent, newline_of(text), ls_
-        else:
-            # below the statement the cursor is in (a multi-line call or string included), at its
-            # indentation, one level deeper after a line that opens a block (`:` or `{`, comments aside)
-            opens_block = start >= bs and code_of(line, lang).endswith((":", "{"))
-            at = line_end(text, start) if opens_block else statement_end(text, start, lang)
-            indent = (
-                leading_ws(line) if start >= bs else (body_indent or leading_ws(line) + indent_unit(text))
-            )
-            if opens_block:
-                indent += indent_unit(text)
-            lead, trail = newline_of(text) + indent, ""
-        return _opened_plan(action, text, at, at, lead, trail, indent, lang, max_canvas, windows)
+def plan_fill_hole(inp: ActionInput) -> ActionPlan:
+    """The `pass` / `...` / TODO / `todo!()` under the cursor, or the empty body around it, is replaced."""
+    text = inp.text
+    span = hole_at(inp.source, inp.start) or empty_body_at(inp.source, inp.start)
+    if span is None:
+        raise ActionError("no hole (pass, ..., TODO, empty body) at the cursor")
+    if (
+        span.kind == "body"
+        and text[span.start - 1 : span.start] == "{"
+        and text[span.end : span.end + 1] == "}"
+        and "\n" not in text[span.start : span.end]
+    ):
+        # `{}` on one line: the body goes on lines of its own between the braces, as Complete the
+        # function body writes it, and the model reads the opened body
+        header = text[line_start(text, span.start) : line_end(text, span.start)]
+        lead, trail = newline_of(text) + span.indent, newline_of(text) + leading_ws(header)
+        return _opened_plan(inp, span.start, span.end, lead, trail, span.indent)
+    ctx = inp.context(inp.start, "block", (span.start, span.end))
+    ctx.indent = (
+        span.indent if span.kind == "body" else leading_ws(text[line_start(text, span.start) : span.start])
+    )
+    return ActionPlan(
+        inp.action,
+        span.start,
+        span.end,
+        ctx,
+        original_text=text[span.start : span.end],
+        max_tokens=inp.max_canvas,
+    )
 
-    if end <= start or (action == "rewriteSelection" and not text[start:end].strip()):
-        raise ActionError("select the code first")  # (nothing unsure in blank lines: regenerate says so)
-    selected = text[start:end]
-    ctx = build_context(text, start, lang, max_canvas=max_canvas, mode="block", span=(start, end), **windows)
+
+def plan_complete_function(inp: ActionInput) -> ActionPlan:
+    """Several new lines at the cursor, kept inside the enclosing function's body."""
+    text, start = inp.text, inp.start
+    found = function_body_around(inp.source, start)
+    if found is None:
+        raise ActionError("the cursor is not inside a function's body")
+    if empty_body_at(inp.source, start) is not None:
+        return plan_fill_hole(replace(inp, action="fillHole", instruction=None))
+    _, _, bs, be = found
+    first_body_line = text[line_start(text, bs) : line_end(text, bs)]
+    body_indent = leading_ws(first_body_line) if text[bs:].startswith(first_body_line.strip()) else None
+    ls_ = line_start(text, start)
+    line = text[ls_ : line_end(text, start)]
+    if not line.strip():  # a blank line: the new lines go right here
+        ctx = inp.context(start, "multiline", (start, start))
+        ctx.indent = body_indent if body_indent is not None else ctx.indent
+        return ActionPlan(inp.action, start, start, ctx, max_tokens=inp.max_canvas)
+    # Code on the cursor's line (the cursor may be mid-word): the new lines never go into it.
+    if text[be - 1 : be] == "}" and ls_ <= be - 1 <= line_end(text, start):
+        # the line that closes a brace body: the new lines go above it, inside the body
+        if text[ls_ : be - 1].strip():
+            raise ActionError("the body ends on this line: put the cursor on a line of its own inside it")
+        indent = leading_ws(line) + indent_unit(text)  # the `}` line's, one level in (Allman too)
+        lead, trail, at = indent, newline_of(text), ls_
+    else:
+        # below the statement the cursor is in (a multi-line call or string included), at its
+        # indentation, one level deeper after a line that opens a block (`:` or `{`, comments aside)
+        opens_block = start >= bs and code_of(line, inp.lang).endswith((":", "{"))
+        at = line_end(text, start) if opens_block else statement_end(text, start, inp.lang)
+        indent = leading_ws(line) if start >= bs else (body_indent or leading_ws(line) + indent_unit(text))
+        if opens_block:
+            indent += indent_unit(text)
+        lead, trail = newline_of(text) + indent, ""
+    return _opened_plan(inp, at, at, lead, trail, indent)
+
+
+def _selection_context(inp: ActionInput) -> FillContext:
+    """The context of an action on a selection; ActionError when nothing (or, to rewrite, only blank space)
+    is selected. Blank lines hold nothing unsure either, but Regenerate says so itself, with an empty edit."""
+    if inp.end <= inp.start or (
+        inp.action == "rewriteSelection" and not inp.text[inp.start : inp.end].strip()
+    ):
+        raise ActionError("select the code first")
+    ctx = inp.context(inp.start, "block", (inp.start, inp.end))
     ctx.indent = ""
+    return ctx
 
-    if action == "fillSelectionHoles":
-        holes = find_holes(source, start, end)
-        if not holes:
-            raise ActionError("no holes (pass, ..., TODO) in the selection")
-        pinned: list[str] = []  # the text between holes, in order (None marks a hole)
-        cursor = start
-        for hole in holes:
-            if hole.start > cursor:
-                pinned.append(text[cursor : hole.start])
-            pinned.append(None)
-            cursor = hole.end
-        if end > cursor:
-            pinned.append(text[cursor:end])
-        # each piece is tokenized on its own (a token more at a seam), and the canvas ends with EOS
-        pinned_tokens = sum(count(p) + 1 for p in pinned if p is not None) + 1
-        width = min(32, (max_canvas - pinned_tokens) // len(holes))
-        if width < 4:
-            raise ActionError(
-                f"the selection is too long for one canvas (about {pinned_tokens + 4 * len(holes)} tokens "
-                f"with room for its {len(holes)} holes; the canvas holds {max_canvas}): select less"
-            )
-        middle: list = [Hole(width) if p is None else p for p in pinned]
-        return ActionPlan(
-            action,
-            start,
-            end,
-            ctx,
-            original_text=text[start:end],
-            middle=middle,
-            max_tokens=max_canvas,
-            holes=holes,
-            hole_indents=[_block_indent(text, hole.start) for hole in holes],
+
+def plan_fill_selection_holes(inp: ActionInput) -> ActionPlan:
+    """Every hole in the selection in one canvas, the text between them pinned."""
+    ctx = _selection_context(inp)
+    text, start, end = inp.text, inp.start, inp.end
+    holes = find_holes(inp.source, start, end)
+    if not holes:
+        raise ActionError("no holes (pass, ..., TODO) in the selection")
+    pinned: list[str | None] = []  # the text between holes, in order (None marks a hole)
+    cursor = start
+    for hole in holes:
+        if hole.start > cursor:
+            pinned.append(text[cursor : hole.start])
+        pinned.append(None)
+        cursor = hole.end
+    if end > cursor:
+        pinned.append(text[cursor:end])
+    # each piece is tokenized on its own (a token more at a seam), and the canvas ends with EOS
+    pinned_tokens = sum(inp.count(p) + 1 for p in pinned if p is not None) + 1
+    width = min(32, (inp.max_canvas - pinned_tokens) // len(holes))
+    if width < 4:
+        raise ActionError(
+            f"the selection is too long for one canvas (about {pinned_tokens + 4 * len(holes)} tokens "
+            f"with room for its {len(holes)} holes; the canvas holds {inp.max_canvas}): select less"
         )
+    return ActionPlan(
+        inp.action,
+        start,
+        end,
+        ctx,
+        original_text=text[start:end],
+        middle=[Hole(width) if p is None else p for p in pinned],
+        max_tokens=inp.max_canvas,
+        holes=holes,
+        hole_indents=[_block_indent(text, hole.start) for hole in holes],
+    )
 
-    if action in ("rewriteSelection", "regenerateUnsure"):
-        header = ""
-        warm = selected
-        found = selected_function(source, start, end)
-        if action == "rewriteSelection" and found is not None:
-            fs, _, bs, _ = found
-            if text[start:bs].strip():  # everything up to the body: the signature stays as written
-                cut = header_end(text, bs)
-                header, warm = text[start:cut], text[cut:end]
-        pinned, body = (count(header) if header else 0), count(warm)
-        room = max_canvas - pinned
-        if body + SLACK_TOKENS > room:
-            # A rewrite is cut at the canvas's end; replacing the whole selection with that would lose code.
-            raise ActionError(
-                f"the selection is too long for one canvas (about {pinned + body} tokens; "
-                f"the canvas holds {max_canvas}): select less"
-            )
-        budget = min(room, int(body * 1.5) + SLACK_TOKENS)
-        middle: list = [header, Hole(budget)] if header else []
-        return ActionPlan(
-            action,
-            start,
-            end,
-            ctx,
-            original_text=text[start:end],
-            middle=middle,
-            max_tokens=budget,
-            warm_start=warm,
-            instruction=instruction,
+
+def plan_rewrite(inp: ActionInput) -> ActionPlan:
+    """The selection regenerated from a warm start of itself (Rewrite: a function's signature pinned).
+    Regenerate the unsure parts starts the same way; its handler scores the selection and pins the rest."""
+    ctx = _selection_context(inp)
+    text, start, end = inp.text, inp.start, inp.end
+    header, warm = "", text[start:end]
+    found = selected_function(inp.source, start, end)
+    if inp.action == "rewriteSelection" and found is not None:
+        _, _, bs, _ = found
+        if text[start:bs].strip():  # everything up to the body: the signature stays as written
+            cut = header_end(text, bs)
+            header, warm = text[start:cut], text[cut:end]
+    pinned, body = (inp.count(header) if header else 0), inp.count(warm)
+    room = inp.max_canvas - pinned
+    if body + SLACK_TOKENS > room:
+        # A rewrite is cut at the canvas's end; replacing the whole selection with that would lose code.
+        raise ActionError(
+            f"the selection is too long for one canvas (about {pinned + body} tokens; "
+            f"the canvas holds {inp.max_canvas}): select less"
         )
+    budget = min(room, int(body * 1.5) + SLACK_TOKENS)
+    return ActionPlan(
+        inp.action,
+        start,
+        end,
+        ctx,
+        original_text=text[start:end],
+        middle=[header, Hole(budget)] if header else [],
+        max_tokens=budget,
+        warm_start=warm,
+        instruction=inp.instruction,
+    )
 
-    raise ActionError(f"unknown action {action!r}")
+
+# One planner per action (TITLES names them for the user).
+PLANNERS: dict[str, Callable[[ActionInput], ActionPlan]] = {
+    "fillHole": plan_fill_hole,
+    "completeFunction": plan_complete_function,
+    "fillSelectionHoles": plan_fill_selection_holes,
+    "rewriteSelection": plan_rewrite,
+    "regenerateUnsure": plan_rewrite,
+}
 
 
-def _opened_plan(
-    action: str,
-    text: str,
-    start: int,
-    end: int,
-    lead: str,
-    trail: str,
-    indent: str,
-    lang: str | None,
-    max_canvas: int,
-    windows: dict,
-) -> ActionPlan:
+def _opened_plan(inp: ActionInput, start: int, end: int, lead: str, trail: str, indent: str) -> ActionPlan:
     """A plan that writes new lines in place of [start, end): `lead` (a line break and the first line's
     indentation) and `trail` go around the fill, and the model reads the document already opened that way,
     its cursor after the lead."""
-    opened = text[:start] + lead + trail + text[end:]
+    opened = inp.text[:start] + lead + trail + inp.text[end:]
     cursor = start + len(lead)
-    ctx = build_context(
-        opened, cursor, lang, max_canvas=max_canvas, mode="multiline", span=(cursor, cursor), **windows
-    )
+    ctx = inp.context(cursor, "multiline", (cursor, cursor), text=opened)
     ctx.indent = indent
-    return ActionPlan(action, start, end, ctx, max_tokens=max_canvas, lead=lead, trail=trail)
+    return ActionPlan(inp.action, start, end, ctx, max_tokens=inp.max_canvas, lead=lead, trail=trail)
 
 
 def selected_function(source: Source, start: int, end: int) -> tuple[int, int, int, int] | None:
@@ -563,306 +602,3 @@ def _fit_hole_fill(fill: str, ctx: FillContext, block_indent: str | None) -> str
         replace(ctx, mode="line") if block_indent is None else replace(ctx, mode="block", indent=block_indent)
     )
     return limit_scope(body, scope, max_lines=200).rstrip()
-
-
-# ---- the LSP feature -----------------------------------------------------------------------------------
-
-RUN_COMMAND = "dfim.runAction"  # arguments: [data] as carried by a code action
-REQUEST_FAILED = -32803  # LSP 3.17's RequestFailed (pygls has no class for it)
-ACTION_COMMANDS = {f"dfim.{name}": name for name in TITLES}  # arguments: [uri, range, instruction?]
-
-
-def _resolve_supported(ls) -> bool:
-    caps = ls.client_capabilities
-    try:
-        support = caps.text_document.code_action.resolve_support
-        return support is not None and "edit" in support.properties
-    except AttributeError:
-        return False
-
-
-def register(ls) -> None:
-    from lsprotocol import types
-    from pygls.exceptions import JsonRpcInvalidParams
-
-    from dfim.server.context import language_for
-    from dfim.server.documents import PositionError
-
-    options = types.CodeActionOptions(code_action_kinds=[KIND], resolve_provider=True)
-
-    @ls.feature(types.TEXT_DOCUMENT_CODE_ACTION, options)
-    def code_action(ls, params: types.CodeActionParams):
-        only = params.context.only
-        if only and not any(KIND == k or KIND.startswith(f"{k}.") for k in only):
-            return None
-        doc = ls.docs.get(params.text_document.uri)
-        if doc is None:
-            return None
-        try:
-            start, end = doc.range_offsets(params.range, ls.docs.encoding)
-        except PositionError as exc:
-            raise JsonRpcInvalidParams(f"range: {exc}") from None
-        names = available_actions(doc.text, language_for(doc.language_id, doc.uri), start, end)
-        resolve = _resolve_supported(ls)
-        out = []
-        for name in names:
-            data = {
-                "uri": doc.uri,
-                "version": doc.version,
-                "action": name,
-                "range": ls.protocol._converter.unstructure(params.range),
-            }
-            action = types.CodeAction(title=TITLES[name], kind=KIND, data=data)
-            if not resolve:  # clients without resolve run the command; it sends workspace/applyEdit
-                action.command = types.Command(title=TITLES[name], command=RUN_COMMAND, arguments=[data])
-            out.append(action)
-        return out
-
-    @ls.feature(types.CODE_ACTION_RESOLVE)
-    async def resolve_code_action(ls, action: types.CodeAction):
-        name = action.data.get("action") if isinstance(action.data, dict) else None
-        if not isinstance(name, str) or name not in TITLES:  # not ours (a list is not even hashable)
-            return action
-        action.edit = await run_action(ls, action.data)
-        return action
-
-    @ls.command(RUN_COMMAND)
-    async def run_command(ls, *args):
-        if not args or not isinstance(args[0], dict):
-            raise JsonRpcInvalidParams(f"{RUN_COMMAND} takes one argument: the action's data")
-        edit = await run_action(ls, args[0])
-        return await _apply(ls, edit, TITLES.get(args[0].get("action"), "dfim"))
-
-    for command, name in ACTION_COMMANDS.items():
-        ls.command(command)(_direct_command(name))
-
-
-def _direct_command(name: str):
-    """`dfim.<action>` with arguments [uri, range, instruction?]: compute the edit and apply it."""
-    from pygls.exceptions import JsonRpcInvalidParams
-
-    async def direct(ls, *args):
-        if len(args) < 2:
-            raise JsonRpcInvalidParams(f"dfim.{name} takes [uri, range, instruction?]")
-        data = {"uri": args[0], "version": None, "action": name, "range": args[1]}
-        if len(args) > 2 and args[2] is not None:
-            data["instruction"] = str(args[2])
-        edit = await run_action(ls, data)
-        return await _apply(ls, edit, TITLES[name])
-
-    return direct
-
-
-async def _apply(ls, edit, label: str) -> dict:
-    """Send the edit to the client with `workspace/applyEdit` where it says it takes one; the command's result
-    carries the edit either way (a client without applyEdit applies it from there)."""
-    from lsprotocol import types
-
-    unstructured = ls.protocol._converter.unstructure(edit)
-    caps = ls.client_capabilities
-    empty = not any(change.edits for change in edit.document_changes or ())
-    if empty or not (caps and caps.workspace and caps.workspace.apply_edit):
-        return {"applied": False, "edit": unstructured}
-    result = await ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit, label=label))
-    return {"applied": bool(result and result.applied), "edit": unstructured}
-
-
-async def run_action(ls, data: dict):
-    """Compute one action's WorkspaceEdit, stamped with the document version it was computed from."""
-    import asyncio
-    import dataclasses
-    import threading
-
-    from lsprotocol import types
-    from pygls.exceptions import (
-        JsonRpcContentModified,
-        JsonRpcException,
-        JsonRpcInternalError,
-        JsonRpcInvalidParams,
-    )
-
-    from dfim.engine.api import EngineError, FillCancelled, FillRequest
-    from dfim.server.context import language_for
-    from dfim.server.documents import Document, PositionError
-    from dfim.server.options import quoted
-
-    # `data` comes back from the client (a resolve's data, a command's arguments): check its types before use
-    uri, action, instruction = data.get("uri"), data.get("action"), data.get("instruction")
-    if not isinstance(uri, str):
-        raise JsonRpcInvalidParams(f"the action's uri must be a string, got {quoted(uri)}")
-    if not isinstance(action, str) or action not in TITLES:
-        raise JsonRpcInvalidParams(f"dfim: unknown action {quoted(action)} (known: {', '.join(TITLES)})")
-    if instruction is not None and not isinstance(instruction, str):
-        raise JsonRpcInvalidParams(f"the action's instruction must be a string, got {quoted(instruction)}")
-    doc = ls.docs.get(uri)
-    if doc is None:
-        raise JsonRpcInvalidParams(f"document {uri} is not open")
-    if data.get("version") is not None and data["version"] != doc.version:
-        raise JsonRpcContentModified("the document changed since this action was offered")
-    text, version, encoding = doc.text, doc.version, ls.docs.encoding
-    try:
-        rng = ls.protocol._converter.structure(data.get("range"), types.Range)
-        start, end = doc.range_offsets(rng, encoding)
-    except PositionError as exc:
-        raise JsonRpcInvalidParams(f"range: {exc}") from None
-    except Exception as exc:
-        raise JsonRpcInvalidParams(f"bad range {data.get('range')!r}: {exc}") from None
-    options = ls.options
-    if not ls.host.ready:
-        raise JsonRpcException(  # LSP's RequestFailed: valid params, the server cannot serve it now
-            f"dfim: the model is not ready ({ls.host.error or 'still loading'})", code=REQUEST_FAILED
-        )
-    lang = language_for(doc.language_id, uri)
-    prefix_tokens, suffix_tokens = ls.host.context_budget(
-        options.context.prefix_tokens, options.context.suffix_tokens
-    )
-    # the canvas an action may use: the setting, but never more than the model was built for
-    max_canvas = min(options.sampling.max_canvas, getattr(ls.host.engine, "canvas_limit", 256))
-    try:
-        plan = plan_action(
-            action,
-            text,
-            lang,
-            start,
-            end,
-            max_canvas=max_canvas,
-            prefix_tokens=prefix_tokens,
-            suffix_tokens=suffix_tokens,
-            count_tokens=ls.host.count_tokens,
-            instruction=instruction,
-        )
-    except ActionError as exc:
-        raise JsonRpcInvalidParams(f"dfim: {exc}") from None
-
-    engine = ls.host.engine
-    settings = dataclasses.replace(
-        engine.settings,
-        max_steps=options.sampling.action_max_steps,
-        entropy_bound=options.sampling.entropy_bound,
-    )
-    loop = asyncio.get_running_loop()
-    flag = threading.Event()
-    running = ls.actions_running.setdefault(uri, set())
-    running.add(flag)  # an edit or close of the document raises it: the edit would be stale (`changed`)
-    token = await _begin_progress(ls, TITLES[plan.action], flag)
-
-    def changed() -> bool:
-        now = ls.docs.get(uri)
-        return now is None or now.version != version
-
-    def on_step(info) -> None:
-        if token is None or info.step == 0:  # step 0 is the draft: no denoising step done yet
-            return
-        message = f"step {info.step}/{info.max_steps}, {info.accepted} tokens accepted"
-        percent = int(100 * info.step / max(1, info.max_steps))
-        loop.call_soon_threadsafe(
-            ls.work_done_progress.report,
-            token,
-            types.WorkDoneProgressReport(message=message, percentage=percent, cancellable=True),
-        )
-
-    ls.status.begin_fill()
-    result = None
-    try:
-        if plan.action == "regenerateUnsure":
-            # one step from the selection itself (no renoising): the model's confidence at each position
-            pieces = ls.host.token_pieces(plan.original_text)
-            score = FillRequest(
-                prefix=plan.ctx.prefix,
-                suffix=plan.ctx.suffix,
-                max_tokens=len(pieces) + 1,
-                warm_start=plan.original_text,
-                warm_start_noise=0.0,
-                settings=dataclasses.replace(settings, max_steps=1),
-                seed=options.sampling.seed,
-            )
-            scored = await ls.host.fill(score, flag)
-            skeleton = unsure_skeleton(
-                pieces, scored.token_scores, options.actions.unsure_threshold, limit=max_canvas
-            )
-            if skeleton is None:
-                raise NothingToChange("every token of the selection is confident; nothing to regenerate")
-            plan.middle = skeleton
-            plan.warm_start = None
-        request = FillRequest(
-            prefix=plan.ctx.prefix,
-            suffix=plan.ctx.suffix,
-            middle=plan.middle,
-            max_tokens=plan.max_tokens,
-            warm_start=plan.warm_start,
-            instruction=plan.instruction
-            or "",  # read by instruction-tuned checkpoints only (dfim.engine.inference.chat)
-            settings=settings,
-            seed=options.sampling.seed,
-            candidates=options.actions.candidates,
-            on_step=on_step,
-        )
-        result = await ls.host.fill(request, flag)
-        if changed():
-            raise FillCancelled("the document changed")
-        edits = finish_action(plan, result.text, result.token_scores)
-    except NothingToChange as exc:
-        ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Info, message=f"dfim: {exc}"))
-        edits = []
-    except ActionError as exc:  # the model ran and wrote nothing usable: the request was fine
-        raise JsonRpcException(f"dfim: {exc}", code=REQUEST_FAILED) from None
-    except FillCancelled:
-        if changed():
-            raise JsonRpcContentModified("the document changed while the action ran") from None
-        from pygls.exceptions import JsonRpcRequestCancelled
-
-        raise JsonRpcRequestCancelled("dfim: cancelled") from None
-    except EngineError as exc:
-        raise JsonRpcInternalError(f"dfim: the engine failed: {exc}") from None
-    except Exception as exc:  # a bug in the engine fails this request only
-        raise JsonRpcInternalError(f"dfim: the engine failed: {type(exc).__name__}: {exc}") from None
-    finally:
-        running.discard(flag)
-        if not running:
-            ls.actions_running.pop(uri, None)
-        if result is not None:
-            ls.status.end_fill(result.latency_ms, result.steps, result.stop_reason)
-        else:
-            ls.status.end_fill()
-        if token is not None:
-            ls.work_done_progress.end(
-                token, types.WorkDoneProgressEnd(message="done" if result else "stopped")
-            )
-            ls.work_done_progress.tokens.pop(token, None)
-        ls.note_fallback()
-
-    snapshot = Document(uri=uri, text=text, version=version)
-    text_edits = [
-        types.TextEdit(range=snapshot.range_at(s, e, encoding), new_text=new) for s, e, new in edits
-    ]
-    return types.WorkspaceEdit(
-        document_changes=[
-            types.TextDocumentEdit(
-                text_document=types.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version),
-                edits=text_edits,
-            )
-        ]
-    )
-
-
-async def _begin_progress(ls, title: str, flag):
-    """A server-created `$/progress` token when the client supports it; its cancel raises `flag`."""
-    import uuid
-
-    from lsprotocol import types
-
-    caps = ls.client_capabilities
-    if not (caps and caps.window and caps.window.work_done_progress):
-        return None
-    token = f"dfim-{uuid.uuid4().hex[:12]}"
-    try:
-        await ls.work_done_progress.create_async(token)
-    except Exception:
-        return None
-    ls.work_done_progress.begin(
-        token, types.WorkDoneProgressBegin(title=title, cancellable=True, percentage=0)
-    )
-    future = ls.work_done_progress.tokens.get(token)
-    if future is not None:
-        future.add_done_callback(lambda _f: flag.set())
-    return token

@@ -309,12 +309,12 @@ def dfim_section(settings):
 
 def build_server(model: str = "", device: str = "cpu") -> DfimServer:
     """A fresh server with every feature registered (tests may build several in one process)."""
-    from dfim.server import actions, inline, trace_feature
+    from dfim.server import code_actions, inline, trace_feature
 
     ls = DfimServer(model, device)
     _register_lifecycle(ls)
     inline.register(ls)
-    actions.register(ls)
+    code_actions.register(ls)
     trace_feature.register(ls)
     return ls
 

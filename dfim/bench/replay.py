@@ -168,10 +168,18 @@ def regions_from_lines(source: str, path: str, text: str, added: list[int], max_
     return regions
 
 
+class GitError(Exception):
+    """A git command failed; the message is the last line git printed."""
+
+
 def git(repo: str, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", repo, *args], check=True, capture_output=True, text=True, errors="replace"
-    ).stdout
+    try:
+        return subprocess.run(
+            ["git", "-C", repo, *args], check=True, capture_output=True, text=True, errors="replace"
+        ).stdout
+    except subprocess.CalledProcessError as e:
+        detail = (e.stderr or "").strip().splitlines()
+        raise GitError(detail[-1] if detail else str(e)) from None
 
 
 def check_git(repo: str, rev: str) -> None:

@@ -8,7 +8,6 @@ import dataclasses
 import datetime as dt
 import json
 import shlex
-import subprocess
 import sys
 import threading
 import time
@@ -17,6 +16,7 @@ from typing import TextIO
 
 from dfim.bench.replay import (
     TRIGGERS,
+    GitError,
     ReplayOptions,
     cancelled_by_sigterm,
     check_git,
@@ -102,9 +102,10 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
             regions += git_regions(args.git, args.commits, args.rev, args.max_chars)
     except InputError as e:
         return fail("dfim replay", str(e))
-    except (OSError, subprocess.CalledProcessError) as e:
-        detail = (getattr(e, "stderr", None) or "").strip().splitlines()
-        return fail("dfim replay", detail[-1] if detail else str(e))
+    except GitError as e:
+        return fail("dfim replay", str(e))
+    except OSError as e:
+        return fail("dfim replay", str(e))
     for r in regions:
         r.typed = r.typed[: args.max_chars]
     regions = [r for r in regions if r.typed]
