@@ -3,7 +3,8 @@
 
 Weights are read only from safetensors (memory-mapped, tensor by tensor, no pickle); scaled FP8
 checkpoints (`quantization_config` in config.json, `*_scale` keys) are dequantized on load by
-engine/model/fp8.py. Every problem with a folder is a `CheckpointError` whose message names the path and
+engine/model/fp8.py, and so are our int8 ones (engine/model/int8.py), whose integers the CPU then multiplies
+as they are. Every problem with a folder is a `CheckpointError` whose message names the path and
 what is wrong.
 """
 
@@ -34,6 +35,7 @@ from dfim.engine.model.fp8 import (
     scale_keys,
     scale_layout,
 )
+from dfim.engine.model.int8 import INT8_METHOD
 from dfim.engine.model.network import DiffusionGemma
 
 DEFAULT_MODEL_DIR = Path(__file__).parents[1] / "weights" / "dfim-small"
@@ -254,6 +256,7 @@ def load_model(
             key: _load_tensor(folder, handles, key, scales.get(key), quant, device, dtype) for key in expected
         }
     model.load_state_dict(state, strict=True, assign=True)
+    model.int8_weights = quant is not None and quant.method == INT8_METHOD
     model.eval()
     return model, settings
 
@@ -280,14 +283,20 @@ def _load_tensor(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     tensor = _get(handles, key)
-    if not tensor.is_floating_point():
-        raise CheckpointError(f"{folder}: {key} is not a floating-point tensor")
+    int8 = quant is not None and quant.method == INT8_METHOD
+    quantized_dtype = torch.int8 if int8 else None  # None: any float8
+    if not tensor.is_floating_point() and not (int8 and tensor.dtype == torch.int8):
+        raise CheckpointError(f"{folder}: {key} is {tensor.dtype}, not a floating-point tensor")
     if scale_key is None:
-        if quant is not None and is_float8(tensor.dtype):
-            # In a quantized checkpoint an unscaled FP8 tensor is a broken file, not "scale 1".
+        if quant is not None and (is_float8(tensor.dtype) or tensor.dtype == torch.int8):
+            # In a quantized checkpoint an unscaled FP8 or int8 tensor is a broken file, not "scale 1".
             raise CheckpointError(f"{folder}: {key} is {tensor.dtype} but has no weight_scale")
         return tensor.to(device=device, dtype=dtype)
-    if not is_float8(tensor.dtype):
+    if quantized_dtype is not None and tensor.dtype != quantized_dtype:
+        raise CheckpointError(
+            f"{folder}: {key} has a scale ({scale_key}) but is {tensor.dtype}, not int8 ({INT8_METHOD})"
+        )
+    if quantized_dtype is None and not is_float8(tensor.dtype):
         raise CheckpointError(f"{folder}: {key} has a scale ({scale_key}) but is {tensor.dtype}, not float8")
     assert quant is not None  # _match_scales' caller refused scales without a quantization_config
     scale = _get(handles, scale_key)
@@ -311,7 +320,28 @@ def save_model(
     folder.mkdir(parents=True, exist_ok=True)
     settings = settings or SamplerSettings()
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
+    write_shards(state, folder, max_shard_bytes)
 
+    dtype_name = str(dtype).removeprefix("torch.")
+    (folder / "config.json").write_text(json.dumps(model.config.to_hf(dtype_name), indent=2) + "\n")
+    (folder / "generation_config.json").write_text(
+        json.dumps(generation_config(model.config, settings), indent=2) + "\n"
+    )
+    if info is not None:  # the notes' sampler entry always says what `settings` says
+        info = {k: v for k, v in info.items() if k != "sampler"}
+    # no field for these in the released format
+    ours = {k: getattr(settings, k) for k in ("window", "rank", "draft", "draft_from")}
+    ours = {k: v for k, v in ours.items() if v != getattr(SamplerSettings(), k)}
+    if ours:  # kept in our own notes
+        info = {**(info or {}), "sampler": ours}
+    if info is not None:
+        (folder / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    return folder
+
+
+def write_shards(state: dict[str, torch.Tensor], folder: Path, max_shard_bytes: int = 16 * 2**20) -> int:
+    """Write `state` as safetensors shards of at most `max_shard_bytes` each (a tensor larger than that gets a
+    shard of its own) plus the index, replacing any shards already in `folder`; returns the total bytes."""
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for key in sorted(state):
@@ -332,22 +362,7 @@ def save_model(
     total = sum(t.numel() * t.element_size() for t in state.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (folder / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-
-    dtype_name = str(dtype).removeprefix("torch.")
-    (folder / "config.json").write_text(json.dumps(model.config.to_hf(dtype_name), indent=2) + "\n")
-    (folder / "generation_config.json").write_text(
-        json.dumps(generation_config(model.config, settings), indent=2) + "\n"
-    )
-    if info is not None:  # the notes' sampler entry always says what `settings` says
-        info = {k: v for k, v in info.items() if k != "sampler"}
-    # no field for these in the released format
-    ours = {k: getattr(settings, k) for k in ("window", "rank", "draft", "draft_from")}
-    ours = {k: v for k, v in ours.items() if v != getattr(SamplerSettings(), k)}
-    if ours:  # kept in our own notes
-        info = {**(info or {}), "sampler": ours}
-    if info is not None:
-        (folder / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
-    return folder
+    return total
 
 
 def generation_config(config: ModelConfig, settings: SamplerSettings) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""FP8 checkpoints with scales, dequantized at load time.
+"""FP8 (and our int8) checkpoints with scales, dequantized at load time.
 
 A scaled FP8 checkpoint stores each quantized weight `W` as float8 values `q` plus a float scale `s`,
 with `W ~= q * s`. The scale lives next to the weight (`X.weight` -> `X.weight_scale`, or the
@@ -28,9 +28,11 @@ from typing import Any
 
 import torch
 
+from dfim.engine.model.int8 import INT8_METHOD
+
 # The methods we can dequantize, as spelled in `quantization_config.quant_method` (normalised:
 # lower case, "-" -> "_").
-SUPPORTED_METHODS = ("fp8", "fbgemm_fp8", "compressed_tensors", "modelopt")
+SUPPORTED_METHODS = ("fp8", "fbgemm_fp8", "compressed_tensors", "modelopt", INT8_METHOD)
 
 # Scale key suffixes, tried in this order. Both are multipliers (see the module doc).
 SCALE_SUFFIXES = ("_scale", "_scale_inv")
@@ -134,6 +136,14 @@ def parse_quantization(config: dict[str, Any]) -> Quantization | None:
             raise QuantizationError(f"fp8 fmt {raw['fmt']!r} is not supported (e4m3 or e5m2)")
         size = raw.get("weight_block_size")
         return Quantization(method, () if size is None else (_block(size, "weight_block_size"),))
+    if method == INT8_METHOD:
+        # dfim.engine.model.int8: symmetric int8 with per-output-channel scales, the same layout as fbgemm_fp8
+        bits = raw.get("bits", 8)
+        if bits != 8 or raw.get("symmetric", True) is not True:
+            raise QuantizationError(
+                f"{INT8_METHOD} with bits={bits!r} symmetric={raw.get('symmetric')!r}: only 8-bit symmetric"
+            )
+        return Quantization(method)
     if method == "fbgemm_fp8":
         return Quantization(method)  # per-channel scales, no blocks
     if method == "compressed_tensors":
@@ -146,7 +156,7 @@ def parse_quantization(config: dict[str, Any]) -> Quantization | None:
             raise QuantizationError(f"modelopt quant_algo {algo!r} is not supported (only FP8)")
         return Quantization(method)
     raise QuantizationError(
-        f"quant_method {raw['quant_method']!r} is not supported; dfim dequantizes FP8 checkpoints only "
+        f"quant_method {raw['quant_method']!r} is not supported; dfim dequantizes FP8 and its own int8 checkpoints only "
         f"({', '.join(m.replace('_', '-') if m == 'compressed_tensors' else m for m in SUPPORTED_METHODS)})"
     )
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dfim.engine.model.config import FULL, ModelConfig
+from dfim.engine.model.int8 import linear_int8, pack_int8
 
 
 class RMSNorm(nn.Module):
@@ -60,16 +61,17 @@ PACKED_MAX_ROWS = 128
 
 @dataclass
 class Packed:
-    """fbgemm's fp16 copy of a [out, in] weight for `linear` (CPU inference). Valid while `linear` is handed
+    """fbgemm's fp16 (or int8: `kind`) copy of a [out, in] weight for `linear` (CPU inference). Valid while `linear` is handed
     the same memory (`ptr`: not after a new `.data` or a load with `assign=True`) and no tensor in `watched`
     was updated in place (the weight itself, and the parameters that view a fused matrix, whose version
     counters are their own). A write through `.data` is not seen: weights must not change that way after
     `prepare_cpu_inference`."""
 
-    op: object  # torch.ops.quantized.linear_prepack_fp16's packed weight
+    op: object  # torch.ops.quantized.linear_prepack_fp16's (or linear_prepack's) packed weight
     ptr: int
     watched: tuple[Tensor, ...]
     versions: tuple[int, ...]
+    kind: str = "fp16"  # "int8": a checkpoint's 1-byte weights (dfim.engine.model.int8), for any row count
 
     def fresh_for(self, weight: Tensor) -> bool:
         return weight.data_ptr() == self.ptr and all(
@@ -77,16 +79,19 @@ class Packed:
         )
 
 
-def pack_fp16(weight: Tensor, *also_watched: Tensor) -> Packed | None:
+def pack_fp16(weight: Tensor, *also_watched: Tensor, exact: bool = True) -> Packed | None:
     """`weight` [out, in] packed for `linear`, or None: where fbgemm is missing (ARM), where fp16 would change
     a weight by more than a subnormal's rounding (fp32 checkpoints; bf16 ones fit: 1,112 of dfim-small's
     15.5 M weights move, by <= 3e-8), and for inference tensors (made under `torch.inference_mode`: no
-    version counter to notice an update by). `also_watched`: parameters that view `weight`'s memory."""
+    version counter to notice an update by). `also_watched`: parameters that view `weight`'s memory.
+    `exact=False` accepts fp16's rounding (relative 2**-11) for weights already int8-quantized, whose own
+    error is ~10x larger; fp16 overflow is still refused."""
     watched = (weight, *also_watched)
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or any(t.is_inference() for t in watched):
         return None
     try:
-        if (weight.half().float() - weight).abs().max() > 2**-24:  # also catches fp16 overflow (inf)
+        tolerance = 2**-24 if exact else weight.abs().max().item() * 2**-10
+        if not (weight.half().float() - weight).abs().max() <= tolerance:  # also catches overflow (inf)
             return None
         op = torch.ops.quantized.linear_prepack_fp16(weight.contiguous(), None)
     except (AttributeError, NotImplementedError, RuntimeError):
@@ -94,17 +99,36 @@ def pack_fp16(weight: Tensor, *also_watched: Tensor) -> Packed | None:
     return Packed(op, weight.data_ptr(), watched, tuple(t._version for t in watched))
 
 
+def pack_weight(weight: Tensor, *also_watched: Tensor, int8: bool = False) -> Packed | None:
+    """`weight`'s copy for `linear`: fbgemm int8 for a model loaded from an int8 checkpoint (its weights are
+    int8 values times per-channel scales, so the copy holds exactly the stored integers), else fp16
+    (`pack_fp16`). None where the kernel is missing or the weight does not fit, as `pack_fp16`."""
+    watched = (weight, *also_watched)
+    if not int8:
+        return pack_fp16(weight, *also_watched)
+    if any(t.is_inference() for t in watched):
+        return None
+    op = pack_int8(weight)
+    if op is None:
+        return None
+    return Packed(op, weight.data_ptr(), watched, tuple(t._version for t in watched), kind="int8")
+
+
 def linear(x: Tensor, weight: Tensor, packed: Packed | None = None) -> Tensor:
     """`x @ weight.T`, through the fp16 copy for a few fp32 rows (see PACKED_MAX_ROWS): the same values up
-    to fp32 rounding."""
+    to fp32 rounding; or through the int8 copy of an int8 checkpoint for any number of rows (fbgemm's int8
+    GEMM is 2-4x faster than fp32 from 1 row to 512 on the 2-core AVX2 machine), with the activations'
+    per-tensor quantization error on top of the weights' own."""
     if (
         packed is not None
         and x.dtype == torch.float32  # not under CPU autocast
         and x.dim() >= 2
-        and x.numel() <= PACKED_MAX_ROWS * x.shape[-1]
         and not torch.is_grad_enabled()
+        and (packed.kind == "int8" or x.numel() <= PACKED_MAX_ROWS * x.shape[-1])
         and packed.fresh_for(weight)
     ):
+        if packed.kind == "int8":
+            return linear_int8(x, packed.op)
         return torch.ops.quantized.linear_dynamic_fp16(x, packed.op)
     return F.linear(x, weight)
 
@@ -630,6 +654,9 @@ class DiffusionGemma(nn.Module):
         # self-conditioning's probabilities @ embedding
         self.head_packed: Packed | None = None
         self.soft_packed: Packed | None = None
+        # Set by the loader for an int8 checkpoint (dfim.engine.model.int8): `prepare_cpu_inference` then packs
+        # the stored integers for fbgemm's int8 products instead of fp16 copies.
+        self.int8_weights = False
 
     @property
     def decoder(self) -> Decoder:
@@ -646,8 +673,16 @@ class DiffusionGemma(nn.Module):
         `fuse_linears`); every other matrix, the experts and the tied embedding are stored transposed
         (column-major), so each product runs as an NN GEMM, measurably faster in MKL for the ~16-row
         activations of a canvas (the LM head: 3.8 -> 3.2 ms on the 2-core dev machine). Every matrix also
-        gets an fp16 copy for products of a few rows (`pack_fp16`, `linear`) where the weights fit fp16; a
-        load or an in-place update afterwards sends the products it touches back to fp32."""
+        gets an fp16 copy for products of a few rows (`pack_fp16`, `linear`) where the weights fit fp16, or,
+        for a model loaded from an int8 checkpoint (`int8_weights`), an int8 copy used for every product; a
+        load or an in-place update afterwards sends the products it touches back to fp32. The one exception
+        of an int8 model is the self-conditioning's probabilities @ embedding: the embedding's scales are
+        per vocabulary row, its input channels there, and the probabilities (mostly tiny) would not survive
+        8-bit activation quantization, so that product keeps an fp16 copy."""
+        int8 = self.int8_weights
+
+        def pack(weight: Tensor, *also_watched: Tensor) -> Packed | None:
+            return pack_weight(weight, *also_watched, int8=int8)
 
         def transpose_storage(*weights: Tensor) -> None:
             for weight in weights:
@@ -657,7 +692,7 @@ class DiffusionGemma(nn.Module):
             # the parameters that view the fused matrix keep version counters of their own: watch them too
             present = [lin for lin in linears if lin is not None]
             matrix = fuse_linears(*present)
-            return matrix, pack_fp16(matrix.t(), *(lin.weight for lin in present))
+            return matrix, pack(matrix.t(), *(lin.weight for lin in present))
 
         for layer in self.decoder.layers:
             attn, mlp, experts = layer.self_attn, layer.mlp, layer.experts
@@ -670,18 +705,19 @@ class DiffusionGemma(nn.Module):
                 experts.gate_up_proj,
                 experts.down_proj,
             )
-            attn.o_packed, mlp.down_packed = pack_fp16(attn.o_proj.weight), pack_fp16(mlp.down_proj.weight)
-            experts.gate_up_packed = [pack_fp16(w) for w in experts.gate_up_proj]  # views: the 3-D's version
-            experts.down_packed = [pack_fp16(w) for w in experts.down_proj]
+            attn.o_packed, mlp.down_packed = pack(attn.o_proj.weight), pack(mlp.down_proj.weight)
+            experts.gate_up_packed = [pack(w) for w in experts.gate_up_proj]  # views: the 3-D's version
+            experts.down_packed = [pack(w) for w in experts.down_proj]
         conditioning = self.decoder.self_conditioning
         conditioning.gate_up, conditioning.gate_up_packed = fused(
             conditioning.gate_proj, conditioning.up_proj
         )
         embedding = self.decoder.embed_tokens.weight
         transpose_storage(conditioning.down_proj.weight, embedding)
-        conditioning.down_packed = pack_fp16(conditioning.down_proj.weight)
-        self.head_packed = pack_fp16(embedding)
-        self.soft_packed = pack_fp16(embedding.t())  # a view: shares the embedding's version counter
+        conditioning.down_packed = pack(conditioning.down_proj.weight)
+        self.head_packed = pack(embedding)
+        # a view: shares the embedding's version counter
+        self.soft_packed = pack_fp16(embedding.t(), exact=not int8)
 
     def logits(self, hidden: Tensor) -> Tensor:
         logits = linear(self.decoder.norm(hidden), self.decoder.embed_tokens.weight, self.head_packed).float()
