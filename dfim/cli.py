@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fill": ("dfim.commands.fill", "print the code that belongs at a position of a file"),
     "serve": ("dfim.commands.serve", "run the language server (stdio by default)"),
     "eval": ("dfim.commands.eval", "fill-in-the-middle evaluation with execution-based pass@1"),
-    "train": ("dfim.engine.training.train", "train or fine-tune a checkpoint on one GPU"),
+    "train": ("dfim.commands.train", "train or fine-tune a checkpoint (data-parallel under torchrun)"),
     "stats": ("dfim.commands.stats", "acceptance rate and latency from local telemetry"),
     "replay": ("dfim.commands.replay", "replay typing against the real server: acceptance, latency"),
     "bench-realcode": ("dfim.commands.bench_realcode", "FIM problems from a Python project and its tests"),

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from dfim.commands.train import add_arguments
 from dfim.engine.model.tokenizer import Tokenizer
 from dfim.engine.training.data import Root, TokenShards, build
 from dfim.engine.training.train import (
     Batch,
     ExampleSettings,
     FimExamples,
-    add_arguments,
     add_noise,
     collate,
     load_state,
@@ -246,7 +246,7 @@ def test_causal_weight_teaches_the_draft_the_whole_middle(
 
 def test_causal_weight_and_context_lm_weight_are_not_combined(data_dir: Path, tmp_path: Path) -> None:
     from dfim.commands.checks import InputError
-    from dfim.engine.training.train import check_args
+    from dfim.commands.train import check_args
 
     args = parse(
         "--data", str(data_dir), "--out", str(tmp_path / "run"), "--causal-weight", "1",
