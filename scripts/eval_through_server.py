@@ -37,7 +37,7 @@ from dfim.bench.lsp_client import Client, get_field, utf16_offset  # noqa: E402
 from dfim.engine.evaluation import sandbox  # noqa: E402
 from dfim.engine.evaluation.fim import Problem, load_problems  # noqa: E402
 from dfim.engine.evaluation.metrics import edit_similarity, exact_match  # noqa: E402
-from dfim.server.context import EXTENSIONS  # noqa: E402
+from dfim.server.languages import EXTENSIONS  # noqa: E402
 
 
 def between(problem: Problem, new: str) -> str | None:

@@ -17,25 +17,10 @@ from dataclasses import dataclass, field, replace
 
 from dfim.engine.api import Hole, TokenScore
 from dfim.engine.layout import code_of_line, unclosed_on_line
-from dfim.server.context import (
-    FillContext,
-    Source,
-    build_context,
-    empty_body_at,
-    enclosing_function,
-    find_holes,
-    hole_at,
-    indent_unit,
-    indent_width,
-    last_code_before_line,
-    leading_ws,
-    line_end,
-    line_start,
-    newline_of,
-    next_line_start,
-    open_brackets,
-    region,
-)
+from dfim.server.context import FillContext, build_context, indent_unit, leading_ws, region
+from dfim.server.holes import empty_body_at, enclosing_function, find_holes, hole_at, last_code_before_line
+from dfim.server.languages import Source
+from dfim.server.lines import indent_width, line_end, line_start, newline_of, next_line_start, open_brackets
 from dfim.server.postprocess import (
     clean,
     code_of,

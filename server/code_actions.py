@@ -34,8 +34,8 @@ from dfim.server.actions import (
     plan_action,
     unsure_skeleton,
 )
-from dfim.server.context import language_for
 from dfim.server.documents import Document, PositionError
+from dfim.server.languages import language_for
 from dfim.server.options import quoted
 
 RUN_COMMAND = "dfim.runAction"  # arguments: [data] as carried by a code action

@@ -38,7 +38,7 @@ from functools import partial
 from typing import Any
 
 from dfim.engine.api import EngineError, FillCancelled, FillRequest, FillResult
-from dfim.server.context import fit_context_budget
+from dfim.server.windows import fit_context_budget
 
 log = logging.getLogger("dfim.server")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # lone UTF-16 halves: JSON can carry them, tokenizers refuse them

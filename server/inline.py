@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from dfim.engine.api import FillRequest, FillResult, Hole, SamplerSettings
-from dfim.server.context import FillContext, line_end, line_start
+from dfim.server.context import FillContext
+from dfim.server.lines import line_end, line_start
 from dfim.server.options import Options
 from dfim.server.postprocess import fit_whitespace, rank_candidates
 
@@ -378,8 +379,9 @@ async def complete(ls, params):
     from lsprotocol import types
     from pygls.exceptions import JsonRpcInvalidParams
 
-    from dfim.server.context import build_context, language_for, single_line, with_lead
+    from dfim.server.context import build_context, single_line, with_lead
     from dfim.server.documents import Document, PositionError
+    from dfim.server.languages import language_for
     from dfim.server.options import language_enabled
 
     started = time.perf_counter()

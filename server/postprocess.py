@@ -12,16 +12,9 @@ import re
 from collections.abc import Callable
 
 from dfim.engine.layout import code_of_line
-from dfim.server.context import (
-    CLOSERS,
-    MATCH,
-    OPENERS,
-    FillContext,
-    error_count,
-    indent_width,
-    open_brackets,
-    scan_brackets,
-)
+from dfim.server.context import FillContext
+from dfim.server.languages import error_count
+from dfim.server.lines import CLOSERS, MATCH, OPENERS, indent_width, open_brackets, scan_brackets
 
 _REPEAT = re.compile(r"(.{1,12}?)\1{3,}", re.S)
 

@@ -10,7 +10,18 @@ import pytest
 from lsprotocol import types
 
 from dfim.engine.api import Hole, SamplerSettings, TokenScore
-from dfim.server import actions, context, inline, options, postprocess, telemetry
+from dfim.server import (
+    actions,
+    context,
+    holes,
+    inline,
+    languages,
+    lines,
+    options,
+    postprocess,
+    telemetry,
+    windows,
+)
 from dfim.server.documents import (
     UTF8,
     UTF16,
@@ -119,7 +130,7 @@ def split(src: str) -> tuple[str, int]:
     ],
 )
 def test_language_for(language_id, uri, expected):
-    assert context.language_for(language_id, uri) == expected
+    assert languages.language_for(language_id, uri) == expected
 
 
 @pytest.mark.parametrize(
@@ -141,7 +152,7 @@ def test_language_for(language_id, uri, expected):
 )
 def test_decide_mode(src, lang, mode):
     text, cursor = split(src)
-    assert context.decide_mode(context.Source(text, lang), cursor)[0] == mode
+    assert context.decide_mode(languages.Source(text, lang), cursor)[0] == mode
 
 
 def test_block_fill_covers_the_empty_body():
@@ -193,7 +204,7 @@ def test_windows_stay_put_while_the_user_types():
     suffixes = {c.suffix for c in contexts}
     starts = [c.start - len(c.prefix) for c in contexts]
     assert len(suffixes) == 1  # open brackets and all: the text after the cursor is read the same way
-    cell = 200 * context.CHARS_PER_TOKEN / context.GRID_CELLS
+    cell = 200 * windows.CHARS_PER_TOKEN / windows.GRID_CELLS
     assert 1 < len(set(starts)) <= 1 + len(typed) / cell  # at most one move per cell typed
     assert all(count(c.prefix) <= 200 and count(c.suffix) <= 100 for c in contexts)  # within the budgets
     assert all(count(c.prefix) >= 200 * 0.75 and count(c.suffix) >= 100 * 0.75 for c in contexts)  # used
@@ -205,7 +216,7 @@ def test_windows_are_cut_on_the_documents_grid_not_the_parsed_regions():
     body = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(4000))
     for cursor in (len(body) // 3, len(body) // 3 + 1, len(body) // 2 + 7):
         far = context.build_context(body, cursor, "python", prefix_tokens=300, suffix_tokens=100)
-        near = context.fit_window(context.Source(body, "python"), cursor, cursor, 300, 100)
+        near = windows.fit_window(languages.Source(body, "python"), cursor, cursor, 300, 100)
         assert (far.start - len(far.prefix), far.end + len(far.suffix)) == near
 
 
@@ -255,23 +266,23 @@ def test_windows_without_grammar_cut_at_lines():
 
 def test_find_holes_in_several_languages():
     py = "def f():\n    pass\n\ndef g():\n    ...\n\n# TODO: h\n"
-    assert [h.kind for h in context.find_holes(context.Source(py, "python"), 0, len(py))] == [
+    assert [h.kind for h in holes.find_holes(languages.Source(py, "python"), 0, len(py))] == [
         "pass",
         "ellipsis",
         "todo",
     ]
     rs = "fn f() -> i32 {\n    todo!()\n}\n"
-    assert [h.kind for h in context.find_holes(context.Source(rs, "rust"), 0, len(rs))] == ["todo"]
+    assert [h.kind for h in holes.find_holes(languages.Source(rs, "rust"), 0, len(rs))] == ["todo"]
     js = "function f() {\n  // TODO implement\n}\n"
-    holes = context.find_holes(context.Source(js, "javascript"), 0, len(js))
-    assert len(holes) == 1 and js[holes[0].start : holes[0].end] == "// TODO implement"
+    found = holes.find_holes(languages.Source(js, "javascript"), 0, len(js))
+    assert len(found) == 1 and js[found[0].start : found[0].end] == "// TODO implement"
     plain = "a\n    pass\nb\n"
-    assert [h.kind for h in context.find_holes(context.Source(plain, None), 0, len(plain))] == ["pass"]
+    assert [h.kind for h in holes.find_holes(languages.Source(plain, None), 0, len(plain))] == ["pass"]
 
 
 def test_open_brackets():
-    assert context.open_brackets("x = foo(a, [1, 2") == ["(", "["]
-    assert context.open_brackets("s = '(' + f(") == ["("]
+    assert lines.open_brackets("x = foo(a, [1, 2") == ["(", "["]
+    assert lines.open_brackets("s = '(' + f(") == ["("]
 
 
 # ---- postprocess --------------------------------------------------------------------------------------
@@ -501,8 +512,8 @@ def test_single_line_asks_a_blank_line_of_an_empty_body_as_that_line(src, lang):
     assert ctx.max_tokens == context.MAX_TOKENS["line"]
     # the model reads the document up to the cursor and from it, as for any blank line
     assert text[:cursor].endswith(ctx.prefix) and text[cursor:].startswith(ctx.suffix)
-    assert ctx.prefix.endswith(text[context.line_start(text, cursor) : cursor])
-    assert ctx.indent == text[context.line_start(text, cursor) : cursor]
+    assert ctx.prefix.endswith(text[lines.line_start(text, cursor) : cursor])
+    assert ctx.indent == text[lines.line_start(text, cursor) : cursor]
     assert postprocess.clean("return 1\n    y = 2", ctx) == "return 1"
 
 
@@ -561,7 +572,7 @@ def test_a_fill_after_typed_indentation_may_go_one_deeper_below_an_opener():
 def test_single_line_after_a_block_opener_starts_a_new_line(src, lang, lead):
     ctx, text, cursor = single(src, lang)
     assert (ctx.mode, ctx.start, ctx.end, ctx.lead) == ("line", cursor, cursor, lead)
-    assert ctx.prefix.endswith(text[context.line_start(text, cursor) : cursor] + lead)
+    assert ctx.prefix.endswith(text[lines.line_start(text, cursor) : cursor] + lead)
     assert text[cursor:].startswith(ctx.suffix)
     # the suggestion is the break, the block's indentation and one line: the code below does not move
     assert postprocess.clean("return x\n    y = 2", ctx) == lead + "return x"
@@ -1209,7 +1220,8 @@ def test_percentile():
 
 
 def test_context_budget_fits_the_trained_context() -> None:
-    from dfim.server.context import FIM_SPECIALS, fit_context_budget
+    from dfim.engine.model.tokenizer import FIM_SPECIALS
+    from dfim.server.windows import fit_context_budget
 
     # The shipped model was trained on 512 context tokens, suffix at most a third of them.
     prefix, suffix = fit_context_budget(1024, 256, 512)

@@ -114,14 +114,13 @@ def file_region(path: str | os.PathLike) -> Region:
     """A file typed from an empty document. InputError (the line `dfim replay` prints) for a file `dfim fill`
     would refuse: missing, empty, binary, not UTF-8, or of an unknown language."""
     from dfim.commands.checks import InputError, read_text_file
-    from dfim.commands.fill import LANGUAGES
-    from dfim.server.context import language_for
+    from dfim.server.languages import EXTENSIONS, language_of_path
 
     path = Path(path)
     text = normalize(read_text_file(path, "dfim replay"))
-    if path.suffix.lower() not in LANGUAGES and language_for(None, path.name) is None:
+    if language_of_path(path.name) is None:
         kind = f"'{path.suffix}'" if path.suffix else "without an extension"
-        known = " ".join(sorted(LANGUAGES))
+        known = " ".join(sorted(EXTENSIONS))
         raise InputError(f"{path}: unknown file type {kind} (dfim replay types source files: {known})")
     return Region(source=str(path), path=path.name, before="", typed=text, after="")
 
@@ -205,7 +204,7 @@ def check_git(repo: str, rev: str) -> None:
 
 def git_regions(repo: str, commits: int, rev: str, max_chars: int) -> list[Region]:
     """Runs of added lines of the last `commits` non-merge commits up to `rev`, files of known languages only."""
-    from dfim.server.context import language_for
+    from dfim.server.languages import language_for
 
     regions: list[Region] = []
     for commit in git(repo, "log", "--no-merges", f"-n{commits}", "--format=%H", rev).split():
@@ -270,7 +269,7 @@ def judge(doc: str, cursor: int, start: int, end: int, insert: str, remaining: s
 
 
 async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOptions) -> RegionStats:
-    from dfim.server.context import language_for
+    from dfim.server.languages import language_for
 
     typed = region.typed[: opts.max_chars]
     stats = RegionStats(source=region.source, chars=len(typed))

@@ -17,39 +17,11 @@ from typing import TYPE_CHECKING
 
 from dfim.engine.api import FillRequest, SamplerSettings  # plain dataclasses: no torch
 from dfim.engine.layout import block_lead
+from dfim.server.languages import language_of_path
 
 if TYPE_CHECKING:
     from dfim.engine.inference.fill import Engine
 
-# Extensions we know how to name. The shipped model is trained on Python; other languages still get
-# a fill (the model sees their text), but an unknown extension is refused unless --language says.
-LANGUAGES = {
-    ".py": "python",
-    ".pyi": "python",
-    ".js": "javascript",
-    ".mjs": "javascript",
-    ".cjs": "javascript",
-    ".jsx": "javascript",
-    ".ts": "typescript",
-    ".tsx": "typescript",
-    ".go": "go",
-    ".rs": "rust",
-    ".java": "java",
-    ".c": "c",
-    ".h": "c",
-    ".cc": "cpp",
-    ".cpp": "cpp",
-    ".cxx": "cpp",
-    ".hh": "cpp",
-    ".hpp": "cpp",
-    ".rb": "ruby",
-    ".lua": "lua",
-    ".sh": "shell",
-    ".kt": "kotlin",
-    ".swift": "swift",
-    ".cs": "csharp",
-    ".php": "php",
-}
 # The context window the CLI sends (the server budgets its own): enough for a function or two
 # around the cursor without encoding a whole large file.
 PREFIX_CHARS = 6000
@@ -119,7 +91,7 @@ def read_source(path: Path) -> str:
 def detect_language(path: Path, override: str | None) -> str:
     if override:
         return override
-    language = LANGUAGES.get(path.suffix.lower())
+    language = language_of_path(path.name)
     if language is None:
         kind = f"'{path.suffix}'" if path.suffix else "without an extension"
         raise InputError(f"{path}: unknown file type {kind} (pass --language NAME to fill it anyway)")

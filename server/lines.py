@@ -1,0 +1,79 @@
+"""Lines, indentation and brackets of a document's text, by offset (Python string indices).
+
+Line ends are \n, \r\n or a lone \r, as LSP counts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+CLOSERS = ")]}"
+OPENERS = "([{"
+
+
+MATCH = {")": "(", "]": "[", "}": "{"}
+
+
+def line_start(text: str, offset: int) -> int:
+    nl = text.rfind("\n", 0, offset)
+    return max(nl, text.rfind("\r", nl + 1, offset)) + 1  # look for a lone \r only after the last \n
+
+
+def line_end(text: str, offset: int) -> int:
+    nl = text.find("\n", offset)
+    if nl < 0:
+        nl = len(text)
+    cr = text.find("\r", offset, nl)  # only up to the next \n: never scan the rest of the file
+    return cr if cr >= 0 else nl
+
+
+def next_line_start(text: str, offset: int) -> int:
+    end = line_end(text, offset)
+    if text.startswith("\r\n", end):
+        return end + 2
+    return min(end + 1, len(text))
+
+
+def indent_width(line: str) -> int:
+    """Visual width of a line's leading whitespace (tabs count 4)."""
+    stripped = line[: len(line) - len(line.lstrip(" \t"))]
+    return len(stripped.expandtabs(4))
+
+
+def newline_of(text: str) -> str:
+    """The document's line end (CRLF documents get CRLF completions)."""
+    crlf = text.count("\r\n")
+    return "\r\n" if crlf and crlf >= text.count("\n") - crlf else "\n"
+
+
+def scan_brackets(text: str, skip_comments: bool = False) -> Iterator[tuple[int, str]]:
+    """Yield (index, char) for brackets outside string literals (and `#` / `//` comments if asked):
+    a rough, language-agnostic scan."""
+    quote = ""
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote or (c in "\r\n" and quote in "'\""):
+                quote = ""
+        elif c in "'\"`":
+            quote = c
+        elif skip_comments and (c == "#" and not text.startswith("#include", i) or text.startswith("//", i)):
+            i = min([x for x in (text.find("\n", i), text.find("\r", i)) if x >= 0] or [len(text)])
+            continue
+        elif c in OPENERS or c in CLOSERS:
+            yield i, c
+        i += 1
+
+
+def open_brackets(prefix: str, limit: int = 2000) -> list[str]:
+    """Brackets opened in the tail of `prefix` and not yet closed (strings and comments roughly skipped)."""
+    stack: list[str] = []
+    for _, c in scan_brackets(prefix[-limit:], skip_comments=True):
+        if c in OPENERS:
+            stack.append(c)
+        elif stack and stack[-1] == MATCH[c]:
+            stack.pop()
+    return stack
