@@ -253,7 +253,9 @@ def build(
     shards = [i for i, r in enumerate(roots) if r.kind == "shard"]
     log(f"{files_seen} files under {len(roots) - len(shards)} folders, {len(shards)} corpus shards")
     if not files and not shards:
-        raise BuildError(f"no .py files (nor headers or corpus shards) under {', '.join(str(r.path) for r in roots)}")
+        raise BuildError(
+            f"no .py files (nor headers or corpus shards) under {', '.join(str(r.path) for r in roots)}"
+        )
     out.mkdir(parents=True, exist_ok=True)
     # The old build goes first, meta.json included: a build that fails midway never looks built.
     for old in list(out.glob("*.bin")) + list(out.glob("*_docs.npy")) + list(out.glob("meta.json")):
