@@ -1,0 +1,94 @@
+"""scripts/train_base_on_device.sh on CPU: its stages up to torchrun (DRY_RUN=1), run twice each."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "train_base_on_device.sh"
+
+
+def stage(env: dict[str, str], *args: str) -> str:
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_scripts_parse() -> None:
+    for name in ("train_base_on_device.sh", "train_base_pipeline.sh", "device_env.sh", "device_prelude.sh"):
+        subprocess.run(["bash", "-n", str(REPO / "scripts" / name)], check=True)
+
+
+def test_dry_run_stages(tmp_path: Path) -> None:
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    go = (REPO / "fixtures" / "example.go").read_text()
+    with lzma.open(carried / "train-00.jsonl.xz", "wb") as f:
+        for lic in ("MIT", "GPL-3.0-only"):
+            row = {
+                "text": go + f"// {lic}\n",
+                "path": f"{lic}/main.go",
+                "lang": "go",
+                "license": lic,
+                "source": "t",
+            }
+            f.write((json.dumps(row) + "\n").encode())
+    pyroot = tmp_path / "py"
+    pyroot.mkdir()
+    (pyroot / "area.py").write_text("def area(r):\n    return 3.14159 * r * r\n")
+    env = {
+        **os.environ,
+        # python3 with dfim's dependencies, as on the GPU machine (where dfim itself is not installed).
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "DFIM_ROOT": str(tmp_path / "root"),
+        "CARRIED": str(carried),
+        "TOKENIZER_SRC": "engine/weights/dfim-small/tokenizer.json",
+        "DRY_RUN": "1",
+        "PY_ROOTS": str(pyroot),
+        "HEADER_ROOTS": "",
+        "START_WAIT": "120",
+        "FIRST_LINES_WAIT": "0",
+    }
+    assert "copied" in stage(env, "unpack")
+    assert "there already" in stage(env, "unpack")
+    started = stage(env, "start")
+    assert "pipeline started" in started
+    run = tmp_path / "root" / "run"
+    for _ in range(100):  # the background pipeline ends right after printing its commands
+        if "pipeline finished" in (run / "pipeline.log").read_text():
+            break
+        time.sleep(0.2)
+    log = (run / "pipeline.log").read_text()
+    assert "--objective causal" in log and "--causal-weight 1.0" in log and "--init-from" in log
+    assert "--model-config base" in log and "DRY_RUN: not started" in log
+    summary = json.loads((run / "data_summary.json").read_text())
+    assert summary["languages"].keys() == {"go"}  # the .py file has no licence, the GPL record is dropped
+    assert summary["dropped"]["license_not_permissive"] == 2
+    settings = (run / "settings.env").read_text()
+    deadline = [line for line in settings.splitlines() if line.startswith("DEADLINE=")]
+    assert len(deadline) == 1
+    # Again: the shards are not rebuilt and the deadline stays the first one.
+    stage(env, "start")
+    for _ in range(100):
+        if (
+            "already built" in (run / "data.log").read_text()
+            and "pipeline finished" in (run / "pipeline.log").read_text()
+        ):
+            break
+        time.sleep(0.2)
+    assert "already built" in (run / "data.log").read_text()
+    assert [
+        line for line in (run / "settings.env").read_text().splitlines() if line.startswith("DEADLINE=")
+    ] == deadline
+    out = tmp_path / "out"
+    out.mkdir()
+    assert "data_summary.json" in stage({**env, "OUT": str(out)}, "fetch")
+    assert (out / "data_manifest.jsonl.gz.part00").is_file()
