@@ -28,6 +28,7 @@ from dfim.server.postprocess import (
     limit_scope,
     normalize_newlines,
     trim_block_fill,
+    writes_code,
 )
 
 KIND = "refactor.rewrite.dfim"
@@ -118,6 +119,7 @@ class ActionPlan:
     trail: str = ""  # ... and the line break after it (new lines above a closing `}`)
 
 
+NO_CODE = "the model wrote only comments or a docstring here, no code; nothing was changed"
 SLACK_TOKENS = 8  # room a rewrite gets beyond the selection's own length (it may grow a little)
 
 
@@ -467,6 +469,8 @@ def finish_action(
         text = normalize_newlines(result_text, ctx.newline)
         if not text.strip():
             raise ActionError("the model returned nothing for the selection")
+        if not writes_code(text, ctx.lang) and writes_code(plan.original_text, ctx.lang):
+            raise ActionError(NO_CODE)
         return [(plan.start, plan.end, _keep_outer_ws(text, plan.original_text))]
     # fillHole / completeFunction
     if plan.action == "completeFunction":
@@ -482,6 +486,8 @@ def finish_action(
     text = close_what_it_opened(text, ctx.lang, ctx.indent)
     if not text.strip():
         raise ActionError("the model produced nothing usable here")
+    if not writes_code(text, ctx.lang):
+        raise ActionError(NO_CODE)
     if plan.lead or plan.trail:  # the lead ends with the first line's indentation: the fill starts after it
         return [(plan.start, plan.end, plan.lead + text.lstrip(" \t") + plan.trail)]
     if plan.action == "fillHole":

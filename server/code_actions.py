@@ -88,6 +88,23 @@ class ActionData:
         return cls(uri=uri, action=action, range=rng, version=version, instruction=instruction)
 
 
+def finish_with_the_first_usable(plan, result) -> list[tuple[int, int, str]]:
+    """The edits of the best candidate the action can use: the model's first choice, else the next of its
+    alternatives (a first choice that is only a comment need not end the action). The first choice's
+    ActionError when none is usable."""
+    try:
+        return finish_action(plan, result.text, result.token_scores)
+    except ActionError as first:
+        if plan.action == "fillSelectionHoles":  # its holes are split by the first choice's token scores
+            raise
+        for text in result.alternatives:
+            try:
+                return finish_action(plan, text)
+            except ActionError:
+                continue
+        raise first
+
+
 def _resolve_supported(ls) -> bool:
     caps = ls.client_capabilities
     try:
@@ -275,7 +292,7 @@ async def run_action(ls, data: ActionData) -> types.WorkspaceEdit:
         result = await ls.host.fill(request, flag)
         if changed():
             raise FillCancelled("the document changed")
-        edits = finish_action(plan, result.text, result.token_scores)
+        edits = finish_with_the_first_usable(plan, result)
     except NothingToChange as exc:
         ls.window_show_message(types.ShowMessageParams(type=types.MessageType.Info, message=f"dfim: {exc}"))
         edits = []

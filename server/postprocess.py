@@ -176,6 +176,22 @@ def code_of(line: str, lang: str | None) -> str:
     return code.rstrip()
 
 
+_TRIPLE_STRING = re.compile(r'[rbuRBU]{0,2}("""|\'\'\')(?:.|\n)*?(?:\1|$)')
+_BLOCK_COMMENT = re.compile(r"/\*(?:.|\n)*?(?:\*/|$)")
+_LONE_STRING = re.compile(r"""^[rbufRBUF]{0,2}(?:"[^"]*"|'[^']*')[;,]?$""")
+
+
+def writes_code(text: str, lang: str | None) -> bool:
+    """Whether `text` holds a line of code: not only comments, docstrings or a lone string literal. An action
+    asked for code must not answer with a comment that describes it (`# compute the mean`) and stop."""
+    text = _TRIPLE_STRING.sub("", text) if lang in (None, "python") else _BLOCK_COMMENT.sub("", text)
+    for line in text.splitlines():
+        code = code_of(line, lang).strip()
+        if code and not _LONE_STRING.match(code) and code != '""':
+            return True
+    return False
+
+
 def cut_stutter(completion: str, lang: str | None = None) -> str:
     """Keep the lines before the first one where the model stutters (a word repeated four times in a row),
     the way a small model runs out of ideas at the end of a long canvas."""
