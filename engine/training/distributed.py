@@ -106,19 +106,33 @@ def global_weight(weight: torch.Tensor, world: World) -> torch.Tensor:
 
 def sum_gradients(model: torch.nn.Module, world: World) -> None:
     """All-reduce (sum) every parameter's gradient in one flat buffer. A parameter without a gradient on
-    this rank contributes zeros, so every rank ends with the same gradient and the same update."""
+    this rank contributes zeros; one no rank reached keeps no gradient (as in one process, where AdamW
+    then skips it: no weight decay, no moment update). Every rank ends with the same gradients."""
     if not world.distributed:
         return
     params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1).float() for p in params])
+    reached = [float(p.grad is not None) for p in params]
+    device = next(iter(params)).device
+    flat = torch.cat(
+        [
+            torch.zeros(p.numel(), device=device) if p.grad is None else p.grad.reshape(-1).float()
+            for p in params
+        ]
+        + [torch.tensor(reached, device=device)]
+    )
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    reached_anywhere = flat[-len(params) :].tolist()  # one device sync, not one per parameter
     offset = 0
-    for p in params:
+    for p, count in zip(params, reached_anywhere, strict=True):
         n = p.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+        if count > 0:
+            summed = flat[offset : offset + n].view_as(p).to(p.dtype)
+            if p.grad is None:
+                p.grad = summed.clone()
+            else:
+                p.grad.copy_(summed)
+        else:
+            p.grad = None
         offset += n
 
 
