@@ -639,7 +639,7 @@ async def test_the_shipped_model_drafts_a_line_and_the_denoiser_confirms_it(tmp_
     from noise, over more steps."""
     from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR
 
-    demo = (Path(__file__).resolve().parents[1] / "fixtures" / "demo.py").read_text()
+    demo = (Path(__file__).resolve().parents[2] / "fixtures" / "demo.py").read_text()
     s = Session()
     await s.start(DEFAULT_MODEL_DIR, tmp_path, init_options={"telemetry": {"enabled": False}})
     try:

@@ -1,0 +1,96 @@
+"""Unit tests of server/engine_host.py: context budgets and urgent fills between a long fill's steps."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_shipped_model_declares_its_trained_context() -> None:
+    import json
+
+    from dfim.engine import Engine
+    from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR
+    from dfim.server.engine_host import EngineHost
+
+    info = json.loads((DEFAULT_MODEL_DIR / "dfim.json").read_text())
+    assert info["context_tokens"] == 512 and info["objective"] == "diffusion"
+    host = EngineHost()
+    assert host.context_budget(1024, 256) == (1024, 256)  # nothing loaded yet: the options as set
+    host.engine = Engine.load()
+    assert host.engine.trained_context == 512
+    assert host.context_budget(1024, 256) == (339, 169)
+
+
+async def test_an_urgent_fill_runs_at_the_next_step_boundary_of_a_long_one(tmp_path) -> None:
+    import asyncio
+    import threading
+
+    from dfim.engine import Engine, FillRequest, SamplerSettings
+    from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
+    from dfim.server.engine_host import EngineHost
+
+    host = EngineHost()
+    host.engine = Engine.load(write_random_checkpoint(tmp_path, DEFAULT_MODEL_DIR / "tokenizer.json"))
+    steps: list[int] = []
+    long = FillRequest(
+        prefix="def f(x):\n    return ",
+        suffix="\n",
+        max_tokens=16,
+        settings=SamplerSettings(max_steps=200, entropy_bound=0.0),  # a random model never stops early
+        on_step=lambda info: steps.append(info.step),
+    )
+    background = asyncio.ensure_future(host.fill(long, threading.Event()))
+    while not steps:  # the long fill is in the engine
+        await asyncio.sleep(0.005)
+    quick = FillRequest(prefix="import os\n", suffix="", max_tokens=16, settings=SamplerSettings(max_steps=2))
+    result = await host.fill(quick, threading.Event(), urgent=True)
+    assert result.steps == 2 and not background.done()
+    assert host.preempted == 1 and len(steps) < 200
+    assert (await background).steps == 200
+    assert quick.cache_slot != long.cache_slot
+    host.shutdown()
+
+
+def test_nested_urgent_fills_leave_the_action_a_step_and_never_move_the_model():
+    from concurrent.futures import Future
+
+    import torch
+
+    from dfim.engine.api import EngineError, FillRequest
+    from dfim.server.engine_host import EngineHost
+
+    host = EngineHost()
+    ran: list[str] = []
+
+    def job(name: str, then=None):
+        def run():
+            ran.append(name)
+            if then is not None:  # a keystroke arriving while this fill runs
+                host._urgent.append((job(then), Future()))
+
+        return run
+
+    host._urgent.append((job("a", then="b"), Future()))
+    host._run_urgent(nested=True)
+    assert ran == ["a"] and len(host._urgent) == 1  # "b" waits for the action's next step
+    host._run_urgent()
+    assert ran == ["a", "b"] and not host._urgent  # on an idle worker, everything waiting runs
+
+    class OutOfMemoryOnGpu:  # a CUDA engine whose fills always run out of memory (no GPU here)
+        device = torch.device("cuda")
+        caches: dict = {}
+
+        def fill(self, request):
+            raise torch.OutOfMemoryError("injected")
+
+        def drop_idle_caches(self):
+            pass
+
+    engine = OutOfMemoryOnGpu()
+    host.engine = engine
+    work: Future = Future()
+    host._urgent.append((lambda: host._fill(engine, FillRequest(prefix="x", suffix="")), work))
+    host._run_urgent(nested=True)
+    with pytest.raises(EngineError, match="while a code action runs"):
+        work.result()
+    assert host.engine is engine and not host.fell_back_to_cpu  # no move to the CPU for good
