@@ -123,7 +123,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="share of rows noised left-to-right as the sampler's window leaves them (clean up to a cut)",
     )
     parser.add_argument("--self-cond-p", type=float, default=0.5)
-    parser.add_argument("--workers", type=int, default=min(12, max(0, (os.cpu_count() or 2) - 2)))
+    # Data-loader workers per process: under torchrun the machine's cores are shared by its processes.
+    local_processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    parser.add_argument(
+        "--workers", type=int, default=min(12, max(0, (os.cpu_count() or 2) // local_processes - 2))
+    )
     parser.add_argument("--device", default=None)
     parser.add_argument(
         "--compile",

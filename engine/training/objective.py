@@ -119,9 +119,13 @@ def context_lm_loss(
     return weighted_loss(logits, targets, (~batch.context_pad).float(), denominator)
 
 
-def causal_loss(model, batch: Batch, denominator: Denominator = local_weight) -> torch.Tensor:
+def causal_loss(
+    model, batch: Batch, denominator: Denominator = local_weight, forward: Callable | None = None
+) -> torch.Tensor:
+    """The AR FIM loss over `context middle <eos>`; `forward` stands for `model.causal_forward_train`
+    (its compiled form in training)."""
     ids, pad, weight = causal_sequence(batch)
-    logits = model.causal_forward_train(ids, pad)
+    logits = (forward or model.causal_forward_train)(ids, pad)
     return weighted_loss(logits[:, :-1], ids[:, 1:], weight, denominator)
 
 

@@ -230,6 +230,7 @@ class Run:
     train_seconds: float  # time spent in training steps: the clock of a --plan-minutes schedule
     active_params: int = 0  # parameters a token passes through (top-k experts): the MFU's N
     peak_flops: float = 0.0  # one device's bf16 peak FLOP/s; 0: unknown, no MFU logged
+    compiled_causal: Any = None  # torch.compile(model.causal_forward_train); None: eager
 
     @property
     def causal(self) -> bool:
@@ -245,6 +246,14 @@ class Run:
         if self_cond is not None:
             torch._dynamo.mark_dynamic(self_cond, 1)
         return self.compiled(context, canvas, self_cond, context_pad, context_lm=context_lm)
+
+    def causal_forward(self, ids: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        """The network read as a causal LM (the causal objective, --causal-weight), compiled when --compile."""
+        if self.compiled_causal is None:
+            return self.model.causal_forward_train(ids, pad)
+        torch._dynamo.mark_dynamic(ids, 1)  # one graph for every canvas bucket
+        torch._dynamo.mark_dynamic(pad, 1)
+        return self.compiled_causal(ids, pad)
 
     def fwd(self, context, canvas, self_cond, context_pad):
         """The denoiser's canvas logits alone (the self-conditioning pass, validation)."""
@@ -331,6 +340,9 @@ def setup(
     broadcast_parameters(model, world)
 
     compiled = torch.compile(model.forward_train_lm, mode=args.compile_mode) if args.compile else None
+    compiled_causal = (
+        torch.compile(model.causal_forward_train, mode=args.compile_mode) if args.compile else None
+    )
     return Run(
         args=args,
         config=config,
@@ -340,6 +352,7 @@ def setup(
         pad_id=tok.pad_id,
         origin=origin,
         compiled=compiled,
+        compiled_causal=compiled_causal,
         world=world,
         # Seeded by the step too, so a resumed run does not replay the noise of its first chunk, and by
         # the rank, so the ranks noise their examples independently.
@@ -410,7 +423,7 @@ def forward_backward(
 
     if run.causal:
         with run.autocast():
-            loss = causal_loss(run.model, batch, denominator)
+            loss = causal_loss(run.model, batch, denominator, run.causal_forward)
         run.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         return loss, None, False
@@ -441,7 +454,7 @@ def forward_backward(
         # The same weights as an AR FIM model over `context middle <eos>`: the draft that serves
         # single lines (decision 38) decodes this way, and the diffusion loss never trains it.
         with run.autocast():
-            lm = causal_loss(run.model, batch, denominator)
+            lm = causal_loss(run.model, batch, denominator, run.causal_forward)
         total = total + args.causal_weight * lm
     run.optimizer.zero_grad(set_to_none=True)
     total.backward()
@@ -462,7 +475,7 @@ def train_step(
         if run.compiled is None or run.step > 0:
             raise
         print(f"torch.compile failed ({type(err).__name__}: {err}); continuing without it", flush=True)
-        run.compiled = None
+        run.compiled = run.compiled_causal = None
         loss, lm, self_conditioned = forward_backward(run, batch, noisy)
     sum_gradients(run.model, run.world)
     torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.args.grad_clip)
@@ -518,12 +531,13 @@ def log_window(
         extra += f" val {row['val_loss']:.4f} acc {row['val_acc']:.3f}"
     if "val_loss_ordered" in row:
         extra += f" ordered {row['val_loss_ordered']:.4f}"
+    speed = f"tok/s {row['tok_per_s']:,.0f}"
     if gpus > 1:
-        extra += f" ({row['tok_per_s_per_gpu']:,.0f}/gpu)"
+        speed += f" ({row['tok_per_s_per_gpu']:,.0f}/gpu)"
     if "mfu" in row:
-        extra += f" mfu {row['mfu']:.1%}"
+        speed += f" mfu {row['mfu']:.1%}"
     print(
-        f"step {run.step} loss {row['loss']:.4f} lr {lr:.2e} tok/s {row['tok_per_s']:,.0f}{extra} "
+        f"step {run.step} loss {row['loss']:.4f}{extra} lr {lr:.2e} {speed} "
         f"tokens {run.tokens:,} t {row['elapsed_s']}s",
         flush=True,
     )
