@@ -27,23 +27,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import shutil
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from dfim.engine.model.config import ModelConfig
 from dfim.engine.model.tokenizer import Tokenizer
 from dfim.engine.training.distributed import (
     World,
     active_parameters,
-    broadcast_parameters,
     close_world,
     global_sum,
     global_weight,
@@ -53,6 +48,7 @@ from dfim.engine.training.distributed import (
     sum_gradients,
 )
 from dfim.engine.training.examples import Batch, BatchStream, Example, ExampleSettings, FimExamples, collate
+from dfim.engine.training.export import export, export_run
 from dfim.engine.training.objective import (
     add_noise,
     causal_loss,
@@ -60,16 +56,14 @@ from dfim.engine.training.objective import (
     context_lm_loss,
     evaluate,
     lr_at,
-    validate,
     weighted_loss,
 )
 from dfim.engine.training.presets import DEFAULT_TOKENIZER, PRESETS, context_tokens_for, model_config
+from dfim.engine.training.progress import Log, LogWindow, log_window
+from dfim.engine.training.run import Run, pick_device, resolve_context_tokens, setup
 from dfim.engine.training.state import load_state, save_state
 
-if TYPE_CHECKING:
-    from dfim.engine.model.network import DiffusionGemma
-
-# Re-exported: tests and scripts import these from here.
+# Re-exported: tests, scripts and the command import these from here.
 __all__ = [
     "DEFAULT_TOKENIZER",
     "PRESETS",
@@ -78,6 +72,7 @@ __all__ = [
     "Example",
     "ExampleSettings",
     "FimExamples",
+    "Run",
     "add_noise",
     "causal_loss",
     "causal_sequence",
@@ -85,32 +80,16 @@ __all__ = [
     "context_lm_loss",
     "context_tokens_for",
     "evaluate",
+    "export",
     "load_state",
     "lr_at",
     "model_config",
+    "resolve_context_tokens",
     "save_state",
+    "setup",
     "train",
     "weighted_loss",
 ]
-
-# Where an export's sampler defaults come from when the run did not start from a checkpoint: the shipped
-# model's, so a new model is served the same way (draft, ranking, window).
-SHIPPED_MODEL = Path(__file__).parents[1] / "weights" / "dfim-small"
-
-
-# ----------------------------------------------------------------------------------------------
-# Training
-
-
-@dataclass
-class Log:
-    path: Path
-    rows: list[dict[str, Any]] = field(default_factory=list)
-
-    def write(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
 
 
 def example_mix(args: argparse.Namespace, settings: ExampleSettings) -> dict[str, Any]:
@@ -143,57 +122,6 @@ def make_val_batches(args: argparse.Namespace, settings: ExampleSettings, tok_pa
     return [next(stream) for _ in range(args.val_batches)]
 
 
-def export(model, out_dir: Path, tok_path: Path, info: dict[str, Any], origin: str | None = None) -> Path:
-    """Write the trained weights as a checkpoint. Sampler defaults come from `origin` (the checkpoint the
-    run started from) when it is still there, so a continuation keeps e.g. its `window`; else from the
-    shipped model, so a new model is served with the same draft, ranking and window."""
-    from dfim.engine.api import SamplerSettings
-    from dfim.engine.model.checkpoint import read_settings, save_model
-
-    settings = SamplerSettings()
-    source = Path(origin) if origin and Path(origin).is_dir() else SHIPPED_MODEL
-    if (source / "generation_config.json").is_file():
-        settings = read_settings(source)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_model(model, out_dir, settings, dtype=torch.bfloat16, info=info)
-    shutil.copyfile(tok_path, out_dir / "tokenizer.json")
-    return out_dir
-
-
-def default_name(out: str | os.PathLike) -> str:
-    """The model name of a run without --name: its --out folder's name."""
-    return Path(out).resolve().name or "dfim-small"
-
-
-def resolve_context_tokens(args: argparse.Namespace) -> int:
-    """--context-tokens, else what the run trains on by default: a resumed run's saved value, the
-    --init-from checkpoint's (its dfim.json), or the preset's (`presets.CONTEXT_TOKENS`: 1,024 for base)."""
-    if getattr(args, "context_tokens", None) is not None:
-        return int(args.context_tokens)
-    trainer = Path(args.out) / "state" / "trainer.json"
-    if args.resume and trainer.is_file():
-        saved = json.loads(trainer.read_text()).get("args", {}).get("context_tokens")
-        if saved:
-            return int(saved)
-    if args.init_from:
-        notes = Path(args.init_from) / "dfim.json"
-        if notes.is_file():
-            saved = json.loads(notes.read_text()).get("context_tokens")
-            if isinstance(saved, int) and saved > 0:
-                return saved
-    return context_tokens_for(args.model_config)
-
-
-def pick_device(device: torch.device) -> torch.device:
-    """Set the matmul precision (TF32 on CUDA) or denormal handling (CPU) for the training device."""
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    else:
-        torch.set_flush_denormal(True)  # tiny CPU runs slow down badly on denormal activations
-    return device
-
-
 def example_settings(
     args: argparse.Namespace, buckets: tuple[int, ...]
 ) -> tuple[ExampleSettings, ExampleSettings]:
@@ -206,163 +134,6 @@ def example_settings(
     if args.objective == "causal":  # no canvas to pin, and a causal model never reads the pads after EOS
         settings = replace(settings, pin_subset_p=0.0, pin_run_p=0.0, pad_weight=0.0)
     return replace(settings, **example_mix(args, settings)), settings
-
-
-@dataclass
-class Run:
-    """One training run: the model, its optimizer and the counters carried from step to step (nanoGPT
-    keeps these in globals). `step`, `tokens` and `train_seconds` are saved with the state (`scalars`)
-    and go on counting after --resume."""
-
-    args: argparse.Namespace
-    config: ModelConfig
-    model: DiffusionGemma
-    optimizer: torch.optim.Optimizer
-    device: torch.device
-    pad_id: int
-    origin: str | None  # the checkpoint this run started from (--init-from), remembered across resumes
-    compiled: Any  # torch.compile(model.forward_train_lm); None: eager (also after a compiler failure)
-    world: World  # this process among the data-parallel ranks (a world of one without torchrun)
-    noise_gen: torch.Generator  # the noise of the diffusion objective
-    self_cond_rng: random.Random  # which steps self-condition
-    step: int
-    tokens: int  # real tokens trained on (non-pad context + canvas)
-    train_seconds: float  # time spent in training steps: the clock of a --plan-minutes schedule
-    active_params: int = 0  # parameters a token passes through (top-k experts): the MFU's N
-    peak_flops: float = 0.0  # one device's bf16 peak FLOP/s; 0: unknown, no MFU logged
-    compiled_causal: Any = None  # torch.compile(model.causal_forward_train); None: eager
-
-    @property
-    def causal(self) -> bool:
-        return self.args.objective == "causal"
-
-    def fwd_lm(self, context, canvas, self_cond, context_pad, context_lm: bool):
-        """The denoiser -> (canvas logits, with `context_lm` the encoder's hidden states over the
-        context, else None), compiled when --compile."""
-        if self.compiled is None:
-            return self.model.forward_train_lm(context, canvas, self_cond, context_pad, context_lm=context_lm)
-        # One graph for every canvas bucket instead of one per L (compile time is training time).
-        torch._dynamo.mark_dynamic(canvas, 1)
-        if self_cond is not None:
-            torch._dynamo.mark_dynamic(self_cond, 1)
-        return self.compiled(context, canvas, self_cond, context_pad, context_lm=context_lm)
-
-    def causal_forward(self, ids: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-        """The network read as a causal LM (the causal objective, --causal-weight), compiled when --compile."""
-        if self.compiled_causal is None:
-            return self.model.causal_forward_train(ids, pad)
-        torch._dynamo.mark_dynamic(ids, 1)  # one graph for every canvas bucket
-        torch._dynamo.mark_dynamic(pad, 1)
-        return self.compiled_causal(ids, pad)
-
-    def fwd(self, context, canvas, self_cond, context_pad):
-        """The denoiser's canvas logits alone (the self-conditioning pass, validation)."""
-        return self.fwd_lm(context, canvas, self_cond, context_pad, False)[0]
-
-    def autocast(self):
-        """bf16 autocast on CUDA; plain fp32 on CPU."""
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return torch.autocast("cpu", enabled=False)
-
-    def validate(self, batches: Sequence[Batch]) -> dict[str, float]:
-        # No eval()/train() toggling: the network has no dropout, and a changed mode would make
-        # torch.compile recompile.
-        return validate(
-            self.model, self.fwd, batches, self.causal, self.config, self.pad_id, self.device, self.autocast
-        )
-
-    def scalars(self) -> dict[str, Any]:
-        """trainer.json's fields besides the optimizer's param groups (see `save_state`)."""
-        return {
-            "step": self.step,
-            "tokens": self.tokens,
-            "train_seconds": self.train_seconds,
-            "model_config": self.config.to_dict(),
-            "init_from": self.origin,
-            "args": {k: v for k, v in vars(self.args).items() if not k.startswith("_") and not callable(v)},
-        }
-
-
-def setup(
-    args: argparse.Namespace,
-    out: Path,
-    tok: Tokenizer,
-    device: torch.device,
-    max_canvas: int,
-    world: World | None = None,
-) -> Run:
-    """The model and its AdamW: a fresh init (--model-config), a checkpoint's weights (--init-from), or,
-    with --resume and a saved state in OUT/state, the saved run with its optimizer and counters."""
-    from dfim.engine.model.network import DiffusionGemma
-
-    resuming = args.resume and (out / "state" / "trainer.json").is_file()
-    origin = args.init_from
-    if resuming:
-        saved = json.loads((out / "state" / "trainer.json").read_text())
-        config = ModelConfig.from_dict(saved["model_config"])
-        origin = saved.get("init_from") or origin
-    elif args.init_from:
-        from dfim.engine.model.checkpoint import read_config
-
-        config = read_config(Path(args.init_from))
-    else:
-        config = model_config(args.model_config, tok.vocab_size, max_canvas)
-    if config.vocab_size != tok.vocab_size:
-        raise SystemExit(f"model vocab {config.vocab_size} != tokenizer vocab {tok.vocab_size}")
-    model = DiffusionGemma(config)
-    model.init_weights(generator=torch.Generator().manual_seed(args.seed))
-    if args.init_from and not resuming:
-        from dfim.engine.model.checkpoint import load_model
-
-        loaded, _ = load_model(args.init_from, dtype=torch.float32)
-        model.load_state_dict(loaded.state_dict())
-    model.to(device)
-    model.train()
-
-    # Weight decay on matrices and embeddings only, not on norms' scales and other vectors.
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-        fused=device.type == "cuda",
-    )
-    step, tokens, train_seconds = 0, 0, 0.0
-    if resuming:
-        scalars = load_state(out, model, optimizer)
-        step, tokens, train_seconds = scalars["step"], scalars["tokens"], scalars["train_seconds"]
-        if world is None or world.is_main:
-            print(f"resumed from {out / 'state'} at step {step} ({tokens:,} tokens)", flush=True)
-    world = world or World()
-    broadcast_parameters(model, world)
-
-    compiled = torch.compile(model.forward_train_lm, mode=args.compile_mode) if args.compile else None
-    compiled_causal = (
-        torch.compile(model.causal_forward_train, mode=args.compile_mode) if args.compile else None
-    )
-    return Run(
-        args=args,
-        config=config,
-        model=model,
-        optimizer=optimizer,
-        device=device,
-        pad_id=tok.pad_id,
-        origin=origin,
-        compiled=compiled,
-        compiled_causal=compiled_causal,
-        world=world,
-        # Seeded by the step too, so a resumed run does not replay the noise of its first chunk, and by
-        # the rank, so the ranks noise their examples independently.
-        noise_gen=torch.Generator(device=device).manual_seed(args.seed * 7 + step + 1_000_003 * world.rank),
-        # The same on every rank: a step self-conditions everywhere or nowhere (equal step times).
-        self_cond_rng=random.Random(args.seed + step),
-        step=step,
-        tokens=tokens,
-        train_seconds=train_seconds,
-    )
 
 
 STOP_REASONS = ("steps", "time", "plan")
@@ -481,91 +252,6 @@ def train_step(
     torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.args.grad_clip)
     run.optimizer.step()
     return loss, lm, self_conditioned
-
-
-@dataclass
-class LogWindow:
-    """Sums over the steps since the last train_log.jsonl row."""
-
-    loss: float = 0.0
-    lm: float = 0.0  # the auxiliary LM loss (context LM or causal FIM)
-    steps: int = 0
-    tokens: int = 0  # over every rank
-    flops: float = 0.0  # model FLOPs over every rank (`distributed.step_flops`)
-    t0: float = field(default_factory=time.time)
-
-    def add(self, loss: float, lm: float, tokens: int, flops: float) -> None:
-        self.loss += loss
-        self.lm += lm
-        self.steps += 1
-        self.tokens += tokens
-        self.flops += flops
-
-
-def log_window(
-    run: Run, window: LogWindow, log: Log, lr: float, canvas: int, t_start: float, val_batches: list[Batch]
-) -> None:
-    """Write the window's row to train_log.jsonl (validation scores every --eval-every steps) and print it."""
-    args = run.args
-    dt = max(time.time() - window.t0, 1e-9)
-    gpus = run.world.size
-    row = {
-        "step": run.step,
-        "loss": window.loss / window.steps,
-        "lr": lr,
-        "tok_per_s": window.tokens / dt,  # all ranks together
-        "tok_per_s_per_gpu": window.tokens / dt / gpus,
-        "tokens": run.tokens,
-        "elapsed_s": round(time.time() - t_start, 1),
-        "canvas": canvas,  # the last step's canvas length
-    }
-    if (args.context_lm_weight > 0 or args.causal_weight > 0) and not run.causal:
-        row["lm_loss"] = window.lm / window.steps
-    if run.peak_flops > 0:
-        row["mfu"] = window.flops / dt / (run.peak_flops * gpus)
-    if val_batches and (run.step % args.eval_every == 0):
-        row.update(run.validate(val_batches))
-    log.write(row)
-    extra = f" lm {row['lm_loss']:.4f}" if "lm_loss" in row else ""
-    if "val_loss" in row:
-        extra += f" val {row['val_loss']:.4f} acc {row['val_acc']:.3f}"
-    if "val_loss_ordered" in row:
-        extra += f" ordered {row['val_loss_ordered']:.4f}"
-    speed = f"tok/s {row['tok_per_s']:,.0f}"
-    if gpus > 1:
-        speed += f" ({row['tok_per_s_per_gpu']:,.0f}/gpu)"
-    if "mfu" in row:
-        speed += f" mfu {row['mfu']:.1%}"
-    print(
-        f"step {run.step} loss {row['loss']:.4f}{extra} lr {lr:.2e} {speed} "
-        f"tokens {run.tokens:,} t {row['elapsed_s']}s",
-        flush=True,
-    )
-
-
-def export_run(run: Run, final: dict[str, Any], tok_path: Path) -> Path:
-    """The run's export (--export, default OUT/export), with what was trained and how far in dfim.json."""
-    args = run.args
-    random_weights = run.step == 0 and not run.origin
-    if random_weights:
-        print("warning: no training step ran: the export holds untrained (random) weights", flush=True)
-    info = {
-        "name": args.name or default_name(args.out),
-        "random": random_weights,
-        "objective": args.objective,
-        **({"context_lm_weight": args.context_lm_weight} if args.context_lm_weight > 0 else {}),
-        **({"causal_weight": args.causal_weight} if args.causal_weight > 0 else {}),
-        **({"ordered_noise_p": args.ordered_noise_p} if args.ordered_noise_p > 0 else {}),
-        "context_tokens": args.context_tokens,
-        "step": run.step,
-        "tokens": run.tokens,
-        "train_seconds": round(run.train_seconds, 1),
-        "data": str(args.data),
-        **{k: v for k, v in final.items() if k.startswith("val")},
-    }
-    export_dir = Path(args.export) if args.export else Path(args.out) / "export"
-    export(run.model, export_dir, tok_path, info, run.origin)
-    return export_dir
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
