@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fill": ("dfim.commands.fill", "print the code that belongs at a position of a file"),
     "serve": ("dfim.commands.serve", "run the language server (stdio by default)"),
     "eval": ("dfim.commands.eval", "fill-in-the-middle evaluation with execution-based pass@1"),
+    "tokenizer": ("dfim.commands.tokenizer", "train the BPE tokenizer on a sample of source code"),
+    "data": ("dfim.commands.data", "build training token shards from source trees and corpus shards"),
     "train": ("dfim.commands.train", "train or fine-tune a checkpoint (data-parallel under torchrun)"),
     "stats": ("dfim.commands.stats", "acceptance rate and latency from local telemetry"),
     "replay": ("dfim.commands.replay", "replay typing against the real server: acceptance, latency"),

@@ -15,7 +15,7 @@ if [ -n "${CORPUS:-}" ]; then
   [ -f /root/corpus/corpus.json ] || tar -C /root -xJf "$CORPUS"
   EXTRA=(--extra-roots /root/corpus)
 fi
-python3 -m dfim.engine.training.data --out "$DATA" --tokenizer engine/weights/dfim-small/tokenizer.json \
+python3 -m dfim.commands.data --out "$DATA" --tokenizer engine/weights/dfim-small/tokenizer.json \
   --workers "$(nproc)" --skip-if-built "${EXTRA[@]}"
 
 ELAPSED=$(( $(date +%s) - START ))

@@ -9,7 +9,7 @@ MINUTES_TOTAL=${MINUTES_TOTAL:-9}
 source scripts/device_prelude.sh    # environment and token shards ($DATA)
 for spec in "$@"; do
   name=${spec%%=*} model=${spec#*=}
-  python3 -m dfim.engine.training.train --data "$DATA" --out "/root/val-$name" --init-from "$model" --steps 1 --lr 0 \
+  python3 -m dfim.commands.train --data "$DATA" --out "/root/val-$name" --init-from "$model" --steps 1 --lr 0 \
     --warmup 1 --pad-weight 0.25 --context-lm-weight 0.5 --no-compile --workers 4 --log-every 1000 \
     --eval-every 1000 > "/root/val-$name.log" 2>&1 || tail -5 "/root/val-$name.log"
   echo "== $name validation: $(grep '"final"' "/root/val-$name/train_log.jsonl" | python3 -c \

@@ -30,7 +30,7 @@ start_run() {  # name gpu init extra-args
     first=(--init-from "$init")  # first call: the given weights, a fresh optimizer
   fi
   # shellcheck disable=SC2086
-  CUDA_VISIBLE_DEVICES=$gpu python3 -m dfim.engine.training.train "${common[@]}" --out "/root/run-$name" \
+  CUDA_VISIBLE_DEVICES=$gpu python3 -m dfim.commands.train "${common[@]}" --out "/root/run-$name" \
     "${first[@]}" $extra > "/root/$name.log" 2>&1 &
 }
 start_run a "$GPU_A" "$INIT_A" "${ARGS_A:-}"

@@ -16,7 +16,7 @@ for dir in $HEADER_ROOTS; do [ -d "$dir" ] && HEADERS+=(--c-headers "$dir"); don
 PY=()
 [ -n "$PY_ROOTS" ] && PY=(--roots $PY_ROOTS)
 say "data: $DATA (corpus $CORPUS_DIR, headers: ${HEADERS[*]:-none})"
-python3 -m dfim.engine.training.data --out "$DATA" --tokenizer "$TOKENIZER" "${PY[@]}" \
+python3 -m dfim.commands.data --out "$DATA" --tokenizer "$TOKENIZER" "${PY[@]}" \
   --corpus "$CORPUS_DIR"/train-*.jsonl.xz "${HEADERS[@]}" --permissive-only \
   --workers "$(nproc)" --skip-if-built > "$RUN/data.log" 2>&1 || { tail -n 30 "$RUN/data.log"; exit 1; }
 cp "$DATA/summary.json" "$RUN/data_summary.json"

@@ -20,7 +20,7 @@ if [ ! -f "$RUN/state/trainer.json" ] && [ -n "${INIT_FROM:-}" ]; then
   PLAN_MINUTES=$TRAIN_MINUTES
   echo "no run state here; starting from the weights in $INIT_FROM"
 fi
-python3 -m dfim.engine.training.train --data "$DATA" --out "$RUN" --model-config "$PRESET" --resume "${INIT[@]}" \
+python3 -m dfim.commands.train --data "$DATA" --out "$RUN" --model-config "$PRESET" --resume "${INIT[@]}" \
   --minutes "$TRAIN_MINUTES" --plan-minutes "$PLAN_MINUTES" --batch-size "${BATCH:-128}" \
   --no-compile --workers 12 --log-every 100 --eval-every 500 ${EXTRA_TRAIN_ARGS:-}
 

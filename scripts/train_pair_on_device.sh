@@ -21,11 +21,11 @@ DIFF_ARGS=(--warmup 100 --lr 1e-3 --decay-share 0.35)
 if [ ! -f /root/run-diff/state/trainer.json ] && [ -n "${INIT_FROM:-}" ]; then
   DIFF_ARGS+=(--init-from "$INIT_FROM")  # first call: the shipped weights, a fresh optimizer
 fi
-CUDA_VISIBLE_DEVICES=0 python3 -m dfim.engine.training.train "${common[@]}" --out /root/run-diff "${DIFF_ARGS[@]}" \
+CUDA_VISIBLE_DEVICES=0 python3 -m dfim.commands.train "${common[@]}" --out /root/run-diff "${DIFF_ARGS[@]}" \
   --plan-minutes "$DIFF_PLAN" --pad-weight "${PAD_WEIGHT:-0.25}" --name dfim-small \
   > /root/diff.log 2>&1 &
 DIFF_PID=$!
-CUDA_VISIBLE_DEVICES=1 python3 -m dfim.engine.training.train "${common[@]}" --out /root/run-ar --model-config small \
+CUDA_VISIBLE_DEVICES=1 python3 -m dfim.commands.train "${common[@]}" --out /root/run-ar --model-config small \
   --objective causal --plan-minutes "$AR_MINUTES" --stop-at-plan --name dfim-small-ar \
   > /root/ar.log 2>&1 &
 AR_PID=$!

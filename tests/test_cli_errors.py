@@ -22,12 +22,11 @@ REALCODE = ROOT / "fixtures" / "realcode" / "problems.jsonl"
 
 
 def cli(*args: object, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    """`python -m dfim ARGS` (or `python -m dfim.engine.training.data ARGS` when the first word is `dfim.engine.training.data`)."""
-    module = ["dfim.engine.training.data"] if args and args[0] == "dfim.engine.training.data" else ["dfim"]
-    words = [str(a) for a in (args[1:] if module == ["dfim.engine.training.data"] else args)]
+    """`python -m dfim ARGS`."""
+    words = [str(a) for a in args]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", *module, *words],
+        [sys.executable, "-m", "dfim", *words],
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -61,7 +60,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     made["latin1"].write_bytes(b'x = "\xe9"\n')
     made["unknown"] = tmp / "notes.xyz"
     made["unknown"].write_text("hello\n")
-    # Shards as `python -m dfim.engine.training.data` leaves them for a root without files: an empty index.
+    # Shards as `dfim data` leaves them for a root without files: an empty index.
     made["no_docs"] = tmp / "no_docs"
     made["no_docs"].mkdir()
     np.save(made["no_docs"] / "train_docs.npy", np.zeros((0, 3), dtype=np.int64))
@@ -497,7 +496,7 @@ def test_serve_refuses_bad_tcp_and_log_file(files: dict[str, Path]) -> None:
     assert_refused(cli("serve", "--log-file", tmp, cwd=tmp), "dfim serve", "--log-file", "directory")
 
 
-# ----------------------------------------------------------------------------- python -m dfim.engine.training.data
+# ----------------------------------------------------------------------------- dfim data
 
 
 def test_data_builder_refuses_bad_input(files: dict[str, Path]) -> None:
@@ -513,9 +512,7 @@ def test_data_builder_refuses_bad_input(files: dict[str, Path]) -> None:
         (["--out", files["file"], "--tokenizer", TOKENIZER, "--roots", tmp], ("--out", "not a folder")),
     ]
     for args, needles in cases:
-        assert_refused(
-            cli("dfim.engine.training.data", *args, cwd=tmp), "python -m dfim.engine.training.data", *needles
-        )
+        assert_refused(cli("data", *args, cwd=tmp), "dfim data", *needles)
     assert not (out / "meta.json").exists()
 
 

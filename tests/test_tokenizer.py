@@ -145,7 +145,7 @@ def test_corpus_sample_is_balanced_and_filtered(tmp_path: Path) -> None:
 
 
 def test_build_main_mixes_python_and_corpus(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from dfim.engine.model.tokenizer import build_main
+    from dfim.commands.tokenizer import main as build_main
 
     pyroot = tmp_path / "py"
     pyroot.mkdir()

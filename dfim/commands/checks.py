@@ -1,4 +1,4 @@
-"""Checks of command-line input shared by the `dfim` commands (and `python -m dfim.engine.training.data`).
+"""Checks of command-line input shared by the `dfim` commands (and `dfim data`).
 
 Every command answers bad input as `dfim fill` does (dfim/commands/fill.py): one line on stderr,
 `dfim COMMAND: what is wrong`, naming the flag or the file, and exit status 2; never a traceback, a

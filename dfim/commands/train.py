@@ -6,7 +6,7 @@
 The options, their checks and the command's exit codes live here; the training itself is
 `dfim.engine.training.train.train(args)`, which takes the parsed Namespace. Under torchrun every process
 parses the same options; --batch-size is per process (the global batch is batch-size x processes).
-`python -m dfim.engine.training.train` still runs this command (the GPU scripts call it).
+The GPU scripts run it as `python3 -m dfim.commands.train` (dfim is not installed there).
 """
 
 from __future__ import annotations
@@ -35,9 +35,7 @@ from dfim.engine.training.train import example_mix, resolve_context_tokens, trai
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--data", required=True, help="token shards from `python -m dfim.engine.training.data`"
-    )
+    parser.add_argument("--data", required=True, help="token shards from `dfim data`")
     parser.add_argument("--out", required=True, help="run folder: state/, train_log.jsonl, export/")
     parser.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
     parser.add_argument(
@@ -250,7 +248,7 @@ def check_args(args: argparse.Namespace) -> None:
     if not index.is_file():
         raise InputError(
             f"--data {data}: no token shards (train_docs.npy); build them with "
-            f"`python -m dfim.engine.training.data --out {data} --tokenizer ...`"
+            f"`dfim data --out {data} --tokenizer ...`"
         )
     try:
         docs = np.load(index)

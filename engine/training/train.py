@@ -373,11 +373,3 @@ def train_in_world(args: argparse.Namespace, world: World, device: torch.device)
     if world.distributed:  # the others wait for rank 0's save and export before the group closes
         torch.distributed.barrier()
     return {**final, "losses": losses, "export": str(export_dir)}
-
-
-if __name__ == "__main__":  # the GPU scripts' `python3 -m dfim.engine.training.train`: the command parses
-    import sys
-
-    from dfim.commands.train import main
-
-    sys.exit(main())
