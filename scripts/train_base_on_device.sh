@@ -12,7 +12,7 @@
 # alive and continues a stopped one, fetch copies whatever is finished. Settings (environment):
 #   TRAIN_MINUTES=21  wall clock of both phases together, from the end of the data build
 #   AR_SHARE=0.33     share of it for phase 1 (AR); phase 2 (diffusion) gets the rest of the deadline
-#   BATCH=            per-GPU batch size (default: the trainer's)
+#   BATCH=64          per-GPU batch size (1,024 context tokens + canvas: ~70k tokens a GPU per step)
 #   EXTRA_TRAIN_ARGS= more flags for both phases
 #   DRY_RUN=1         start builds the shards and prints the torchrun commands without running them
 #   PY_ROOTS=         .py folders instead of this machine's stdlib + site-packages (tests use it)
@@ -83,7 +83,7 @@ CORPUS_DIR=$CORPUS_DIR
 TOKENIZER=$CODE/engine/weights/dfim-base/tokenizer.json
 TRAIN_MINUTES=${TRAIN_MINUTES:-21}
 AR_SHARE=${AR_SHARE:-0.33}
-BATCH='${BATCH:-}'
+BATCH='${BATCH:-64}'
 LOADER_WORKERS=${LOADER_WORKERS:-12}
 EXTRA_TRAIN_ARGS='${EXTRA_TRAIN_ARGS:-}'
 DRY_RUN=${DRY_RUN:-0}

@@ -33,12 +33,25 @@ AR_MIN=$(python3 -c "print(round($TRAIN_MINUTES * $AR_SHARE, 2))")
 common=(--data "$DATA" --tokenizer "$TOKENIZER" --model-config base --resume --log-every 50 --eval-every 500
         --workers "$LOADER_WORKERS" $EXTRA_TRAIN_ARGS)
 [ -n "$BATCH" ] && common+=(--batch-size "$BATCH")
-launch() {  # launch LOG ARGS...: torchrun on every GPU, with a hard stop a few minutes past the plan
+torchrun_once() {  # torchrun_once LOG MINUTES ARGS...: every GPU, with a hard stop a few minutes past the plan
   local log=$1 minutes=$2; shift 2
   local cmd=(torchrun --standalone --nproc_per_node="$NGPU" -m dfim.commands.train "$@")
   say "run: ${cmd[*]} > $log"
   if [ "$DRY_RUN" = 1 ]; then say "DRY_RUN: not started"; return 0; fi
   timeout --signal=TERM --kill-after=60 "$(python3 -c "print(int(($minutes + 4) * 60))")" "${cmd[@]}" > "$log" 2>&1
+}
+launch() {  # launch LOG MINUTES ARGS...: one retry, eager and with half the batch, for a failure in the first
+  # minutes (a compile error or out of memory on a GPU not tried before): the machine is held for minutes only
+  local log=$1 minutes=$2; shift 2
+  local t0 took
+  t0=$(date +%s)
+  torchrun_once "$log" "$minutes" "$@" && return 0
+  took=$(( $(date +%s) - t0 ))
+  [ "$took" -lt 300 ] || return 1
+  say "failed after ${took}s; the log's end:"; tail -n 25 "$log"; mv "$log" "$log.failed"
+  local half=$(( ${BATCH:-64} / 2 ))
+  say "retrying without torch.compile, batch $half per GPU"
+  torchrun_once "$log" "$(python3 -c "print(max(1.0, $minutes - $took / 60))")" "$@" --no-compile --batch-size "$half"
 }
 
 if [ -f "$RUN/ar/export/config.json" ]; then
