@@ -32,7 +32,7 @@ from dfim.engine.evaluation.metrics import edit_similarity, exact_match
 
 ROOT = Path(__file__).resolve().parents[1]
 # The files lines are drawn from (globs under the source root): our own Python.
-OWN_CODE = ("engine/*.py", "server/*.py", "dfim/**/*.py")
+OWN_CODE = ("engine/**/*.py", "server/*.py", "dfim/**/*.py")
 # Lines never asked: comments and strings (Python; other languages also C-like comments).
 PYTHON_SKIP = ("#", '"', "'")
 OTHER_SKIP = (*PYTHON_SKIP, "//", "/*", "*")
