@@ -8,7 +8,8 @@ SRC=${DFIM_MIRROR:-/tmp/dfim-src}
 rm -rf "$SRC" && mkdir -p "$SRC/dfim"
 for entry in "$DFIM_SRC_ROOT"/dfim/*; do ln -s "$entry" "$SRC/dfim/"; done
 ln -s "$DFIM_SRC_ROOT/engine" "$SRC/dfim/engine" && ln -s "$DFIM_SRC_ROOT/server" "$SRC/dfim/server"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$SRC TOKENIZERS_PARALLELISM=false
+# PYTHONSAFEPATH: `python3 -m` would put the checkout first on sys.path, where dfim/ lacks engine/ and server/.
+export PYTHONUNBUFFERED=1 PYTHONPATH=$SRC PYTHONSAFEPATH=1 TOKENIZERS_PARALLELISM=false
 # NVLink multicast (NVLS) is off on these machines: NCCL, torch's symmetric memory and NVSHMEM would
 # otherwise try it and fail or hang at the first collective.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
