@@ -44,7 +44,7 @@ from dfim.engine.inference.canvas import (
     middle_tokens,
 )
 from dfim.engine.inference.chat import load_tokenizer
-from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, load_model, read_info
+from dfim.engine.model.checkpoint import load_model, read_info, resolve_checkpoint
 from dfim.engine.model.threads import AdaptiveThreads, limit_threads, usable_cores
 from dfim.engine.model.tokenizer import Tokenizer
 
@@ -129,7 +129,7 @@ class Engine:
     ) -> Engine:
         """`threads`: torch's CPU thread count (default: `dfim.engine.model.threads`: one core fewer than this process
         may use, every core while the others are idle)."""
-        folder = Path(path) if path is not None else DEFAULT_MODEL_DIR
+        folder = resolve_checkpoint(path)
         dev = check_device(device)
         automatic = limit_threads(threads)
         if not folder.is_dir():

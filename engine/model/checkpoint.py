@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -38,7 +39,22 @@ from dfim.engine.model.fp8 import (
 from dfim.engine.model.int8 import INT8_METHOD
 from dfim.engine.model.network import DiffusionGemma
 
-DEFAULT_MODEL_DIR = Path(__file__).parents[1] / "weights" / "dfim-small"
+WEIGHTS_DIR = Path(__file__).parents[1] / "weights"  # the checkpoints the package ships
+DEFAULT_MODEL_DIR = WEIGHTS_DIR / "dfim-small"
+
+
+def resolve_checkpoint(path: str | os.PathLike | None) -> Path:
+    """The folder a model option names: the default model for None, a shipped checkpoint for its bare name
+    (`dfim-base`) unless a folder of that name exists where the user is, else the path itself."""
+    if path is None or str(path) == "":
+        return DEFAULT_MODEL_DIR
+    folder = Path(path)
+    shipped = WEIGHTS_DIR / str(path)
+    if not folder.exists() and len(folder.parts) == 1 and (shipped / "config.json").is_file():
+        return shipped
+    return folder
+
+
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 INFO_FILE = "dfim.json"
