@@ -9,7 +9,7 @@ import pytest
 
 from dfim.bench import realcode
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "realcode"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "realcode"
 PROJECT = FIXTURE / "project"
 
 

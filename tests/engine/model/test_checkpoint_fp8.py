@@ -26,7 +26,7 @@ from dfim.engine.model.fp8 import dequantize, scale_layout
 from dfim.engine.model.network import KVCache
 from dfim.engine.model.tokenizer import Tokenizer
 
-TOKENIZER = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+TOKENIZER = Path(__file__).resolve().parents[3] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
 # e4m3 keeps 3 mantissa bits: rounding is off by at most 2^-4 of the value, plus half the smallest
@@ -211,7 +211,7 @@ def test_fp8_checkpoint_dequantizes_to_the_model_it_came_from(tmp_path, base, ca
 def shipped() -> tuple[Path, list[int]]:
     """The shipped trained model and 332 tokens of real code: a random model's logits are too
     sensitive (2 % weight noise moves them 18 %) to show what FP8 does to a real one."""
-    folder = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small"
+    folder = Path(__file__).resolve().parents[3] / "engine" / "weights" / "dfim-small"
     ids = Tokenizer.from_file(folder / "tokenizer.json").encode(Path(model_config.__file__).read_text())
     assert len(ids) >= 332
     return folder, ids

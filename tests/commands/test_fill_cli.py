@@ -13,7 +13,7 @@ import pytest
 from dfim.cli import main
 from dfim.engine.model.checkpoint import write_random_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER_JSON = ROOT / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 EXAMPLE = ROOT / "fixtures" / "example.py"
 

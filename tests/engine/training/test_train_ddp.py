@@ -20,7 +20,7 @@ from dfim.engine.training.examples import Batch, Example, collate
 from dfim.engine.training.objective import add_noise
 from dfim.engine.training.train import setup, stop_reason, train_step
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 TOKENIZER_JSON = REPO / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 BATCH, CONTEXT, CANVAS = 8, 48, 16
 # float32 on CPU: the two ranks' partial sums reach the same gradient in another order, so it differs by

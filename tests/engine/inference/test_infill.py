@@ -13,7 +13,7 @@ from dfim.engine import Engine, FillCancelled, FillRequest, Hole, SamplerSetting
 from dfim.engine.api import CheckpointError, EngineError
 from dfim.engine.model.checkpoint import write_random_checkpoint
 
-TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+TOKENIZER_JSON = Path(__file__).resolve().parents[3] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 FAST = SamplerSettings(max_steps=4)  # a random model never gets confident: keep runs short
 
 

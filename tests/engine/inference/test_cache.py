@@ -11,7 +11,7 @@ from dfim.engine.inference.cache import ContextCache, common_prefix_length
 from dfim.engine.model.checkpoint import load_model, write_random_checkpoint
 from dfim.engine.model.tokenizer import Tokenizer
 
-TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+TOKENIZER_JSON = Path(__file__).resolve().parents[3] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 EVAL_FIXTURE = ROOT / "fixtures" / "eval" / "tiny-infilling.jsonl"
 REALCODE = ROOT / "fixtures" / "realcode" / "problems.jsonl"

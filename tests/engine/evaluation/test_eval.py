@@ -12,7 +12,7 @@ from dfim.engine.api import EngineError, SamplerSettings
 from dfim.engine.evaluation import fim as ev
 from dfim.engine.evaluation.sandbox import SandboxLimits
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURE = ROOT / "fixtures" / "eval" / "tiny-infilling.jsonl"
 TOKENIZER = ROOT / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 

@@ -24,7 +24,7 @@ from dfim.engine.model.checkpoint import (
 from dfim.engine.model.int8 import INT8_METHOD, convert_checkpoint, pack_int8, quantize_per_channel
 from dfim.engine.model.tokenizer import Tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER = DEFAULT_MODEL_DIR / "tokenizer.json"
 SOURCE = ROOT / "engine" / "inference" / "sampler.py"  # real code the model never trained on as a file
 

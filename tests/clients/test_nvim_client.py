@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "clients" / "nvim"
 DRIVER = PLUGIN / "tests" / "e2e.lua"
 TOKENIZER = ROOT / "engine" / "weights" / "dfim-small" / "tokenizer.json"

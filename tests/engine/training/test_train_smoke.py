@@ -25,7 +25,7 @@ from dfim.engine.training.train import (
     train,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 TOKENIZER_JSON = REPO / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 
 

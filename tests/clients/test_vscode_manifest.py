@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dfim.server.options import Options, merge_options, to_json
 
-MANIFEST = Path(__file__).resolve().parents[1] / "clients" / "vscode" / "package.json"
+MANIFEST = Path(__file__).resolve().parents[2] / "clients" / "vscode" / "package.json"
 CLIENT_ONLY = ("dfim.serverPath", "dfim.serverArgs", "dfim.trace.server")
 
 

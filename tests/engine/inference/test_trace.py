@@ -17,7 +17,7 @@ from dfim.engine.inference.fill import Engine
 from dfim.engine.inference.trace import Trace, build_html, record
 from dfim.engine.model.checkpoint import write_random_checkpoint
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER = ROOT / "engine/weights/dfim-small/tokenizer.json"
 CHROMIUM = Path("/usr/bin/chromium")
 # A few steps keep the test fast on 2 busy cores; early_stop off so the step count is exact.

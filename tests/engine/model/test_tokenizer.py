@@ -8,7 +8,7 @@ import pytest
 
 from dfim.engine.model.tokenizer import NUM_SPECIAL, SPECIAL_TOKENS, Tokenizer, train
 
-TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+TOKENIZER_JSON = Path(__file__).resolve().parents[3] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 
 TRICKY = [
     "",
@@ -43,7 +43,7 @@ def test_round_trip_exact(tok: Tokenizer, text: str) -> None:
 
 
 def test_round_trip_source_files(tok: Tokenizer) -> None:
-    for path in sorted((Path(__file__).resolve().parents[1] / "engine").rglob("*.py")):
+    for path in sorted((Path(__file__).resolve().parents[3] / "engine").rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         assert tok.decode(tok.encode(text)) == text, path
 
@@ -115,7 +115,7 @@ def test_train_small_vocab() -> None:
 # ----------------------------------------------------------------------------------------------
 # The multilingual vocabulary: training from .py folders plus corpus shards
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 BASE_TOKENIZER_JSON = TOKENIZER_JSON.parents[1] / "dfim-base" / "tokenizer.json"
 
 

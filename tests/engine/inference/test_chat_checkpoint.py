@@ -63,7 +63,7 @@ def test_a_chat_vocabulary_round_trips_and_reads_specials_only_in_markup(chat_ch
     assert tok.is_special(unused) and tok.token_bytes(unused) == b""  # never written into a fill
     assert not tok.is_special(tok._hf.token_to_id("<0x0A>"))  # byte fallbacks are text
     # dfim's own vocabulary is still the FIM tokenizer
-    shipped = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small"
+    shipped = Path(__file__).resolve().parents[3] / "engine" / "weights" / "dfim-small"
     assert type(load_tokenizer(shipped)) is Tokenizer and not load_tokenizer(shipped).chat
 
 
@@ -130,7 +130,7 @@ def test_the_server_serves_a_chat_checkpoint(chat_checkpoint, tmp_path):
 
 
 def test_a_damaged_fim_vocabulary_is_refused_not_read_as_a_chat_one(tmp_path):
-    shipped = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+    shipped = Path(__file__).resolve().parents[3] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
     (tmp_path / "ckpt").mkdir()
     damaged = shipped.read_text(encoding="utf-8").replace("<fim_middle>", "<fim_center>")
     (tmp_path / "ckpt" / "tokenizer.json").write_text(damaged, encoding="utf-8")

@@ -18,7 +18,7 @@ from dfim.engine.inference.canvas import (
 )
 from dfim.engine.model.tokenizer import Tokenizer
 
-TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+TOKENIZER_JSON = Path(__file__).resolve().parents[3] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from dfim.engine.training.data import (
     quality_problem,
 )
 
-TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+TOKENIZER_JSON = Path(__file__).resolve().parents[3] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 
 GOOD_A = "def area(r):\n    return 3.14159 * r * r\n"
 GOOD_B = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n        self.items.append(x)\n"
@@ -190,7 +190,7 @@ def test_quality_problem() -> None:
 # ----------------------------------------------------------------------------------------------
 # Corpus shards (records in every language), licences, near-dedup, headers
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 GO_FUNCS = "".join(
     f"func Scale{i}(v []float64, k float64) []float64 {{\n\tout := make([]float64, len(v))\n"
     f"\tfor j, x := range v {{\n\t\tout[j] = x * k + {i}\n\t}}\n\treturn out\n}}\n\n"
@@ -338,7 +338,7 @@ def test_signatures_ship_as_a_resource_file() -> None:
     assert len(signatures) == 162
     assert "def has_close_elements(numbers: List[float], threshold: float) -> bool:" in signatures
     assert decontamination.SIGNATURES_FILE.parent == Path(decontamination.__file__).parent
-    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    pyproject = (Path(__file__).resolve().parents[3] / "pyproject.toml").read_text()
     assert '"training/*.txt"' in pyproject  # shipped as package data: the exclusion holds when installed
     # Whitespace differences do not hide a signature.
     assert EvalFilter.load([]).hit(

@@ -12,7 +12,7 @@ import pytest
 from dfim.bench import replay
 from dfim.commands import replay as replay_command
 
-TOKENIZER = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+TOKENIZER = Path(__file__).resolve().parents[2] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 
 
 def test_judge_full_partial_rejected():

@@ -13,9 +13,9 @@ from dfim.engine.model.config import ModelConfig
 from dfim.engine.model.network import DiffusionGemma
 from dfim.engine.training.data import Root, build
 from dfim.engine.training.train import PRESETS, causal_sequence, collate, train
-from tests.test_train_smoke import parse
+from tests.engine.training.test_train_smoke import parse
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 TOKENIZER_JSON = REPO / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 
 

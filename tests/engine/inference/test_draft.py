@@ -17,7 +17,7 @@ from dfim.engine.inference.draft import Draft, can_draft, draft_canvas, fit_canv
 from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
 from dfim.engine.model.network import KVCache
 
-TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
+TOKENIZER_JSON = Path(__file__).resolve().parents[3] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 DRAFT = SamplerSettings(max_steps=4, draft=True)
 
 
@@ -272,7 +272,7 @@ def test_the_shipped_model_drafts_the_readme_line():
     whether one newline or three end the line; both end it alike, so that doubt does not count.)"""
     engine = Engine.load(DEFAULT_MODEL_DIR, threads=1)
     assert engine.settings.draft  # dfim.json: decision 38
-    source = (Path(__file__).resolve().parents[1] / "fixtures" / "demo.py").read_text()
+    source = (Path(__file__).resolve().parents[3] / "fixtures" / "demo.py").read_text()
     lines = source.split("\n")
     cut = sum(len(line) + 1 for line in lines[:7]) + 11  # line 8, column 12 (1-based)
     steps: list[tuple[int, str]] = []
