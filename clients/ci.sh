@@ -70,12 +70,12 @@ if [[ $what == all || $what == nvim ]]; then
   command -v nvim >/dev/null || apt_install neovim "nvim (Neovim >= 0.7)"
   nvim --version | head -1
   step "nvim: end-to-end test against the real server"
-  pytest_no_skips tests/test_nvim_client.py Neovim
+  pytest_no_skips tests/clients/test_nvim_client.py Neovim
 fi
 if [[ $what == all || $what == trace ]]; then
   [[ -x /usr/bin/chromium ]] || apt_install chromium /usr/bin/chromium
   step "trace: the canvas view in headless Chromium"
-  pytest_no_skips tests/test_trace.py Chromium
+  pytest_no_skips tests/engine/inference/test_trace.py Chromium
 fi
 if [[ $what == install ]]; then
   [[ -x /usr/bin/chromium ]] || apt_install chromium /usr/bin/chromium

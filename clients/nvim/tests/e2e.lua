@@ -1,4 +1,4 @@
--- Driven by tests/test_nvim_client.py: headless Neovim, the real server, one completion accepted.
+-- Driven by tests/clients/test_nvim_client.py: headless Neovim, the real server, one completion accepted.
 -- Reads its inputs from $DFIM_E2E (JSON) and writes what happened to the file it names.
 -- After that flow, the checks in `more_checks` (below) run in the same Neovim; a failed one raises, and the
 -- error lands in the result's `error`, which the Python test fails on. `out.checks` lists those that passed.
