@@ -30,6 +30,7 @@ from dfim.server.postprocess import (
     trim_block_fill,
     writes_code,
 )
+from dfim.server.windows import guess_tokens
 
 KIND = "refactor.rewrite.dfim"
 TITLES = {
@@ -184,7 +185,7 @@ def plan_action(
         end=end,
         max_canvas=max_canvas,
         windows=dict(prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens, count_tokens=count_tokens),
-        count=count_tokens or (lambda s: max(1, len(s) // 3)),
+        count=count_tokens or guess_tokens,
         instruction=instruction,
     )
     return PLANNERS[action](inp)

@@ -38,7 +38,7 @@ from functools import partial
 from typing import Any
 
 from dfim.engine.api import EngineError, FillCancelled, FillRequest, FillResult
-from dfim.server.windows import fit_context_budget
+from dfim.server.windows import fit_context_budget, guess_tokens
 
 log = logging.getLogger("dfim.server")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # lone UTF-16 halves: JSON can carry them, tokenizers refuse them
@@ -235,7 +235,7 @@ class EngineHost:
         """Tokens of `text` under the loaded model's tokenizer (an estimate before it loads)."""
         engine = self.engine
         if engine is None:
-            return max(1, len(text) // 3)
+            return guess_tokens(text)
         return len(engine.tokenizer.encode(scrub(text)))
 
     def token_pieces(self, text: str) -> list[str]:

@@ -28,6 +28,11 @@ MAX_GRID_STEPS = 24  # cells tried inward before falling back to a ratio cut (on
 CHARS_PER_TOKEN_GUESS = 4.0  # the first window tried when a tokenizer checks it: generous, stepped in to fit
 
 
+def guess_tokens(text: str) -> int:
+    """Tokens of `text` before a tokenizer is at hand: the conservative `CHARS_PER_TOKEN` guess, at least 1."""
+    return max(1, int(len(text) // CHARS_PER_TOKEN))
+
+
 def _line_starts(text: str, lo: int, hi: int) -> list[int]:
     """Offsets in [lo, hi] where a line starts."""
     if lo >= len(text):
