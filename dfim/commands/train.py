@@ -22,22 +22,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR
 from dfim.engine.model.tokenizer import FIM_SPECIALS, Tokenizer
 from dfim.engine.training.examples import ExampleSettings
 from dfim.engine.training.presets import (
     CONTEXT_TOKENS,
     DEFAULT_CONTEXT_TOKENS,
-    DEFAULT_TOKENIZER,
     PRESETS,
     model_config,
 )
-from dfim.engine.training.train import example_mix, resolve_context_tokens, train
+from dfim.engine.training.run import resolve_context_tokens
+from dfim.engine.training.train import example_mix, train
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="token shards from `dfim data`")
     parser.add_argument("--out", required=True, help="run folder: state/, train_log.jsonl, export/")
-    parser.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER))
+    parser.add_argument("--tokenizer", default=str(DEFAULT_MODEL_DIR / "tokenizer.json"))
     parser.add_argument(
         "--model-config", default="small", help=f"preset {sorted(PRESETS)}, JSON file or JSON"
     )

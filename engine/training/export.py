@@ -12,20 +12,17 @@ import torch
 
 from dfim.engine.training.run import Run
 
-# Where an export's sampler defaults come from when the run did not start from a checkpoint: the shipped
-# model's, so a new model is served the same way (draft, ranking, window).
-SHIPPED_MODEL = Path(__file__).parents[1] / "weights" / "dfim-small"
-
 
 def export(model, out_dir: Path, tok_path: Path, info: dict[str, Any], origin: str | None = None) -> Path:
     """Write the trained weights as a checkpoint. Sampler defaults come from `origin` (the checkpoint the
     run started from) when it is still there, so a continuation keeps e.g. its `window`; else from the
     shipped model, so a new model is served with the same draft, ranking and window."""
     from dfim.engine.api import SamplerSettings
-    from dfim.engine.model.checkpoint import read_settings, save_model
+    from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, read_settings, save_model
 
     settings = SamplerSettings()
-    source = Path(origin) if origin and Path(origin).is_dir() else SHIPPED_MODEL
+    # without an origin, the shipped model's: a new model is served the same way (draft, ranking, window)
+    source = Path(origin) if origin and Path(origin).is_dir() else DEFAULT_MODEL_DIR
     if (source / "generation_config.json").is_file():
         settings = read_settings(source)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -8,8 +8,6 @@ from typing import Any
 
 from dfim.engine.model.config import ModelConfig
 
-DEFAULT_TOKENIZER = Path(__file__).parents[1] / "weights" / "dfim-small" / "tokenizer.json"
-
 # Model presets. `small` is the shipped candidate (~15.5 M parameters, 31 MB in bf16).
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(  # CPU smoke tests: a few hundred thousand parameters outside the embedding

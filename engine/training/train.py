@@ -47,49 +47,20 @@ from dfim.engine.training.distributed import (
     step_flops,
     sum_gradients,
 )
-from dfim.engine.training.examples import Batch, BatchStream, Example, ExampleSettings, FimExamples, collate
-from dfim.engine.training.export import export, export_run
+from dfim.engine.training.examples import Batch, BatchStream, ExampleSettings
+from dfim.engine.training.export import export_run
 from dfim.engine.training.objective import (
     add_noise,
     causal_loss,
-    causal_sequence,
     context_lm_loss,
-    evaluate,
     lr_at,
     weighted_loss,
 )
-from dfim.engine.training.presets import DEFAULT_TOKENIZER, PRESETS, context_tokens_for, model_config
 from dfim.engine.training.progress import Log, LogWindow, log_window
 from dfim.engine.training.run import Run, pick_device, resolve_context_tokens, setup
-from dfim.engine.training.state import load_state, save_state
+from dfim.engine.training.state import save_state
 
 # Re-exported: tests, scripts and the command import these from here.
-__all__ = [
-    "DEFAULT_TOKENIZER",
-    "PRESETS",
-    "Batch",
-    "BatchStream",
-    "Example",
-    "ExampleSettings",
-    "FimExamples",
-    "Run",
-    "add_noise",
-    "causal_loss",
-    "causal_sequence",
-    "collate",
-    "context_lm_loss",
-    "context_tokens_for",
-    "evaluate",
-    "export",
-    "load_state",
-    "lr_at",
-    "model_config",
-    "resolve_context_tokens",
-    "save_state",
-    "setup",
-    "train",
-    "weighted_loss",
-]
 
 
 def example_mix(args: argparse.Namespace, settings: ExampleSettings) -> dict[str, Any]:

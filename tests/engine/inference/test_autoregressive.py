@@ -12,7 +12,10 @@ from dfim.engine import Engine, FillRequest, Hole
 from dfim.engine.model.config import ModelConfig
 from dfim.engine.model.network import DiffusionGemma
 from dfim.engine.training.data import Root, build
-from dfim.engine.training.train import PRESETS, causal_sequence, collate, train
+from dfim.engine.training.examples import collate
+from dfim.engine.training.objective import causal_sequence
+from dfim.engine.training.presets import PRESETS
+from dfim.engine.training.train import train
 from tests.engine.training.test_train_smoke import parse
 
 REPO = Path(__file__).resolve().parents[3]
@@ -67,7 +70,7 @@ def test_a_few_tokens_at_a_time_compute_what_the_training_forward_computes(run: 
 
 
 def test_causal_sequence_targets_real_tokens_only() -> None:
-    from dfim.engine.training.train import Example
+    from dfim.engine.training.examples import Example
 
     examples = [
         Example(context=[2, 5, 40, 4, 41, 6], canvas=[50, 51, 1, 0], pinned=[False] * 4, middle_len=2),

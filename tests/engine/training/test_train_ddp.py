@@ -18,7 +18,8 @@ from dfim.engine.model.tokenizer import Tokenizer
 from dfim.engine.training.distributed import World, init_world
 from dfim.engine.training.examples import Batch, Example, collate
 from dfim.engine.training.objective import add_noise
-from dfim.engine.training.train import setup, stop_reason, train_step
+from dfim.engine.training.run import setup
+from dfim.engine.training.train import stop_reason, train_step
 
 REPO = Path(__file__).resolve().parents[3]
 TOKENIZER_JSON = REPO / "engine" / "weights" / "dfim-small" / "tokenizer.json"

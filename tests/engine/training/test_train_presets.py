@@ -11,7 +11,7 @@ from dfim.engine.model.config import FULL, SLIDING
 from dfim.engine.model.network import DiffusionGemma
 from dfim.engine.training.distributed import active_parameters, step_flops
 from dfim.engine.training.presets import model_config
-from dfim.engine.training.train import resolve_context_tokens
+from dfim.engine.training.run import resolve_context_tokens
 
 # 1-byte weights must fit the 48 MB checkpoint with room for scales and the tokenizer.
 MAX_BASE_PARAMETERS = 45_000_000

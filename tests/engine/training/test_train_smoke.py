@@ -14,16 +14,10 @@ import torch
 from dfim.commands.train import add_arguments
 from dfim.engine.model.tokenizer import Tokenizer
 from dfim.engine.training.data import Root, TokenShards, build
-from dfim.engine.training.train import (
-    Batch,
-    ExampleSettings,
-    FimExamples,
-    add_noise,
-    collate,
-    load_state,
-    lr_at,
-    train,
-)
+from dfim.engine.training.examples import Batch, ExampleSettings, FimExamples, collate
+from dfim.engine.training.objective import add_noise, lr_at
+from dfim.engine.training.state import load_state
+from dfim.engine.training.train import train
 
 REPO = Path(__file__).resolve().parents[3]
 TOKENIZER_JSON = REPO / "engine" / "weights" / "dfim-small" / "tokenizer.json"
@@ -150,7 +144,7 @@ def test_context_lm_branch_is_the_encoder_read_to_the_end() -> None:
     """The hidden states behind the context LM loss are the causal encoder's, last feed-forward
     included, left padding ignored; asking for them leaves the canvas logits unchanged."""
     from dfim.engine.model.network import DiffusionGemma
-    from dfim.engine.training.train import model_config
+    from dfim.engine.training.presets import model_config
 
     model = DiffusionGemma(model_config("tiny", 512, 32))
     model.init_weights(generator=torch.Generator().manual_seed(0))
@@ -187,7 +181,7 @@ def plain_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def probe_batch(data_dir: Path) -> Batch:
-    from dfim.engine.training.train import BatchStream
+    from dfim.engine.training.examples import BatchStream
 
     settings = ExampleSettings(context_tokens=64, buckets=(16,))
     return next(iter(BatchStream(str(data_dir), "train", str(TOKENIZER_JSON), settings, 8, seed=99)))
@@ -199,7 +193,7 @@ def test_context_lm_loss_teaches_the_encoder_next_tokens(
     """Two tiny runs from the same seed, with and without the context LM loss: only the first logs it,
     records it in dfim.json, and ends with an encoder that predicts the next context token better."""
     from dfim.engine.model.checkpoint import load_model, read_info
-    from dfim.engine.training.train import context_lm_loss
+    from dfim.engine.training.objective import context_lm_loss
 
     with_lm = tiny_lm_run(data_dir, tmp_path / "lm", "--context-lm-weight", "1.0")
     rows = [json.loads(line) for line in (with_lm / "train_log.jsonl").read_text().splitlines()]
@@ -224,7 +218,7 @@ def test_causal_weight_teaches_the_draft_the_whole_middle(
     """The AR FIM term trains what the single-line draft decodes: the middle and its EOS read left to
     right after the context. Against the control its causal loss on the middle ends clearly lower."""
     from dfim.engine.model.checkpoint import load_model, read_info
-    from dfim.engine.training.train import causal_sequence, weighted_loss
+    from dfim.engine.training.objective import causal_sequence, weighted_loss
 
     with_causal = tiny_lm_run(data_dir, tmp_path / "causal", "--causal-weight", "1.0")
     rows = [json.loads(line) for line in (with_causal / "train_log.jsonl").read_text().splitlines()]
