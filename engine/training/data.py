@@ -45,24 +45,12 @@ from dfim.engine.training.provenance import (
     Dist,
     HeaderLicenses,
     Root,
-    classify_root,
     corpus_distributions,
     distributions,
     iter_files,
 )
-from dfim.engine.training.shards import ShardWriter, TokenShards, file_sha256, is_built
+from dfim.engine.training.shards import ShardWriter, file_sha256
 from dfim.engine.training.sources import corpus_record, header_language, is_permissive, iter_corpus_lines
-
-__all__ = [
-    "BuildError",
-    "EvalFilter",
-    "Root",
-    "TokenShards",
-    "build",
-    "classify_root",
-    "expand_shard_patterns",
-    "is_built",
-]
 
 MAX_FILE_BYTES = 500_000
 MAX_LINE_CHARS = 1000

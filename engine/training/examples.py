@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from dfim.engine.model.tokenizer import FIM_SPECIALS, Tokenizer, tail_within
-from dfim.engine.training.data import TokenShards
+from dfim.engine.training.shards import TokenShards
 
 
 @dataclass

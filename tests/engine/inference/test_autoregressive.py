@@ -11,10 +11,11 @@ import torch
 from dfim.engine import Engine, FillRequest, Hole
 from dfim.engine.model.config import ModelConfig
 from dfim.engine.model.network import DiffusionGemma
-from dfim.engine.training.data import Root, build
+from dfim.engine.training.data import build
 from dfim.engine.training.examples import collate
 from dfim.engine.training.objective import causal_sequence
 from dfim.engine.training.presets import PRESETS
+from dfim.engine.training.provenance import Root
 from dfim.engine.training.train import train
 from tests.engine.training.test_train_smoke import parse
 

@@ -10,15 +10,10 @@ import numpy as np
 import pytest
 
 from dfim.engine.model.tokenizer import Tokenizer
-from dfim.engine.training.data import (
-    EvalFilter,
-    Root,
-    TokenShards,
-    build,
-    classify_root,
-    is_built,
-    quality_problem,
-)
+from dfim.engine.training.data import build, quality_problem
+from dfim.engine.training.decontamination import EvalFilter
+from dfim.engine.training.provenance import Root, classify_root
+from dfim.engine.training.shards import TokenShards, is_built
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[3] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 

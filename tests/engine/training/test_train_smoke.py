@@ -13,9 +13,11 @@ import torch
 
 from dfim.commands.train import add_arguments
 from dfim.engine.model.tokenizer import Tokenizer
-from dfim.engine.training.data import Root, TokenShards, build
+from dfim.engine.training.data import build
 from dfim.engine.training.examples import Batch, ExampleSettings, FimExamples, collate
 from dfim.engine.training.objective import add_noise, lr_at
+from dfim.engine.training.provenance import Root
+from dfim.engine.training.shards import TokenShards
 from dfim.engine.training.state import load_state
 from dfim.engine.training.train import train
 
