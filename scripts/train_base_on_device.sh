@@ -14,6 +14,9 @@
 #   AR_SHARE=0.33     share of it for phase 1 (AR); phase 2 (diffusion) gets the rest of the deadline
 #   BATCH=64          per-GPU batch size (1,024 context tokens + canvas: ~70k tokens a GPU per step)
 #   EXTRA_TRAIN_ARGS= more flags for both phases
+#   INIT_FROM=        a checkpoint folder to continue (no AR phase); `INIT_SRC=engine/weights/dfim-base
+#                     unpack` copies a carried one to $ROOT/init (the pipeline waits up to 10 min for it)
+#   PROBE=1           measure eager against compiled layers on spare GPUs during the data build
 #   DRY_RUN=1         start builds the shards and prints the torchrun commands without running them
 #   PY_ROOTS=         .py folders instead of this machine's stdlib + site-packages (tests use it)
 #   HEADER_ROOTS=     header folders (default: /usr/include, torch's and CUDA's include folders)
@@ -46,6 +49,10 @@ stage_unpack() {
       say "$dest: copied ($(du -h "$dest" | cut -f1))"
     fi
   done
+  if [ -n "${INIT_SRC:-}" ] && [ -f "$INIT_SRC/config.json" ]; then  # a checkpoint to continue (INIT_FROM)
+    rm -rf "$ROOT/init.tmp" && cp -r "$INIT_SRC" "$ROOT/init.tmp" && rm -rf "$ROOT/init" && mv "$ROOT/init.tmp" "$ROOT/init"
+    say "checkpoint to continue: $ROOT/init ($(du -sh "$ROOT/init" | cut -f1))"
+  fi
   for extra in "$CARRIED"/summary.json "$CARRIED"/manifest.jsonl.gz; do
     [ -f "$extra" ] && cp "$extra" "$CORPUS_DIR/"
   done
@@ -86,6 +93,9 @@ AR_SHARE=${AR_SHARE:-0.33}
 BATCH='${BATCH:-64}'
 LOADER_WORKERS=${LOADER_WORKERS:-12}
 EXTRA_TRAIN_ARGS='${EXTRA_TRAIN_ARGS:-}'
+INIT_FROM=${INIT_FROM:-}
+PROBE=${PROBE:-1}
+COMPILE=${COMPILE:-none}
 DRY_RUN=${DRY_RUN:-0}
 PY_ROOTS='$(for r in ${PY_ROOTS:-}; do realpath "$r"; done | tr '\n' ' ')'
 HEADER_ROOTS='${HEADER_ROOTS-/usr/include $torch_include $cuda_include}'

@@ -18,7 +18,39 @@ PY=()
 say "data: $DATA (corpus $CORPUS_DIR, headers: ${HEADERS[*]:-none})"
 python3 -m dfim.commands.data --out "$DATA" --tokenizer "$TOKENIZER" "${PY[@]}" \
   --corpus "$CORPUS_DIR"/train-*.jsonl.xz "${HEADERS[@]}" --permissive-only \
-  --workers "$(nproc)" --skip-if-built > "$RUN/data.log" 2>&1 || { tail -n 30 "$RUN/data.log"; exit 1; }
+  --workers "$(nproc)" --skip-if-built > "$RUN/data.log" 2>&1 &
+DATA_PID=$!
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+[ "$NGPU" -ge 1 ] || NGPU=1
+# While the CPU builds the shards, the GPUs measure eager against compiled layers on synthetic batches
+# (scripts/probe_train_speed.py); training then takes the faster. PROBE=0 skips it (COMPILE decides).
+if [ "${PROBE:-1}" = 1 ] && [ "$NGPU" -ge 2 ] && [ ! -f "$RUN/compile.choice" ]; then
+  for mode in none layers; do
+    gpu=$([ $mode = none ] && echo 0 || echo 1)
+    CUDA_VISIBLE_DEVICES=$gpu timeout 420 python3 scripts/probe_train_speed.py --compile $mode \
+      --batch "${BATCH:-64}" --tokenizer "$TOKENIZER" $([ $mode = none ] && echo --profile) \
+      --out "$RUN/probe-$mode.json" > "$RUN/probe-$mode.log" 2>&1 &
+  done
+  wait_probes=1
+fi
+wait "$DATA_PID" || { tail -n 30 "$RUN/data.log"; exit 1; }
+if [ "${wait_probes:-0}" = 1 ]; then
+  say "data built; waiting for the speed probes"
+  wait || true
+  python3 - "$RUN" > "$RUN/compile.choice" <<'PY'
+import json, pathlib, sys
+run = pathlib.Path(sys.argv[1])
+def rate(mode):
+    try:
+        result = json.loads((run / f"probe-{mode}.json").read_text())
+        return result["tok_per_s"] if "failed" not in result["compile"] else 0
+    except (OSError, ValueError, KeyError):
+        return 0
+eager, layers = rate("none"), rate("layers")
+print("layers" if layers > 1.05 * eager else "none")
+PY
+  say "probe: eager $(cat "$RUN/probe-none.json" 2>/dev/null), layers $(cat "$RUN/probe-layers.json" 2>/dev/null) -> compile $(cat "$RUN/compile.choice")"
+fi
 cp "$DATA/summary.json" "$RUN/data_summary.json"
 say "data ready: $(tail -n 1 "$RUN/data.log")"
 if [ -z "${DEADLINE:-}" ]; then  # fixed once, so a restarted run keeps the first deadline
@@ -26,12 +58,15 @@ if [ -z "${DEADLINE:-}" ]; then  # fixed once, so a restarted run keeps the firs
   echo "DEADLINE=$DEADLINE" >> "$RUN/settings.env"
 fi
 
-# 2. Training: both phases share TRAIN_MINUTES of wall clock, AR_SHARE of it for phase 1.
-NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-[ "$NGPU" -ge 1 ] || NGPU=1
+# 2. Training: both phases share TRAIN_MINUTES of wall clock, AR_SHARE of it for phase 1; with INIT_FROM
+# (a checkpoint to continue, e.g. the shipped dfim-base) there is no AR phase and phase 2 gets it all.
+COMPILE_ARGS=(--no-compile)
+case "$(cat "$RUN/compile.choice" 2>/dev/null || echo "${COMPILE:-none}")" in
+  layers) COMPILE_ARGS=(--compile --compile-scope layers) ;;
+esac
 AR_MIN=$(python3 -c "print(round($TRAIN_MINUTES * $AR_SHARE, 2))")
 common=(--data "$DATA" --tokenizer "$TOKENIZER" --model-config base --resume --log-every 50 --eval-every 500
-        --workers "$LOADER_WORKERS" $EXTRA_TRAIN_ARGS)
+        --workers "$LOADER_WORKERS" "${COMPILE_ARGS[@]}" $EXTRA_TRAIN_ARGS)
 [ -n "$BATCH" ] && common+=(--batch-size "$BATCH")
 torchrun_once() {  # torchrun_once LOG MINUTES ARGS...: every GPU, with a hard stop a few minutes past the plan
   local log=$1 minutes=$2; shift 2
@@ -54,7 +89,10 @@ launch() {  # launch LOG MINUTES ARGS...: one retry, eager and with half the bat
   torchrun_once "$log" "$(python3 -c "print(max(1.0, $minutes - $took / 60))")" "$@" --no-compile --batch-size "$half"
 }
 
-if [ -f "$RUN/ar/export/config.json" ]; then
+if [ -n "${INIT_FROM:-}" ]; then
+  for _ in $(seq 60); do [ -f "$INIT_FROM/config.json" ] && break; say "waiting for $INIT_FROM"; sleep 10; done
+  say "phase 1 skipped: continuing $INIT_FROM"
+elif [ -f "$RUN/ar/export/config.json" ]; then
   say "phase 1 (AR) done already: $RUN/ar/export"
 else
   launch "$RUN/ar.log" "$AR_MIN" "${common[@]}" --out "$RUN/ar" --objective causal \
@@ -64,7 +102,7 @@ fi
 # Phase 2 gets what is left of the deadline (phase 1 or the data may have run long), at least 2 minutes.
 DIFF_MIN=$(python3 -c "import time; print(round(max(2.0, ($DEADLINE - time.time()) / 60), 2))")
 INIT=()
-[ -f "$RUN/diff/state/trainer.json" ] || INIT=(--init-from "$RUN/ar/export")
+[ -f "$RUN/diff/state/trainer.json" ] || INIT=(--init-from "${INIT_FROM:-$RUN/ar/export}")
 if [ -f "$RUN/diff/export/config.json" ]; then
   say "phase 2 (diffusion) done already: $RUN/diff/export"
 else

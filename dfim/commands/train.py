@@ -135,6 +135,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch.compile (default: on GPU)",
     )
     parser.add_argument(
+        "--compile-scope",
+        choices=("layers", "model"),
+        default="layers",
+        help="what --compile compiles: each layer's projections and feed-forward (a minute to compile), "
+        "or the whole training forward (default: %(default)s)",
+    )
+    parser.add_argument(
         "--compile-mode", default=None, help="torch.compile mode (e.g. max-autotune-no-cudagraphs)"
     )
     parser.add_argument("--log-every", type=int, default=50)

@@ -13,7 +13,9 @@ Hq/Hkv query/key-value heads, D head dim.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +23,10 @@ from torch import Tensor, nn
 
 from dfim.engine.model.config import FULL, ModelConfig
 from dfim.engine.model.int8 import linear_int8, pack_int8
+
+# How a layer's attention reads its keys and values: (attention module, q, k, v) -> attended [B, T, H].
+# The loops over layers differ only in this (a mask over the batch, a KV cache, the encoder's keys).
+Attend = Callable[["Attention", Tensor, Tensor, Tensor], Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -459,6 +465,28 @@ class Layer(nn.Module):
         self.post_feedforward_layernorm_2 = RMSNorm(hidden, eps)
         self.register_buffer("layer_scalar", torch.ones(1))  # the decoder's; the encoder has its own
 
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor],
+        attend: Attend,
+        scalar: Tensor,
+        *,
+        rolled: bool = False,
+        rows: int | None = None,
+    ) -> Tensor:
+        """x [B, T, H] -> [B, T, H]. `attend` says where the keys and values come from (a mask, a cache,
+        the encoder's keys); `scalar` is the encoder's or the decoder's layer scale; `rolled`: `rope` is in
+        `roll_tables` form. With `rows`, only the last `rows` positions go on through the feed-forward (the
+        last layer of a causal pass: it shapes no key or value), and none at all for rows=0."""
+        q, k, v = self.self_attn.project(self.input_layernorm(x), *rope, rolled=rolled)
+        x = x + self.post_attention_layernorm(attend(self.self_attn, q, k, v))
+        if rows is not None:
+            x = x[:, x.shape[1] - rows :]
+            if rows == 0:
+                return x
+        return (x + self.feed_forward(x)) * scalar
+
     def feed_forward(self, x: Tensor) -> Tensor:
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
         flat = x.reshape(-1, x.shape[-1])
@@ -790,61 +818,86 @@ class DiffusionGemma(nn.Module):
                 False: causal_mask(positions, key_positions, None),
                 True: causal_mask(positions, key_positions, window),
             }
+        attend: Callable[..., Tensor]
+        if few and t == 1:
+            attend = partial(self._attend_one_cached, cache, first)
+        elif few:
+            attend = partial(self._attend_few_cached, cache, first, past_mask, new_masks)
+        else:
+            attend = partial(self._attend_appended, cache, masks)
         layers = self.decoder.layers
+        last = len(layers) - 1
         for i, layer in enumerate(layers):
-            attn = layer.self_attn
-            q, k, v = attn.project(layer.input_layernorm(x), *tables[self.config.layer_types[i]], rolled=True)
-            if few and t == 1:
-                keys, values = cache.append(i, k, v)  # the token attends to itself too
-                if attn.is_sliding:
-                    keys, values = keys[:, :, first:], values[:, :, first:]
-                attended = attn.attend_one(q, keys, values)
-            elif few:
-                past_k, past_v = cache.get(i)
-                assert past_k is not None and past_v is not None
-                if attn.is_sliding:
-                    past_k, past_v = past_k[:, :, first:], past_v[:, :, first:]
-                    attended = attn.attend_cached(q, k, v, past_k, past_v, past_mask, new_masks[True])
-                else:
-                    attended = attn.attend_cached(q, k, v, past_k, past_v, None, new_masks[False])
-                cache.append(i, k, v)
-            else:
-                k, v = cache.append(i, k, v)
-                attended = attn.attend(q, k, v, masks[attn.is_sliding][None, None])
-            x = x + layer.post_attention_layernorm(attended)
-            if i == len(layers) - 1 and rows is not None:
-                x = x[:, x.shape[1] - rows :]
-                if rows == 0:
-                    break
-            x = (x + layer.feed_forward(x)) * scalars[i]
+            rope = tables[self.config.layer_types[i]]
+            x = layer(x, rope, partial(attend, i), scalars[i], rolled=True, rows=rows if i == last else None)
         cache.length = start + t
         return x
 
+    @staticmethod
+    def _attend_one_cached(
+        cache: KVCache, first: int, i: int, attn: Attention, q: Tensor, k: Tensor, v: Tensor
+    ) -> Tensor:
+        keys, values = cache.append(i, k, v)  # the token attends to itself too
+        if attn.is_sliding:
+            keys, values = keys[:, :, first:], values[:, :, first:]
+        return attn.attend_one(q, keys, values)
+
+    @staticmethod
+    def _attend_few_cached(
+        cache: KVCache,
+        first: int,
+        past_mask: Tensor | None,
+        new_masks: dict[bool, Tensor | None],
+        i: int,
+        attn: Attention,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+    ) -> Tensor:
+        past_k, past_v = cache.get(i)
+        assert past_k is not None and past_v is not None
+        if attn.is_sliding:
+            past_k, past_v = past_k[:, :, first:], past_v[:, :, first:]
+            attended = attn.attend_cached(q, k, v, past_k, past_v, past_mask, new_masks[True])
+        else:
+            attended = attn.attend_cached(q, k, v, past_k, past_v, None, new_masks[False])
+        cache.append(i, k, v)
+        return attended
+
+    @staticmethod
+    def _attend_appended(
+        cache: KVCache, masks: dict[bool, Tensor], i: int, attn: Attention, q: Tensor, k: Tensor, v: Tensor
+    ) -> Tensor:
+        k, v = cache.append(i, k, v)
+        return attn.attend(q, k, v, masks[attn.is_sliding][None, None])
+
+    def _attend_canvas(
+        self, cache: KVCache, i: int, attn: Attention, q: Tensor, k: Tensor, v: Tensor
+    ) -> Tensor:
+        """The canvas over [cached context ; canvas], bidirectional. A sliding layer sees the last
+        `window - 1` context tokens plus the whole canvas (as the reference's sliding cache keeps them),
+        a full layer sees everything: no mask needed."""
+        past_k, past_v = cache.get(i)
+        if past_k is not None and past_v is not None and attn.is_sliding:
+            first = max(0, cache.length - (self.config.sliding_window - 1))
+            past_k, past_v = past_k[:, :, first:], past_v[:, :, first:]
+        if past_k is not None and past_v is not None and past_k.shape[0] == 1:
+            return attn.attend_cached(q, k, v, past_k, past_v)  # the usual case: one context
+        if past_k is not None and past_v is not None:
+            b = q.shape[0]
+            if past_k.shape[0] != b:
+                past_k, past_v = past_k.expand(b, -1, -1, -1), past_v.expand(b, -1, -1, -1)
+            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        return attn.attend(q, k, v, None)
+
     def denoise(self, canvas_ids: Tensor, cache: KVCache, self_cond_logits: Tensor | None = None) -> Tensor:
         """One decoder pass: canvas_ids [B, L] over [cache ; canvas] -> logits [B, L, V] (fp32, capped)."""
-        b, length = canvas_ids.shape
+        length = canvas_ids.shape[1]
         tables = self.rope_rows(cache.length, length, canvas_ids.device)
         x = self.canvas_embeddings(canvas_ids, self_cond_logits)
-        # A sliding layer sees the last `window - 1` context tokens plus the whole canvas (as the
-        # reference's sliding cache keeps them), a full layer sees everything: no mask needed.
-        window = self.config.sliding_window - 1
         for i, layer in enumerate(self.decoder.layers):
-            attn = layer.self_attn
-            q, k, v = attn.project(layer.input_layernorm(x), *tables[self.config.layer_types[i]], rolled=True)
-            past_k, past_v = cache.get(i)
-            if past_k is not None and past_v is not None and attn.is_sliding:
-                first = max(0, cache.length - window)
-                past_k, past_v = past_k[:, :, first:], past_v[:, :, first:]
-            if past_k is not None and past_v is not None and past_k.shape[0] == 1:
-                attended = attn.attend_cached(q, k, v, past_k, past_v)  # the usual case: one context
-            else:
-                if past_k is not None and past_v is not None:
-                    if past_k.shape[0] != b:
-                        past_k, past_v = past_k.expand(b, -1, -1, -1), past_v.expand(b, -1, -1, -1)
-                    k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-                attended = attn.attend(q, k, v, None)
-            x = x + layer.post_attention_layernorm(attended)
-            x = (x + layer.feed_forward(x)) * layer.layer_scalar
+            rope = tables[self.config.layer_types[i]]
+            x = layer(x, rope, partial(self._attend_canvas, cache, i), layer.layer_scalar, rolled=True)
         return self.logits(x)
 
     def rope_rows(self, start: int, length: int, device: torch.device) -> dict[str, tuple[Tensor, Tensor]]:
@@ -928,18 +981,29 @@ class DiffusionGemma(nn.Module):
 
         x = self.decoder.embed(context_ids)
         y = self.canvas_embeddings(canvas_ids, self_cond_logits)
+        encoder_scalars = self.model.encoder.language_model.layers
+        context_kv: list[
+            tuple[Tensor, Tensor]
+        ] = []  # the current layer's context keys/values, for the canvas
+
+        def attend_context(attn: Attention, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            context_kv[:] = [(k, v)]
+            return attn.attend(q, k, v, enc_masks[attn.is_sliding])
+
+        def attend_canvas(attn: Attention, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            ctx_k, ctx_v = context_kv[0]
+            keys, values = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)
+            return attn.attend(q, keys, values, dec_masks[attn.is_sliding])
+
         layers = self.decoder.layers
         for i, layer in enumerate(layers):
-            attn = layer.self_attn
             layer_type = self.config.layer_types[i]
-            q, k, v = attn.project(layer.input_layernorm(x), *ctx_tables[layer_type])
-            if context_lm or i < len(layers) - 1:  # the last layer need only provide keys/values
-                x = x + layer.post_attention_layernorm(attn.attend(q, k, v, enc_masks[attn.is_sliding]))
-                x = (x + layer.feed_forward(x)) * self.model.encoder.language_model.layers[i].layer_scalar
-            cq, ck, cv = attn.project(layer.input_layernorm(y), *canvas_tables[layer_type])
-            keys, values = torch.cat([k, ck], dim=2), torch.cat([v, cv], dim=2)
-            y = y + layer.post_attention_layernorm(attn.attend(cq, keys, values, dec_masks[attn.is_sliding]))
-            y = (y + layer.feed_forward(y)) * layer.layer_scalar
+            if context_lm or i < len(layers) - 1:
+                x = layer(x, ctx_tables[layer_type], attend_context, encoder_scalars[i].layer_scalar)
+            else:  # the last layer need only provide the context's keys/values
+                _, k, v = layer.self_attn.project(layer.input_layernorm(x), *ctx_tables[layer_type])
+                context_kv[:] = [(k, v)]
+            y = layer(y, canvas_tables[layer_type], attend_canvas, layer.layer_scalar)
         return self.logits(y), (x if context_lm else None)
 
     # --- bookkeeping ------------------------------------------------------------------------------
@@ -988,9 +1052,10 @@ class DiffusionGemma(nn.Module):
             True: (causal_mask(idx, idx, self.config.sliding_window) & key_ok) | eye,
         }
         x = self.decoder.embed(ids)
+
+        def attend(attn: Attention, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return attn.attend(q, k, v, masks[attn.is_sliding])
+
         for i, layer in enumerate(self.decoder.layers):
-            attn = layer.self_attn
-            q, k, v = attn.project(layer.input_layernorm(x), *tables[self.config.layer_types[i]])
-            x = x + layer.post_attention_layernorm(attn.attend(q, k, v, masks[attn.is_sliding]))
-            x = (x + layer.feed_forward(x)) * layer.layer_scalar
+            x = layer(x, tables[self.config.layer_types[i]], attend, layer.layer_scalar)
         return self.logits(x)

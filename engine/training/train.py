@@ -57,7 +57,7 @@ from dfim.engine.training.objective import (
     weighted_loss,
 )
 from dfim.engine.training.progress import Log, LogWindow, log_window
-from dfim.engine.training.run import Run, pick_device, resolve_context_tokens, setup
+from dfim.engine.training.run import Run, pick_device, resolve_context_tokens, setup, uncompile_layers
 from dfim.engine.training.state import save_state
 
 # Re-exported: tests, scripts and the command import these from here.
@@ -214,10 +214,12 @@ def train_step(
     try:
         loss, lm, self_conditioned = forward_backward(run, batch, noisy)
     except Exception as err:  # a compiler failure must not cost the run: fall back to eager
-        if run.compiled is None or run.step > 0:
+        if not run.args.compile or run.step > 0:
             raise
         print(f"torch.compile failed ({type(err).__name__}: {err}); continuing without it", flush=True)
         run.compiled = run.compiled_causal = None
+        uncompile_layers(run.model)
+        run.args.compile = False
         loss, lm, self_conditioned = forward_backward(run, batch, noisy)
     sum_gradients(run.model, run.world)
     torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.args.grad_clip)
