@@ -58,7 +58,16 @@ def main() -> int:
     train_parser = argparse.ArgumentParser()
     add_arguments(train_parser)
     args = train_parser.parse_args(
-        ["--data", "unused", "--tokenizer", opts.tokenizer, "--model-config", opts.config, "--out", "/tmp/probe"]
+        [
+            "--data",
+            "unused",
+            "--tokenizer",
+            opts.tokenizer,
+            "--model-config",
+            opts.config,
+            "--out",
+            "/tmp/probe",
+        ]
         + ["--causal-weight", "1.0", "--batch-size", str(opts.batch), "--context-tokens", str(opts.context)]
     )
     args.compile = opts.compile != "none"
@@ -93,7 +102,9 @@ def main() -> int:
         torch.cuda.synchronize()
     seconds = time.time() - t0
     result = {
-        "compile": opts.compile if args.compile or opts.compile == "none" else f"{opts.compile} failed: eager",
+        "compile": opts.compile
+        if args.compile or opts.compile == "none"
+        else f"{opts.compile} failed: eager",
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "batch": opts.batch,
@@ -101,7 +112,9 @@ def main() -> int:
         "warmup_s": round(warmup_s, 1),
         "step_s": round(seconds / opts.steps, 4),
         "tok_per_s": round(tokens / seconds),
-        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if device.type == "cuda" else None,
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)
+        if device.type == "cuda"
+        else None,
     }
     print(json.dumps(result), flush=True)
     if opts.out:
