@@ -27,9 +27,9 @@ NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ "${PROBE:-1}" = 1 ] && [ "$NGPU" -ge 2 ] && [ ! -f "$RUN/compile.choice" ]; then
   for mode in none layers; do
     gpu=$([ $mode = none ] && echo 0 || echo 1)
-    CUDA_VISIBLE_DEVICES=$gpu timeout 420 python3 scripts/probe_train_speed.py --compile $mode \
+    CUDA_VISIBLE_DEVICES=$gpu timeout 300 python3 scripts/probe_train_speed.py --compile $mode \
       --batch "${BATCH:-64}" --tokenizer "$TOKENIZER" $([ $mode = none ] && echo --profile) \
-      --out "$RUN/probe-$mode.json" > "$RUN/probe-$mode.log" 2>&1 &
+      --steps 20 --warmup 6 --out "$RUN/probe-$mode.json" > "$RUN/probe-$mode.log" 2>&1 &
   done
   wait_probes=1
 fi
