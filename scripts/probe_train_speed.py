@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from dfim.commands.train import add_arguments
+from dfim.engine.model.tokenizer import Tokenizer
+from dfim.engine.training.examples import Batch
+from dfim.engine.training.run import setup
+from dfim.engine.training.train import train_step
 
-from dfim.commands.train import add_arguments  # noqa: E402
-from dfim.engine.model.tokenizer import Tokenizer  # noqa: E402
-from dfim.engine.training.examples import Batch  # noqa: E402
-from dfim.engine.training.run import setup  # noqa: E402
-from dfim.engine.training.train import train_step  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def synthetic_batch(batch: int, context: int, canvas: int, vocab: int, gen: torch.Generator) -> Batch:
