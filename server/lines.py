@@ -1,17 +1,12 @@
-"""Lines, indentation and brackets of a document's text, by offset (Python string indices).
+"""Lines, indentation and brackets of a document's text, by offset (Python string indices). Quotes and
+comments are read by the engine's one scanner (`dfim.engine.layout.scan_code`).
 
 Line ends are \n, \r\n or a lone \r, as LSP counts them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-CLOSERS = ")]}"
-OPENERS = "([{"
-
-
-MATCH = {")": "(", "]": "[", "}": "{"}
+from dfim.engine.layout import MATCH, OPENERS, scan_brackets
 
 
 def line_start(text: str, offset: int) -> int:
@@ -44,28 +39,6 @@ def newline_of(text: str) -> str:
     """The document's line end (CRLF documents get CRLF completions)."""
     crlf = text.count("\r\n")
     return "\r\n" if crlf and crlf >= text.count("\n") - crlf else "\n"
-
-
-def scan_brackets(text: str, skip_comments: bool = False) -> Iterator[tuple[int, str]]:
-    """Yield (index, char) for brackets outside string literals (and `#` / `//` comments if asked):
-    a rough, language-agnostic scan."""
-    quote = ""
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote or (c in "\r\n" and quote in "'\""):
-                quote = ""
-        elif c in "'\"`":
-            quote = c
-        elif skip_comments and (c == "#" and not text.startswith("#include", i) or text.startswith("//", i)):
-            i = min([x for x in (text.find("\n", i), text.find("\r", i)) if x >= 0] or [len(text)])
-            continue
-        elif c in OPENERS or c in CLOSERS:
-            yield i, c
-        i += 1
 
 
 def open_brackets(prefix: str, limit: int = 2000) -> list[str]:

@@ -11,10 +11,10 @@ import functools
 import re
 from collections.abc import Callable
 
-from dfim.engine.layout import code_of_line
+from dfim.engine.layout import CLOSERS, MATCH, OPENERS, code_of_line, scan_brackets
 from dfim.server.context import FillContext
 from dfim.server.languages import error_count
-from dfim.server.lines import CLOSERS, MATCH, OPENERS, indent_width, open_brackets, scan_brackets
+from dfim.server.lines import indent_width, open_brackets
 
 _REPEAT = re.compile(r"(.{1,12}?)\1{3,}", re.S)
 

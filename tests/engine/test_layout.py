@@ -52,9 +52,7 @@ def test_scan_line(line, lang, want):
     ],
 )
 def test_scan_brackets(text, comments, want):
-    from dfim.server.lines import scan_brackets
-
-    assert list(scan_brackets(text, skip_comments=comments)) == want
+    assert layout.scan_brackets(text, skip_comments=comments) == want
 
 
 def test_unclosed_on_line_and_opens_block():
