@@ -6,7 +6,18 @@ Line ends are \n, \r\n or a lone \r, as LSP counts them.
 
 from __future__ import annotations
 
+import re
+
 from dfim.engine.layout import MATCH, OPENERS, scan_brackets
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines without their ends (`\\r\\n`, `\\r`, `\\n` all count)."""
+    return re.split(r"\r\n|\r|\n", text)
+
+
+def is_word_char(c: str) -> bool:
+    return len(c) == 1 and (c.isalnum() or c == "_")
 
 
 def line_start(text: str, offset: int) -> int:
@@ -50,3 +61,22 @@ def open_brackets(prefix: str, limit: int = 2000) -> list[str]:
         elif stack and stack[-1] == MATCH[c]:
             stack.pop()
     return stack
+
+
+def closers_provided(suffix: str, outer: list[str]) -> int:
+    """How many of the `outer` open brackets (innermost last) the suffix closes, reading the rest of the line
+    and a few lines more."""
+    own: list[str] = []
+    closed = 0
+    remaining = list(outer)
+    for _, c in scan_brackets(suffix[:400]):
+        if c in OPENERS:
+            own.append(c)
+        elif own and own[-1] == MATCH[c]:
+            own.pop()
+        elif remaining and remaining[-1] == MATCH[c]:
+            remaining.pop()
+            closed += 1
+        else:
+            break
+    return closed
