@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dfim.server import context, postprocess
+from dfim.server.post_context import post_context
 from tests.server.helpers import ctx_for, single, split
 
 
@@ -181,3 +182,77 @@ def test_a_fill_inside_a_word_does_not_write_the_line_again():
     text, cursor = split("values = [1]\nBUCK|ETS = len(values)\n")
     ctx = context.build_context(text, cursor, "python")
     assert postprocess.clean("S = len(values)", ctx) == "S"
+
+
+def names(src: str, lang: str | None = "python") -> list[str]:
+    return postprocess.inline_chain(post_context(ctx_for(src, lang))).names
+
+
+def test_the_chain_holds_only_the_rules_that_apply_in_todays_order():
+    assert names("x = foo(|)\n") == [
+        "drop_broken_characters",
+        "limit_scope",
+        "cut_stutter",
+        "remove_suffix_overlap",
+        "drop_duplicate_quote",
+        "balance_brackets",
+        "drop_blank",
+        "drop_repetitive",
+        "drop_copy_of_line_above",
+        "drop_copy_of_line_below",
+        "drop_start_of_what_follows",
+    ]
+    assert "cut_repeated_line_end" in names("BUCK|ETS = 1\n")  # inside a word only
+    assert "strip_trailing_space" in names("x = |\n")  # a fill that ends its line
+    several = names("def f(xs):\n    |\n")
+    assert several.index("cut_stutter") < several.index("cut_loop") < several.index("cut_to_parsing_lines")
+    assert "drop_duplicate_quote" not in several and "drop_start_of_what_follows" not in several
+    assert names("def f(x):\n    y = x\n    |return y\n")[-2:] == ["fit_new_line_indent", "open_line_above"]
+    ctx = context.build_context("a = 1\r\nb = \r\n", 11, "python")
+    assert "normalize_newlines" in postprocess.inline_chain(post_context(ctx)).names
+
+
+def test_the_state_says_which_rules_changed_the_text_and_a_drop_ends_the_chain():
+    pc = post_context(ctx_for("x = foo(|)\n"))
+    state = postprocess.inline_chain(pc).run("bar(1))", pc)
+    assert state.text == "bar(1)" and state.trace == ["balance_brackets"]
+    state = postprocess.inline_chain(pc).run("  \n", pc)
+    assert state.text is None and state.trace == ["limit_scope", "drop_blank"]
+    pc = post_context(ctx_for("def f(x):\n    |\n    return y\n"))
+    state = postprocess.inline_chain(pc).run("y = x + 1\n    return y", pc)
+    assert state.text == "y = x + 1" and "remove_suffix_overlap" in state.trace
+
+
+def test_the_rules_that_read_only_the_context():
+    pc = post_context(ctx_for('bad = "\ufffd"\nx = |\n'))
+    assert postprocess.drop_broken_characters("a\x00\ufffd", pc) == "a\ufffd"  # the user's own U+FFFD stays
+    pc = post_context(ctx_for("x = |\n"))
+    assert postprocess.drop_broken_characters("a\x00\ufffd", pc) == "a"
+    pc = post_context(ctx_for("y = compute(x)\n|\nz = 2\n"))
+    assert postprocess.drop_copy_of_line_above("y = compute(x)", pc) is None
+    assert postprocess.drop_copy_of_line_below("z = 2", pc) is None
+    assert postprocess.drop_copy_of_line_below("z=2", pc) == "z=2"  # not the same text
+    assert postprocess.drop_copy_of_line_below("z = 2\n", pc) == "z = 2\n"  # only one-line fills
+    pc = post_context(ctx_for("y = 1\n|\nzeta = 2\n"))
+    assert postprocess.drop_copy_of_line_below("  zeta = 2", pc) is None
+    pc = post_context(ctx_for("BUCK|ETS = (16, 32)\n"))
+    assert postprocess.drop_start_of_what_follows("ETS", pc) is None
+    assert postprocess.drop_start_of_what_follows("ET_SIZES", pc) == "ET_SIZES"
+    assert (
+        postprocess.drop_blank(" \n", pc) is None
+        and postprocess.drop_repetitive("abababababababab", pc) is None
+    )
+
+
+def test_the_hole_chain_trims_several_lines_and_drops_nothing_else():
+    pc = post_context(ctx_for("def f(xs):\n    |\n"))
+    chain = postprocess.hole_chain(pc)
+    assert chain.names == [
+        "limit_scope",
+        "cut_loop",
+        "cut_to_parsing_lines",
+        "normalize_newlines",
+        "drop_blank",
+    ]
+    assert chain.run("x = 1\n    y = 2\n    y = 2", pc).text == "x = 1\n    y = 2"
+    assert chain.run("\n  ", pc).text is None
