@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from dfim.engine.api import FillRequest, FillResult, Hole, SamplerSettings
-from dfim.server.context import FillContext
+from dfim.server.context import FillContext, with_lead
 from dfim.server.lines import line_end, line_start
 from dfim.server.options import Options
-from dfim.server.post_context import PostContext
+from dfim.server.post_context import PostContext, post_context
 from dfim.server.postprocess import rank_candidates
 from dfim.server.rules import fit_whitespace
 
@@ -276,6 +276,33 @@ def retry_request(request: FillRequest, ctx: FillContext, options: Options) -> F
     return replace(request, candidates=options.inline.candidates if at_line_start else 1)
 
 
+@dataclass
+class FillPlan:
+    """Everything an inline fill needs, worked out once before the engine runs: the request, the rest of the
+    line pinned after its hole, what post-processing reads (`post`), the column-0 last try and the
+    drafted retry (`fill_until_shown`)."""
+
+    request: FillRequest
+    pinned: str
+    post: PostContext
+    last_try: tuple[FillRequest, PostContext] | None
+    again: FillRequest | None
+
+
+def plan_fill(
+    ctx: FillContext,
+    text: str,
+    settings: SamplerSettings,
+    options: Options,
+    count_tokens: Callable[[str], int],
+) -> FillPlan:
+    """The `FillPlan` of a fill context in the document `text`."""
+    request, pinned = fill_request(ctx, settings, options, count_tokens)
+    led = with_lead(ctx, text)  # only on a blank line, so never with a pinned rest of line
+    last_try = (replace(request, prefix=led.prefix), post_context(led)) if led is not None else None
+    return FillPlan(request, pinned, post_context(ctx), last_try, retry_request(request, ctx, options))
+
+
 def result_key(lang: str | None, ctx: FillContext, options: Options, model: object) -> str:
     """The result cache's key: exactly what the model would see, and every setting that changes the answer."""
     return ResultCache.key(
@@ -382,11 +409,10 @@ async def complete(ls, params):
     from lsprotocol import types
     from pygls.exceptions import JsonRpcInvalidParams
 
-    from dfim.server.context import build_context, single_line, with_lead
+    from dfim.server.context import build_context, single_line
     from dfim.server.documents import Document, PositionError
     from dfim.server.languages import language_for
     from dfim.server.options import language_enabled
-    from dfim.server.post_context import post_context
 
     started = time.perf_counter()
     uri = params.text_document.uri
@@ -450,19 +476,16 @@ async def complete(ls, params):
         await asyncio.sleep(options.inline.debounce_ms / 1000)
         if flag.is_set():
             return None
-    request, pinned = fill_request(ctx, ls.host.engine.settings, options, ls.host.count_tokens)
-    led = with_lead(ctx, text)  # only on a blank line, so never with a pinned rest of line
-    last_try = (replace(request, prefix=led.prefix), post_context(led)) if led is not None else None
-    again = retry_request(request, ctx, options)
+    plan = plan_fill(ctx, text, ls.host.engine.settings, options, ls.host.count_tokens)
     outcome = await fill_until_shown(
         lambda r: run_fill(ls, r, flag),
-        request,
-        post_context(ctx),  # what every rule of post-processing reads, worked out once
-        pinned,
+        plan.request,
+        plan.post,
+        plan.pinned,
         options.inline.retries,
         flag.is_set,
-        last_try=last_try,
-        again=again,
+        last_try=plan.last_try,
+        again=plan.again,
     )
     if outcome is None:
         return None

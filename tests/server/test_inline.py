@@ -232,3 +232,17 @@ def test_the_inline_request_drafts_a_single_line_and_denoises_the_rest():
     assert above.opens_line
     request, _ = inline.fill_request(above, settings, opts, count)
     assert request.scored_suffix == "\n" + above.before_on_line + above.suffix
+
+
+def test_a_fill_plan_works_out_its_contexts_once_before_the_engine_runs():
+    text, cursor = split("def f(xs):\n    for x in xs:\n|\n\n    return xs\n")
+    ctx = context.one_line(context.build_context(text, cursor, "python"))
+    plan = inline.plan_fill(ctx, text, SamplerSettings(draft=True), options.Options(), len)
+    assert plan.post == post_context(ctx) and plan.pinned == ""
+    led_request, led_post = plan.last_try
+    assert led_post.lead == "        " and led_request.prefix == ctx.prefix + "        "
+    assert plan.again is not None and plan.again.settings.draft  # a drafted line's retry drafts again
+    text, cursor = split("x = foo(|)\n")
+    ctx = context.build_context(text, cursor, "python")
+    plan = inline.plan_fill(ctx, text, SamplerSettings(draft=True), options.Options(), len)
+    assert plan.last_try is None and plan.post.outer == ("(",) and plan.post.may_close == 0
