@@ -1,4 +1,5 @@
-"""How source text is laid out in lines: indentation steps and lines that open a block.
+"""How source text is laid out in lines: code, strings and comments (`scan_code`), indentation steps and
+lines that open a block.
 
 Shared by the language server (`dfim.server.context`) and the `dfim fill` / `dfim trace` commands, which answer
 as the server does (decision 29). Plain string rules, no parser: `dfim fill` must not need tree-sitter.
@@ -20,6 +21,9 @@ BRACE_LANGUAGES = frozenset({"javascript", "typescript", "tsx", "go", "rust", "j
 # `#` starts a comment in these (and in a language we do not know); `//` in the others. In C and C++ a line
 # starting with `#` is a preprocessor directive, elsewhere `#` is code (`this.#count`, `#[derive]`).
 HASH_COMMENTS = frozenset({"python", "ruby", "shell", "perl", "r"})
+OPENERS = "([{"
+CLOSERS = ")]}"
+MATCH = {")": "(", "]": "[", "}": "{"}  # each closer's opener
 RUST_CHAR = re.compile(r"'(?:\\.|[^\\'])'")  # 'a', '\n': a char literal; any other ' is a lifetime or a label
 
 
@@ -50,33 +54,59 @@ def _comment_starts(line: str, i: int, lang: str | None) -> bool:
     return line[i] == "#" if lang in HASH_COMMENTS else line.startswith("//", i)
 
 
-def scan_line(line: str, lang: str | None = None) -> tuple[str, str]:
-    """(code, end): the line's code with string literals' contents blanked out (their quotes kept) and a
-    comment dropped, and how the line ends: "code", "comment" (it ends in a comment) or "string" (inside an
-    unclosed quote, whose text is dropped too). A rough scan of one line in the language's comment and
-    quote syntax (`#` or `//`; Rust's lifetimes are not quotes)."""
-    out: list[str] = []
+def scan_code(
+    text: str, lang: str | None = None, comments: bool = True, lines: bool = False
+) -> tuple[list[int], str]:
+    """(code, end): the indexes of `text`'s code characters, and how it ends: "code", "comment" (in a
+    comment) or "string" (inside an unclosed quote). The one scan of quotes and comments that every rule
+    reading code goes through: a rough scan in the language's comment and quote syntax (`#` or `//`, either
+    but C's `#include` for no language; Rust's lifetimes are not quotes).
+
+    Code is everything outside string literals' contents (their quotes are code) and, with `comments`,
+    outside comments. `text` is one line unless `lines`: then a line end also ends a `'` or `"` string
+    (a backquoted one goes on) and a comment, and the scan goes on after it."""
+    code: list[int] = []
     quote = ""
     i = 0
-    while i < len(line):
-        c = line[i]
+    while i < len(text):
+        c = text[i]
         if quote:
             if c == "\\":
                 i += 1
             elif c == quote:
                 quote = ""
-                out.append(c)
-        elif c == "'" and lang == "rust" and not RUST_CHAR.match(line, i):
-            out.append(c)  # `'a`, `'static`, `'outer:`
+                code.append(i)
+            elif lines and c in "\r\n" and quote in "'\"":
+                quote = ""
+        elif c == "'" and lang == "rust" and not RUST_CHAR.match(text, i):
+            code.append(i)  # `'a`, `'static`, `'outer:`
         elif c in "'\"`":
             quote = c
-            out.append(c)
-        elif _comment_starts(line, i, lang):
-            return "".join(out), "comment"
+            code.append(i)
+        elif comments and _comment_starts(text, i, lang):
+            ends = [x for x in (text.find("\n", i), text.find("\r", i)) if x >= 0] if lines else []
+            if not ends:
+                return code, "comment"
+            i = min(ends)
+            continue
         else:
-            out.append(c)
+            code.append(i)
         i += 1
-    return ("", "string") if quote else ("".join(out), "code")
+    return code, "string" if quote else "code"
+
+
+def scan_line(line: str, lang: str | None = None) -> tuple[str, str]:
+    """(code, end) of one line (`scan_code`): its code with string literals' contents blanked out (their
+    quotes kept) and a comment dropped; the code is "" when the line ends inside an unclosed quote."""
+    code, end = scan_code(line, lang)
+    return ("", end) if end == "string" else ("".join(line[i] for i in code), end)
+
+
+def scan_brackets(text: str, skip_comments: bool = False) -> list[tuple[int, str]]:
+    """(index, bracket) for the brackets of several lines outside string literals (and `#` / `//` comments
+    if asked): `scan_code` of no particular language."""
+    code, _ = scan_code(text, None, comments=skip_comments, lines=True)
+    return [(i, text[i]) for i in code if text[i] in OPENERS or text[i] in CLOSERS]
 
 
 def code_of_line(line: str, lang: str | None = None) -> str:
@@ -95,13 +125,12 @@ def unclosed_on_line(line: str, lang: str | None = None) -> str:
     code, end = scan_line(line, lang)
     if end == "string":
         return ""
-    pairs = {")": "(", "]": "[", "}": "{"}
     stack: list[str] = []
     for c in code:
-        if c in "([{":
+        if c in OPENERS:
             stack.append(c)
-        elif c in pairs:
-            if not stack or stack.pop() != pairs[c]:
+        elif c in MATCH:
+            if not stack or stack.pop() != MATCH[c]:
                 return ""
     return "".join({"(": ")", "[": "]", "{": "}"}[c] for c in reversed(stack))
 

@@ -21,15 +21,9 @@ from dfim.server.context import FillContext, build_context, indent_unit, leading
 from dfim.server.holes import empty_body_at, enclosing_function, find_holes, hole_at, last_code_before_line
 from dfim.server.languages import Source
 from dfim.server.lines import indent_width, line_end, line_start, newline_of, next_line_start, open_brackets
-from dfim.server.postprocess import (
-    clean,
-    code_of,
-    fit_whitespace,
-    limit_scope,
-    normalize_newlines,
-    trim_block_fill,
-    writes_code,
-)
+from dfim.server.post_context import post_context
+from dfim.server.postprocess import clean, hole_chain
+from dfim.server.rules import code_of, fit_whitespace, limit_scope, normalize_newlines, writes_code
 from dfim.server.windows import guess_tokens
 
 KIND = "refactor.rewrite.dfim"
@@ -477,11 +471,8 @@ def finish_action(
     if plan.action == "completeFunction":
         text = clean(result_text, ctx)
     else:
-        text = limit_scope(result_text, ctx, max_lines=200)
-        text = trim_block_fill(text, ctx, max_lines=200)
-        text = normalize_newlines(text, ctx.newline)
-        if not text.strip():
-            text = None
+        post = post_context(ctx)
+        text = hole_chain(post).run(result_text, post).text
     if text is None:
         raise ActionError("the model produced nothing usable here")
     text = close_what_it_opened(text, ctx.lang, ctx.indent)

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from dfim.engine.layout import indent_unit, leading_ws, opens_block, statement_indent
+from dfim.engine.layout import CLOSERS, indent_unit, leading_ws, opens_block, statement_indent
 from dfim.server.holes import empty_body_at
 from dfim.server.languages import Source
-from dfim.server.lines import CLOSERS, line_end, line_start, newline_of
+from dfim.server.lines import line_end, line_start, newline_of
 from dfim.server.windows import CHARS_PER_TOKEN_GUESS, fit_window
 
 MAX_TOKENS = {"line": 32, "multiline": 64, "block": 128}

@@ -18,10 +18,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from dfim.engine.api import FillRequest, FillResult, Hole, SamplerSettings
-from dfim.server.context import FillContext
+from dfim.server.context import FillContext, with_lead
 from dfim.server.lines import line_end, line_start
 from dfim.server.options import Options
-from dfim.server.postprocess import fit_whitespace, rank_candidates
+from dfim.server.post_context import PostContext, post_context
+from dfim.server.postprocess import rank_candidates
+from dfim.server.rules import fit_whitespace
 
 if TYPE_CHECKING:
     from dfim.server.documents import Document
@@ -122,17 +124,18 @@ def fit_body_fill(fill: str, text: str, ctx: FillContext, cursor: int) -> str:
 async def fill_until_shown(
     fill_once: Callable[[FillRequest], Awaitable[FillResult | None]],
     request: FillRequest,
-    ctx: FillContext,
+    post: PostContext,
     pinned: str,
     retries: int,
     cancelled: Callable[[], bool],
-    last_try: tuple[FillRequest, FillContext] | None = None,
+    last_try: tuple[FillRequest, PostContext] | None = None,
     again: FillRequest | None = None,
 ) -> tuple[list[str], int, int] | None:
     """(cleaned candidates, steps, fills) of up to 1 + `retries` fills, each with the next seed, stopping at
     the first that leaves something worth showing; None if a fill was cancelled. When post-processing drops
     everything (the model copied the line below, or wrote nothing), another draw often has a line to offer.
-    `last_try` (a request and its context) replaces the last retry: the indentation typed for a column-0
+    `post` is what post-processing reads around the fill, worked out once for every fill and retry.
+    `last_try` (a request and its post context) replaces the last retry: the indentation typed for a column-0
     cursor (`context.with_lead`). `again` replaces the request on the other retries, told to avoid every
     text dropped so far (a drafted fill: the same greedy draft again would show the same text; decision 44)."""
     ranked: list[str] = []
@@ -142,7 +145,7 @@ async def fill_until_shown(
     for attempt in range(tries):
         seed = None if request.seed is None else request.seed + attempt
         if last_try is not None and attempt == tries - 1 and attempt > 0:
-            request, ctx = last_try
+            request, post = last_try
         elif again is not None and attempt > 0:
             request = replace(again, avoid=tuple(dropped))
         result = await fill_once(replace(request, seed=seed))
@@ -153,7 +156,7 @@ async def fill_until_shown(
         dropped += raw
         if pinned:
             raw = [strip_pinned_tail(r, pinned) for r in raw]
-        ranked = rank_candidates(raw, ctx)
+        ranked = rank_candidates(raw, post)
         if ranked or cancelled():
             break
     return ranked, steps, attempt + 1
@@ -273,6 +276,33 @@ def retry_request(request: FillRequest, ctx: FillContext, options: Options) -> F
     return replace(request, candidates=options.inline.candidates if at_line_start else 1)
 
 
+@dataclass
+class FillPlan:
+    """Everything an inline fill needs, worked out once before the engine runs: the request, the rest of the
+    line pinned after its hole, what post-processing reads (`post`), the column-0 last try and the
+    drafted retry (`fill_until_shown`)."""
+
+    request: FillRequest
+    pinned: str
+    post: PostContext
+    last_try: tuple[FillRequest, PostContext] | None
+    again: FillRequest | None
+
+
+def plan_fill(
+    ctx: FillContext,
+    text: str,
+    settings: SamplerSettings,
+    options: Options,
+    count_tokens: Callable[[str], int],
+) -> FillPlan:
+    """The `FillPlan` of a fill context in the document `text`."""
+    request, pinned = fill_request(ctx, settings, options, count_tokens)
+    led = with_lead(ctx, text)  # only on a blank line, so never with a pinned rest of line
+    last_try = (replace(request, prefix=led.prefix), post_context(led)) if led is not None else None
+    return FillPlan(request, pinned, post_context(ctx), last_try, retry_request(request, ctx, options))
+
+
 def result_key(lang: str | None, ctx: FillContext, options: Options, model: object) -> str:
     """The result cache's key: exactly what the model would see, and every setting that changes the answer."""
     return ResultCache.key(
@@ -379,7 +409,7 @@ async def complete(ls, params):
     from lsprotocol import types
     from pygls.exceptions import JsonRpcInvalidParams
 
-    from dfim.server.context import build_context, single_line, with_lead
+    from dfim.server.context import build_context, single_line
     from dfim.server.documents import Document, PositionError
     from dfim.server.languages import language_for
     from dfim.server.options import language_enabled
@@ -446,19 +476,16 @@ async def complete(ls, params):
         await asyncio.sleep(options.inline.debounce_ms / 1000)
         if flag.is_set():
             return None
-    request, pinned = fill_request(ctx, ls.host.engine.settings, options, ls.host.count_tokens)
-    led = with_lead(ctx, text)  # only on a blank line, so never with a pinned rest of line
-    last_try = (replace(request, prefix=led.prefix), led) if led is not None else None
-    again = retry_request(request, ctx, options)
+    plan = plan_fill(ctx, text, ls.host.engine.settings, options, ls.host.count_tokens)
     outcome = await fill_until_shown(
         lambda r: run_fill(ls, r, flag),
-        request,
-        ctx,
-        pinned,
+        plan.request,
+        plan.post,
+        plan.pinned,
         options.inline.retries,
         flag.is_set,
-        last_try=last_try,
-        again=again,
+        last_try=plan.last_try,
+        again=plan.again,
     )
     if outcome is None:
         return None

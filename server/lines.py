@@ -1,17 +1,23 @@
-"""Lines, indentation and brackets of a document's text, by offset (Python string indices).
+"""Lines, indentation and brackets of a document's text, by offset (Python string indices). Quotes and
+comments are read by the engine's one scanner (`dfim.engine.layout.scan_code`).
 
 Line ends are \n, \r\n or a lone \r, as LSP counts them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
 
-CLOSERS = ")]}"
-OPENERS = "([{"
+from dfim.engine.layout import MATCH, OPENERS, scan_brackets
 
 
-MATCH = {")": "(", "]": "[", "}": "{"}
+def split_lines(text: str) -> list[str]:
+    """Lines without their ends (`\\r\\n`, `\\r`, `\\n` all count)."""
+    return re.split(r"\r\n|\r|\n", text)
+
+
+def is_word_char(c: str) -> bool:
+    return len(c) == 1 and (c.isalnum() or c == "_")
 
 
 def line_start(text: str, offset: int) -> int:
@@ -46,28 +52,6 @@ def newline_of(text: str) -> str:
     return "\r\n" if crlf and crlf >= text.count("\n") - crlf else "\n"
 
 
-def scan_brackets(text: str, skip_comments: bool = False) -> Iterator[tuple[int, str]]:
-    """Yield (index, char) for brackets outside string literals (and `#` / `//` comments if asked):
-    a rough, language-agnostic scan."""
-    quote = ""
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote or (c in "\r\n" and quote in "'\""):
-                quote = ""
-        elif c in "'\"`":
-            quote = c
-        elif skip_comments and (c == "#" and not text.startswith("#include", i) or text.startswith("//", i)):
-            i = min([x for x in (text.find("\n", i), text.find("\r", i)) if x >= 0] or [len(text)])
-            continue
-        elif c in OPENERS or c in CLOSERS:
-            yield i, c
-        i += 1
-
-
 def open_brackets(prefix: str, limit: int = 2000) -> list[str]:
     """Brackets opened in the tail of `prefix` and not yet closed (strings and comments roughly skipped)."""
     stack: list[str] = []
@@ -77,3 +61,22 @@ def open_brackets(prefix: str, limit: int = 2000) -> list[str]:
         elif stack and stack[-1] == MATCH[c]:
             stack.pop()
     return stack
+
+
+def closers_provided(suffix: str, outer: list[str]) -> int:
+    """How many of the `outer` open brackets (innermost last) the suffix closes, reading the rest of the line
+    and a few lines more."""
+    own: list[str] = []
+    closed = 0
+    remaining = list(outer)
+    for _, c in scan_brackets(suffix[:400]):
+        if c in OPENERS:
+            own.append(c)
+        elif own and own[-1] == MATCH[c]:
+            own.pop()
+        elif remaining and remaining[-1] == MATCH[c]:
+            remaining.pop()
+            closed += 1
+        else:
+            break
+    return closed

@@ -1,435 +1,215 @@
-"""Turn the model's raw middle into something worth showing.
+"""Turn the model's raw middle into something worth showing: a chain of named rules over one state.
 
-Peers' top complaints are duplicated suffixes and brackets, and suggestions that run past the block the
-user is in. Each step here is a pure function of the raw text and the `FillContext`; `clean` chains them and
-returns None when nothing useful is left.
+As llama.cpp chains its samplers, a fill goes down an ordered list of small rules (`Rule`: a name and a pure
+function of the text and the `PostContext`), each doing one thing: cut at the suffix overlap, keep the
+line, balance the brackets, drop a copy of the line above, ... A rule that returns None drops the fill and
+ends the chain. The chain is built per request from what the context says (`inline_chain`, `hole_chain`):
+a rule that does not apply there is not in it. The state records which rules changed the text
+(`State.trace`, logged at debug level), so a suggestion can be explained rule by rule.
 """
 
 from __future__ import annotations
 
-import functools
-import re
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from dfim.engine.layout import code_of_line
 from dfim.server.context import FillContext
 from dfim.server.languages import error_count
-from dfim.server.lines import CLOSERS, MATCH, OPENERS, indent_width, open_brackets, scan_brackets
+from dfim.server.post_context import PostContext, post_context
+from dfim.server.rules import (
+    balance_brackets,
+    cut_loop,
+    cut_repeated_line_end,
+    cut_stutter,
+    cut_to_parsing_lines,
+    drop_duplicate_quote,
+    fit_new_line_indent,
+    fit_typed_indent,
+    is_repetitive,
+    limit_scope,
+    normalize_newlines,
+    remove_suffix_overlap,
+)
 
-_REPEAT = re.compile(r"(.{1,12}?)\1{3,}", re.S)
-
-
-def split_lines(text: str) -> list[str]:
-    """Lines without their ends (`\\r\\n`, `\\r`, `\\n` all count)."""
-    return re.split(r"\r\n|\r|\n", text)
-
-
-def closers_provided(suffix: str, outer: list[str]) -> int:
-    """How many of the `outer` open brackets (innermost last) the suffix closes, reading the rest of the line
-    and a few lines more."""
-    own: list[str] = []
-    closed = 0
-    remaining = list(outer)
-    for _, c in scan_brackets(suffix[:400]):
-        if c in OPENERS:
-            own.append(c)
-        elif own and own[-1] == MATCH[c]:
-            own.pop()
-        elif remaining and remaining[-1] == MATCH[c]:
-            remaining.pop()
-            closed += 1
-        else:
-            break
-    return closed
+log = logging.getLogger("dfim.server")
 
 
-def balance_brackets(completion: str, prefix: str, suffix: str, close_open: bool = False) -> str:
-    """Cut the completion at the first closing bracket that the suffix already provides or that closes
-    nothing; with `close_open`, append closers for brackets the completion left open."""
-    outer = open_brackets(prefix)
-    may_close = len(outer) - closers_provided(suffix, outer)
-    own: list[str] = []
-    for i, c in scan_brackets(completion):
-        if c in OPENERS:
-            own.append(c)
-        elif own and own[-1] == MATCH[c]:
-            own.pop()
-        elif not own and may_close > 0 and outer and outer[-1] == MATCH[c]:
-            outer.pop()
-            may_close -= 1
-        else:  # a mismatched closer, or one the suffix provides / that closes nothing: cut, then close
-            completion = completion[:i].rstrip(" \t")
-            break
-    if close_open and own:
-        inverse = {v: k for k, v in MATCH.items()}
-        completion = completion.rstrip() + "".join(inverse[c] for c in reversed(own))
-    return completion
+@dataclass(frozen=True)
+class Rule:
+    name: str  # what the trace shows
+    apply: Callable[[str, PostContext], str | None]  # the new text; None: nothing worth showing
 
 
-def remove_suffix_overlap(completion: str, suffix: str) -> str:
-    """Drop the completion's tail where it repeats the start of the suffix: whole lines, or the rest of the
-    cursor's line (`if x > ▮:` filled with `0:`). A lone bracket or quote there is left to bracket balancing
-    and `drop_duplicate_quote`, which know whether the fill opened its own."""
-    lines = split_lines(completion)
-    suffix_lines = [s.strip() for s in split_lines(suffix.lstrip("\r\n"))]
-    # whole trailing lines that are the suffix's first lines
-    for k in range(min(len(lines) - 1, len(suffix_lines), 20), 0, -1):
-        tail = [s.strip() for s in lines[-k:]]
-        if all(tail) and tail == suffix_lines[:k]:
-            cut = len("\n".join(lines[:-k]))
-            completion = completion[:cut].rstrip("\r\n")
-            break
-    rest = split_lines(suffix)[0].strip()
-    if len(rest) >= 2 or (len(rest) == 1 and rest not in "()[]{}\"'`"):
-        stripped = completion.rstrip()
-        if stripped.endswith(rest):
-            return stripped[: len(stripped) - len(rest)].rstrip(" \t") if stripped != rest else ""
-    # the completion ends with a long-enough prefix of the suffix (e.g. the suffix's next statement)
-    head = suffix.lstrip()
-    for k in range(min(len(head), len(completion)), 5, -1):
-        if completion.endswith(head[:k]) and head[:k].strip():
-            return completion[: len(completion) - k]
-    return completion
+@dataclass
+class State:
+    """One fill going down a chain: its text (None once a rule dropped it), the context every rule reads, and
+    the names of the rules that changed the text, in order."""
+
+    text: str | None
+    ctx: PostContext
+    trace: list[str] = field(default_factory=list)
 
 
-def is_word_char(c: str) -> bool:
-    return len(c) == 1 and (c.isalnum() or c == "_")
+@dataclass(frozen=True)
+class Chain:
+    rules: tuple[Rule, ...]
 
+    @property
+    def names(self) -> list[str]:
+        return [rule.name for rule in self.rules]
 
-def cut_repeated_line_end(completion: str, rest_of_line: str) -> str:
-    """Inside a word (`BUCK▮ETS = len(values)`) the model tends to write the line again: `S = len(values)`
-    would give `BUCKS = len(values)ETS = len(values)`. Cut a tail of the completion that repeats the end of
-    the line from a point after the word (4+ characters)."""
-    rest = rest_of_line.rstrip()
-    stripped = completion.rstrip()
-    for j in range(len(rest)):
-        if is_word_char(rest[j]):
-            continue  # the rest of the word the cursor is in, or a later word: cut only at a boundary
-        tail = rest[j:]
-        if len(tail.strip()) >= 4 and stripped.endswith(tail):
-            return stripped[: len(stripped) - len(tail)]
-    return completion
-
-
-def unescaped(text: str, quote: str) -> int:
-    """How many times `quote` occurs in `text` unescaped (after an even number of backslashes)."""
-    return len(re.findall(r"(?<!\\)(?:\\\\)*" + re.escape(quote), text))
-
-
-def drop_duplicate_quote(completion: str, rest_of_line: str) -> str:
-    """Drop a closing quote the rest of the line already has: at `f"Hi {name}▮"` a fill `!"` would leave
-    `""`. And where an editor closed the quote and the bracket (`print("▮")`), a fill that closes the string
-    and then that bracket (`Hello", 1)`) ends before its quote, or the line would end `1)")`. Only when the
-    completion closes a string it did not open (an odd number of that quote in it)."""
-    head = rest_of_line.lstrip()
-    body = completion.rstrip()
-    for quote in ('"""', "'''", '"', "'", "`"):
-        if not head.startswith(quote) or unescaped(body, quote) % 2 == 0:
-            continue
-        if body.endswith(quote):
-            return body[: len(body) - len(quote)]
-        first = re.search(r"(?<!\\)(?:\\\\)*" + re.escape(quote), body)
-        tail = body[first.end() :].rstrip(" ;,") if first else ""  # `Total: " + n);` closes the call too
-        if tail and tail[-1] in CLOSERS and tail[-1] in head[len(quote) :]:
-            return body[: first.end() - len(quote)]
-    return completion
-
-
-def repeats_what_follows(completion: str, ctx: FillContext) -> bool:
-    """A single-line fill that is only the start of the text after the cursor (`BUCK▮ETS = ...` filled
-    with `ETS`): inserting it duplicates what is already there."""
-    body = completion.strip()
-    return (
-        ctx.mode == "line"
-        and not ctx.opens_line
-        and bool(body)
-        and ctx.rest_of_line.lstrip().startswith(body)
-    )
-
-
-def limit_scope(completion: str, ctx: FillContext, max_lines: int = 40) -> str:
-    """Single-line fills keep their first line; multi-line fills stop at the first line that leaves the block
-    (indented less than `ctx.indent`)."""
-    lines = split_lines(completion)
-    if ctx.mode == "line":
-        return lines[0]
-    base = indent_width(ctx.indent)
-    kept = [lines[0]]
-    for line in lines[1 : max_lines + 1]:
-        if line.strip() and indent_width(line) < base:
-            break
-        kept.append(line)
-    while len(kept) > 1 and not kept[-1].strip():
-        kept.pop()
-    return ctx.newline.join(kept) if len(kept) > 1 else kept[0]
-
-
-# one name four times in a row (`total total total total`); names of two or more characters, outside strings
-_STUTTER = re.compile(r"\b([A-Za-z_]\w+)(?:\s+\1\b){3,}")
-_STRING = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\\\n]|\\.)*'|`(?:[^`\\\n]|\\.)*`")
-
-
-def code_of(line: str, lang: str | None) -> str:
-    """A line without its strings' contents and its trailing comment, right-stripped."""
-    code = _STRING.sub('""', line)
-    code = code.split("#", 1)[0] if lang in (None, "python") else code.split("//", 1)[0]
-    return code.rstrip()
-
-
-_TRIPLE_STRING = re.compile(r'[rbuRBU]{0,2}("""|\'\'\')(?:.|\n)*?(?:\1|$)')
-_BLOCK_COMMENT = re.compile(r"/\*(?:.|\n)*?(?:\*/|$)")
-_LONE_STRING = re.compile(r"""^[rbufRBUF]{0,2}(?:"[^"]*"|'[^']*')[;,]?$""")
-
-
-def writes_code(text: str, lang: str | None) -> bool:
-    """Whether `text` holds a line of code: not only comments, docstrings or a lone string literal. An action
-    asked for code must not answer with a comment that describes it (`# compute the mean`) and stop."""
-    text = _TRIPLE_STRING.sub("", text) if lang in (None, "python") else _BLOCK_COMMENT.sub("", text)
-    for line in text.splitlines():
-        code = code_of(line, lang).strip()
-        if code and not _LONE_STRING.match(code) and code != '""':
-            return True
-    return False
-
-
-def cut_stutter(completion: str, lang: str | None = None) -> str:
-    """Keep the lines before the first one where the model stutters (a word repeated four times in a row),
-    the way a small model runs out of ideas at the end of a long canvas."""
-    lines = split_lines(completion)
-    in_docstring = False
-    for i, line in enumerate(lines):
-        if not in_docstring and _STUTTER.search(code_of(line, lang)):
-            return "\n".join(lines[:i])
-        if (line.count('"""') + line.count("'''")) % 2 == 1:  # prose inside a docstring is not code
-            in_docstring = not in_docstring
-    return completion
-
-
-def cut_loop(completion: str, lang: str | None = None) -> str:
-    """Keep the lines before the point where the fill starts repeating itself: a line written twice in a row,
-    or a run of two or three lines written again right after itself (a small model looping over its own
-    lines). Only exact repeats at the same indentation count, so real code that says the same thing in two
-    branches (`i += 1`, `if err != nil {`) is left alone; a closing bracket or markup line may repeat. A
-    block opener left without its body at the end goes too."""
-    lines = split_lines(completion)
-    code = [i for i, line in enumerate(lines) if line.strip()]  # indexes of the non-blank lines
-    same = [lines[i].rstrip() for i in code]
-    for j in range(1, len(code)):
-        for n in (1, 2, 3):
-            if j < 2 * n - 1 or same[j - n + 1 : j + 1] != same[j - 2 * n + 1 : j - n + 1]:
-                continue
-            if all(line.strip()[0] in ")]}<" for line in same[j - n + 1 : j + 1]):
-                continue
-            kept = lines[: code[j - n + 1]]
-            while kept and (not kept[-1].strip() or code_of(kept[-1], lang).endswith((":", "{"))):
-                kept.pop()
-            return "\n".join(kept)
-    return completion
-
-
-_HEADER = re.compile(r"(if|elif|else|for|while|with|try|except|finally|def|class|switch|do)\b")
-
-
-def parse_window(prefix: str, suffix: str, before: int = 4000, after: int = 2000) -> tuple[str, str]:
-    """The end of `prefix` from a line that starts at column 0 (a top-level statement) and the start of
-    `suffix` to a line end: enough code around a fill to parse, at a bounded cost."""
-    if len(prefix) > before:
-        cut = prefix.find("\n", len(prefix) - before) + 1
-        top = re.compile(r"^\S", re.M).search(prefix, cut)
-        prefix = prefix[top.start() if top else cut :]
-    if len(suffix) > after:
-        end = suffix.find("\n", after)
-        suffix = suffix if end < 0 else suffix[:end]
-    return prefix, suffix
-
-
-def _dangling_header(line: str, following: str, lang: str | None) -> bool:
-    """A last line that opens a block (`if x > 3:`, `for (...) {`, a brace-less `if (t > 10)`) whose body is
-    not the code after it (that is not indented deeper)."""
-    if following.strip() and indent_width(following) > indent_width(line):
-        return False
-    code = code_of(line, lang)
-    stripped = code.strip()
-    return code.endswith((":", "{")) or (bool(_HEADER.match(stripped)) and not stripped.endswith((";", "}")))
-
-
-def error_counter(ctx: FillContext) -> Callable[[str], int]:
-    """Syntax errors of the code with a given fill in the fill's place, parsed in `parse_window` around it;
-    remembered per fill text, so the trims below never parse the same document twice."""
-    before, after = parse_window(ctx.prefix, ctx.suffix)
-
-    @functools.cache
-    def errors(fill: str) -> int:
-        return error_count(before + fill + after, ctx.lang)
-
-    return errors
-
-
-def cut_to_parsing_lines(
-    completion: str, ctx: FillContext, max_lines: int = 40, errors: Callable[[str], int] | None = None
-) -> str:
-    """A several-line fill cut after the line that leaves the fewest syntax errors (the longest such cut; a
-    small model's tail is often half a statement), without a block header left bodiless at its end. Errors
-    the document already has count the same for every cut, so an unfinished line above the cursor changes
-    nothing. The fill as it is when no cut has fewer errors."""
-    lines = split_lines(completion)
-    if ctx.lang is None or len(lines) < 2 or len(lines) > max_lines:
-        return completion
-    errors = errors or error_counter(ctx)
-    best, fewest = len(lines), errors(completion)
-    if fewest > errors(""):  # the whole fill adds an error: try shorter cuts
-        for k in range(len(lines) - 1, 0, -1):
-            head = "\n".join(lines[:k])
-            if not head.strip():
+    def run(self, raw: str, ctx: PostContext) -> State:
+        state = State(raw, ctx)
+        for rule in self.rules:
+            text = rule.apply(state.text, ctx)
+            if text != state.text:
+                state.trace.append(rule.name)
+            state.text = text
+            if text is None:
                 break
-            if errors(head) < fewest:
-                best, fewest = k, errors(head)
-    kept = lines[:best]
-    following = next((line for line in split_lines(ctx.suffix) if line.strip()), "")
-    while len(kept) > 1 and (
-        not kept[-1].strip()
-        or (_dangling_header(kept[-1], following, ctx.lang) and kept[-1].strip()[0] not in ")]}")
-    ):
-        kept.pop()
-    if len(kept) < best and errors("\n".join(kept)) > fewest:
-        kept = lines[:best]  # dropping the header would unbalance something: leave it
-    return completion if kept == lines else "\n".join(kept)
+        return state
 
 
-def trim_block_fill(text: str, ctx: FillContext, max_lines: int = 40) -> str:
-    """A several-line fill without its loop (`cut_loop`, kept only if it adds no syntax error) and without a
-    tail that does not parse (`cut_to_parsing_lines`)."""
-    errors = error_counter(ctx)
-    looped = cut_loop(text, ctx.lang)
-    if looped != text and looped.strip() and ctx.lang is not None and errors(looped) > errors(text):
-        looped = text  # the cut would leave a bracket open
-    return cut_to_parsing_lines(looped or text, ctx, max_lines, errors)
+# ---- the rules that read only the context (the text rules are in dfim.server.rules) --------------------
 
 
-def is_repetitive(completion: str) -> bool:
-    """Degenerate output: one line repeated three times in a row, or a short unit repeated to fill most of
-    the text."""
-    lines = [s.strip() for s in split_lines(completion) if s.strip()]
-    for i in range(len(lines) - 2):
-        if lines[i] == lines[i + 1] == lines[i + 2]:
-            return True
-    squeezed = completion.strip()
-    for m in _REPEAT.finditer(squeezed):
-        if m.group(1).strip() and (m.end() - m.start()) * 2 >= len(squeezed) and len(squeezed) >= 12:
-            return True
-    return False
-
-
-def is_useless(completion: str, prefix: str, suffix: str) -> bool:
-    """Nothing to show: blank, degenerate, or a copy of the line above or the line below."""
-    body = completion.strip()
-    if not body or is_repetitive(completion):
-        return True
-    previous = [s.strip() for s in split_lines(prefix) if s.strip()]
-    following = [s.strip() for s in split_lines(suffix) if s.strip()]
-    if "\n" not in completion and "\r" not in completion:
-        if len(body) > 3 and previous and body == previous[-1] and split_lines(prefix)[-1].strip() == "":
-            return True
-        if following and body == following[0] and len(body) > 3:
-            return True
-    return False
-
-
-def normalize_newlines(completion: str, newline: str) -> str:
-    return completion if newline == "\n" else re.sub(r"\r\n|\r|\n", newline, completion)
-
-
-def fit_whitespace(fill: str, original: str, newline: str = "\n", indent: str = "") -> str:
-    """Keep the replaced text's outer line structure: if it began with a line end (the inside of `{ ... }`)
-    or ended with one (plus the closing line's indentation), so does the replacement. `indent` goes before
-    a first line the model left unindented after that leading line end."""
-    body = fill.strip("\r\n").rstrip()
-    lead = re.match(r"[ \t]*(\r\n|\r|\n)", original)
-    trail = re.search(r"(\r\n|\r|\n)[ \t]*\Z", original)
-    if lead:
-        if indent and body and not body[0].isspace():
-            body = indent + body
-        body = lead.group(1) + body
-    if trail and (lead is None or trail.start() >= lead.end() or len(original.strip()) == 0):
-        body = body + trail.group(0)
-    return body
-
-
-def clean(raw: str, ctx: FillContext) -> str | None:
-    """The whole pipeline: scope, suffix overlap, brackets, usefulness. None = show nothing."""
-    text = raw.replace("\x00", "")
+def drop_broken_characters(text: str, ctx: PostContext) -> str:
+    """No NUL, and no U+FFFD (a broken byte sequence from a backend) unless the user's text has one."""
+    text = text.replace("\x00", "")
     if "\ufffd" in text and "\ufffd" not in ctx.prefix + ctx.suffix:
-        text = text.replace("\ufffd", "")  # a broken byte sequence from a backend, never the user's text
-    text = cut_stutter(limit_scope(text, ctx), ctx.lang)
-    if ctx.mode != "line":
-        text = trim_block_fill(text, ctx)
-    text = remove_suffix_overlap(text, ctx.suffix)
-    if ctx.mode == "line":
-        text = drop_duplicate_quote(text, ctx.rest_of_line)
-        if is_word_char(ctx.prefix[-1:]) and is_word_char(
-            ctx.rest_of_line[:1]
-        ):  # the cursor is inside a word
-            text = cut_repeated_line_end(text, ctx.rest_of_line)
-    ends_line = ctx.mode == "line" and (ctx.opens_line or not ctx.rest_of_line.strip())
-    text = balance_brackets(text, ctx.prefix, ctx.suffix, close_open=ends_line)
-    if ctx.mode != "line" or ends_line:
-        text = text.rstrip()
-    text = normalize_newlines(text, ctx.newline)
-    if is_useless(text, ctx.prefix, ctx.suffix) or repeats_what_follows(text, ctx):
-        return None
-    if ctx.mode == "line" and not (ctx.lead or ctx.opens_line) and ctx.before_on_line.isspace():
-        text = fit_typed_indent(text, ctx)
-    if ctx.opens_line:  # the code after the cursor moves down a line, keeping its indentation
-        text = fit_new_line_indent(text, ctx) + ctx.newline + ctx.before_on_line
-    if ctx.lead:  # the model wrote after the indentation dfim typed: the suggestion starts with it
-        text = ctx.lead + text.lstrip(" \t")
+        text = text.replace("\ufffd", "")
     return text
 
 
-def fit_new_line_indent(text: str, ctx: FillContext) -> str:
-    """A line opened above the code after the cursor, indented deeper than the line before it though that line
-    opens nothing (no `:`, bracket, comma or backslash at its end) cannot be right (`    assert a == b` above
-    a top-level `def`): it takes the indentation of the code it goes above. Any other indentation is the
-    model's (a body line above a dedented `return` is deeper than the code after it, and rightly so)."""
-    previous, opens = _line_above(ctx)
-    own = ctx.before_on_line + text[: len(text) - len(text.lstrip(" \t"))]
-    if indent_width(own) <= indent_width(previous) or opens:
-        return text
-    rest = ctx.rest_of_line
-    return rest[: len(rest) - len(rest.lstrip(" \t"))] + text.lstrip(" \t")
+def cut_loop_unless_it_breaks(text: str, ctx: PostContext) -> str:
+    """`cut_loop`, kept only if it adds no syntax error (the cut would leave a bracket open)."""
+    looped = cut_loop(text, ctx.lang)
+    if looped != text and looped.strip() and ctx.lang is not None and ctx.errors(looped) > ctx.errors(text):
+        looped = text
+    return looped or text
 
 
-def fit_typed_indent(text: str, ctx: FillContext) -> str:
-    """On a line where the user (or the editor) has typed the indentation, a fill that indents further is
-    right only below a line that opens something, and only while the typed indentation is not already
-    deeper than that line's: `\t` + `\tname = 1` after `func main() {` would be a line two tabs deep."""
-    previous, opens = _line_above(ctx)
-    lead = text[: len(text) - len(text.lstrip(" \t"))]
-    if not lead or (opens and indent_width(ctx.before_on_line) <= indent_width(previous)):
-        return text
-    if indent_width(ctx.before_on_line + lead) <= indent_width(previous):
-        return text  # a dedent the model wrote out (not after typed indentation: rare) is its own
-    return text.lstrip(" \t")
+def drop_blank(text: str, ctx: PostContext) -> str | None:
+    return text if text.strip() else None
 
 
-def _line_above(ctx: FillContext) -> tuple[str, bool]:
-    """The last line of code above the cursor's, and whether its code (a comment aside) ends by opening
-    something (`:`, a bracket, a comma or a backslash)."""
-    previous = next((line for line in reversed(ctx.prefix.split("\n")[:-1]) if line.strip()), "")
-    code = code_of_line(previous.rstrip("\r"), ctx.lang).rstrip()
-    return previous, code.endswith((":", "{", "(", "[", ",", "\\"))
+def drop_repetitive(text: str, ctx: PostContext) -> str | None:
+    return None if is_repetitive(text) else text
 
 
-def rank_candidates(candidates: list[str], ctx: FillContext) -> list[str]:
+def _one_line_copy(text: str, line: str) -> bool:
+    body = text.strip()
+    return "\n" not in text and "\r" not in text and len(body) > 3 and body == line
+
+
+def drop_copy_of_line_above(text: str, ctx: PostContext) -> str | None:
+    """A one-line fill on a blank line that writes the line above it again."""
+    return None if _one_line_copy(text, ctx.repeat_above) else text
+
+
+def drop_copy_of_line_below(text: str, ctx: PostContext) -> str | None:
+    """A one-line fill that writes the next line of code."""
+    return None if _one_line_copy(text, ctx.following.strip()) else text
+
+
+def drop_start_of_what_follows(text: str, ctx: PostContext) -> str | None:
+    """A single-line fill that is only the start of the text after the cursor (`BUCK▮ETS = ...` filled
+    with `ETS`): inserting it duplicates what is already there."""
+    body = text.strip()
+    return None if body and ctx.rest_of_line.lstrip().startswith(body) else text
+
+
+def inline_chain(ctx: PostContext, max_lines: int = 40) -> Chain:
+    """The rules for an inline fill (and `completeFunction`), in order, as they apply to this context: scope,
+    loops, suffix overlap, quotes, brackets, usefulness, then the line's indentation."""
+    line = ctx.mode == "line"
+    rules = [
+        Rule("drop_broken_characters", drop_broken_characters),
+        Rule("limit_scope", lambda t, c: limit_scope(t, c, max_lines)),
+        Rule("cut_stutter", lambda t, c: cut_stutter(t, c.lang)),
+    ]
+    if not line:
+        rules += [
+            Rule("cut_loop", cut_loop_unless_it_breaks),
+            Rule("cut_to_parsing_lines", lambda t, c: cut_to_parsing_lines(t, c, max_lines)),
+        ]
+    rules.append(Rule("remove_suffix_overlap", lambda t, c: remove_suffix_overlap(t, c.suffix)))
+    if line:
+        rules.append(Rule("drop_duplicate_quote", lambda t, c: drop_duplicate_quote(t, c.rest_of_line)))
+    if line and ctx.in_word:
+        rules.append(Rule("cut_repeated_line_end", lambda t, c: cut_repeated_line_end(t, c.rest_of_line)))
+    rules.append(
+        Rule(
+            "balance_brackets", lambda t, c: balance_brackets(t, c.outer, c.may_close, close_open=c.ends_line)
+        )
+    )
+    if not line or ctx.ends_line:
+        rules.append(Rule("strip_trailing_space", lambda t, c: t.rstrip()))
+    if ctx.newline != "\n":
+        rules.append(Rule("normalize_newlines", lambda t, c: normalize_newlines(t, c.newline)))
+    rules += [
+        Rule("drop_blank", drop_blank),
+        Rule("drop_repetitive", drop_repetitive),
+        Rule("drop_copy_of_line_above", drop_copy_of_line_above),
+        Rule("drop_copy_of_line_below", drop_copy_of_line_below),
+    ]
+    if line and not ctx.opens_line:
+        rules.append(Rule("drop_start_of_what_follows", drop_start_of_what_follows))
+    if line and not (ctx.lead or ctx.opens_line) and ctx.before_on_line.isspace():
+        rules.append(Rule("fit_typed_indent", fit_typed_indent))
+    if ctx.opens_line:  # the code after the cursor moves down a line, keeping its indentation
+        rules += [
+            Rule("fit_new_line_indent", fit_new_line_indent),
+            Rule("open_line_above", lambda t, c: t + c.newline + c.before_on_line),
+        ]
+    if ctx.lead:  # the model wrote after the indentation dfim typed: the suggestion starts with it
+        rules.append(Rule("start_with_lead", lambda t, c: c.lead + t.lstrip(" \t")))
+    return Chain(tuple(rules))
+
+
+def hole_chain(ctx: PostContext, max_lines: int = 200) -> Chain:
+    """The rules for `fillHole`: the scope and the several-line trims only (the action closes what the fill
+    opened and fits it to the hole itself)."""
+    return Chain(
+        (
+            Rule("limit_scope", lambda t, c: limit_scope(t, c, max_lines)),
+            Rule("cut_loop", cut_loop_unless_it_breaks),
+            Rule("cut_to_parsing_lines", lambda t, c: cut_to_parsing_lines(t, c, max_lines)),
+            Rule("normalize_newlines", lambda t, c: normalize_newlines(t, c.newline)),
+            Rule("drop_blank", drop_blank),
+        )
+    )
+
+
+def as_post(ctx: FillContext | PostContext) -> PostContext:
+    return ctx if isinstance(ctx, PostContext) else post_context(ctx)
+
+
+def clean(raw: str, ctx: FillContext | PostContext) -> str | None:
+    """The fill after the inline chain; None = show nothing. A `FillContext` is read once for this fill; a
+    request with several fills works out its `PostContext` once and passes it."""
+    ctx = as_post(ctx)
+    state = inline_chain(ctx).run(raw, ctx)
+    log.debug("post-processing %.60r -> %.60r by %s", raw, state.text, ", ".join(state.trace) or "no rule")
+    return state.text
+
+
+def rank_candidates(candidates: list[str], ctx: FillContext | PostContext) -> list[str]:
     """Cleaned, deduplicated candidates; those that parse without new syntax errors first, model order kept
     otherwise."""
+    ctx = as_post(ctx)
+    chain = inline_chain(ctx)
     seen: set[str] = set()
     cleaned: list[str] = []
     for raw in candidates:
-        text = clean(raw, ctx)
-        if text is not None and text not in seen:
-            seen.add(text)
-            cleaned.append(text)
+        state = chain.run(raw, ctx)
+        log.debug(
+            "post-processing %.60r -> %.60r by %s", raw, state.text, ", ".join(state.trace) or "no rule"
+        )
+        if state.text is not None and state.text not in seen:
+            seen.add(state.text)
+            cleaned.append(state.text)
     if len(cleaned) < 2 or ctx.lang is None:
         return cleaned
     base = error_count(ctx.prefix + ctx.suffix, ctx.lang)

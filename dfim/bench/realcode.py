@@ -638,7 +638,7 @@ def model_completions(
     """Fill every problem with the engine (one request at a time); returns (completions, per-problem info)."""
     from dfim.engine.api import EngineError, FillRequest
     from dfim.engine.inference.fill import Engine
-    from dfim.server.postprocess import remove_suffix_overlap
+    from dfim.server.rules import remove_suffix_overlap
 
     engine = Engine.load(model or None, device=device)
     completions, info = [], []

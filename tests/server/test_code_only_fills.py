@@ -7,7 +7,7 @@ import pytest
 from dfim.engine.api import FillResult
 from dfim.server.actions import NO_CODE, ActionError, finish_action, plan_action
 from dfim.server.code_actions import finish_with_the_first_usable
-from dfim.server.postprocess import writes_code
+from dfim.server.rules import writes_code
 
 BODY = "def mean(xs):\n    pass\n"
 

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from dfim.engine.api import SamplerSettings
 from dfim.server import context, inline, options, postprocess
+from dfim.server.post_context import post_context
 from tests.server.helpers import ctx_for, split
 
 
@@ -44,7 +45,9 @@ def test_fill_until_shown_asks_again_with_the_next_seed_only_when_nothing_is_lef
             return None if text is None else result
 
         request = FillRequest(prefix=ctx.prefix, suffix=ctx.suffix, seed=7)
-        out = asyncio.run(inline.fill_until_shown(fill_once, request, ctx, "", retries, lambda: cancelled))
+        out = asyncio.run(
+            inline.fill_until_shown(fill_once, request, post_context(ctx), "", retries, lambda: cancelled)
+        )
         return out, seeds
 
     # the first draw copies the line below: dropped, so the next seed is asked
@@ -82,7 +85,9 @@ def test_a_drafted_fills_retries_draft_again_avoiding_what_was_dropped():
         prefix=ctx.prefix, suffix=ctx.suffix, seed=7, settings=SamplerSettings(draft=True), candidates=1
     )
     again = replace(drafted, candidates=2)
-    out = asyncio.run(inline.fill_until_shown(fill_once, drafted, ctx, "", 2, lambda: False, again=again))
+    out = asyncio.run(
+        inline.fill_until_shown(fill_once, drafted, post_context(ctx), "", 2, lambda: False, again=again)
+    )
     assert out == (["y += 1"], 3, 3)
     assert asked == [(True, 1, 7, ()), (True, 2, 8, ("return y",)), (True, 2, 9, ("return y", "   "))]
 
@@ -146,9 +151,11 @@ def test_a_column_0_cursor_on_a_blank_line_gets_its_indentation_typed_on_the_las
         )
 
     request = FillRequest(prefix=ctx.prefix, suffix=ctx.suffix, seed=7)
-    last_try = (FillRequest(prefix=led.prefix, suffix=ctx.suffix, seed=7), led)
+    last_try = (FillRequest(prefix=led.prefix, suffix=ctx.suffix, seed=7), post_context(led))
     out = asyncio.run(
-        inline.fill_until_shown(fill_once, request, ctx, "", 1, lambda: False, last_try=last_try)
+        inline.fill_until_shown(
+            fill_once, request, post_context(ctx), "", 1, lambda: False, last_try=last_try
+        )
     )
     assert out == (["        out.append(x)"], 10, 2) and asked == ["", "        "]
 
@@ -225,3 +232,17 @@ def test_the_inline_request_drafts_a_single_line_and_denoises_the_rest():
     assert above.opens_line
     request, _ = inline.fill_request(above, settings, opts, count)
     assert request.scored_suffix == "\n" + above.before_on_line + above.suffix
+
+
+def test_a_fill_plan_works_out_its_contexts_once_before_the_engine_runs():
+    text, cursor = split("def f(xs):\n    for x in xs:\n|\n\n    return xs\n")
+    ctx = context.one_line(context.build_context(text, cursor, "python"))
+    plan = inline.plan_fill(ctx, text, SamplerSettings(draft=True), options.Options(), len)
+    assert plan.post == post_context(ctx) and plan.pinned == ""
+    led_request, led_post = plan.last_try
+    assert led_post.lead == "        " and led_request.prefix == ctx.prefix + "        "
+    assert plan.again is not None and plan.again.settings.draft  # a drafted line's retry drafts again
+    text, cursor = split("x = foo(|)\n")
+    ctx = context.build_context(text, cursor, "python")
+    plan = inline.plan_fill(ctx, text, SamplerSettings(draft=True), options.Options(), len)
+    assert plan.last_try is None and plan.post.outer == ("(",) and plan.post.may_close == 0

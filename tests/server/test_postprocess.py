@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dfim.server import context, postprocess
+from dfim.server.post_context import post_context
 from tests.server.helpers import ctx_for, single, split
 
 
@@ -65,31 +66,10 @@ def test_a_fill_stops_before_the_model_stutters():
         "y = compute(a, b)  # no no no no",
     ):
         assert postprocess.clean(code, ctx) == code
-    assert postprocess.cut_stutter('x = """\nfoo foo foo foo\n"""\ny') == 'x = """\nfoo foo foo foo\n"""\ny'
 
 
-def test_a_block_fill_stops_where_the_model_loops_over_its_own_lines():
-    cut = postprocess.cut_loop
-    # a line twice in a row, or a run of lines written again right after itself
-    assert cut("x = [x]\nx = [x]\nx = [x]", "python") == "x = [x]"
-    run = "if a:\n    d = abs(a)\n    print(d)\n    d = abs(a)\n    print(d)\n    return d"
-    assert cut(run, "python") == "if a:\n    d = abs(a)\n    print(d)"
-    # the `if` whose body was the repeat goes too
-    assert cut("total = 0\nif x:\nif x:\n    y = 1", "python") == "total = 0"
-    # real code says the same thing in two places; strings make lines differ; closers and markup repeat
-    for legit in (
-        "while i < len(s):\n    if s[i] == ' ':\n        i += 1\n        continue\n    out.append(s[i])\n    i += 1",
-        "if c == '(':\n    cur.append(c)\nelif c == ')':\n    cur.append(c)",
-        "a, err := f()\nif err != nil {\n\treturn err\n}\nb, err := g(a)\nif err != nil {\n\treturn err\n}",
-        'print("start")\nprint("done")',
-        'assert upper("a") == "A"\nassert upper("b") == "B"',
-        "if a:\n    return False\nelif b:\n    return False\nreturn True",
-        "        }\n    }\n}",
-        "<div>\n  <p>x</p>\n</div>\n</div>",
-        "if (a) {\n  f(a);\n}\nif (b) {\n  g(b);\n}",
-    ):
-        assert cut(legit, "python") == legit
-    # only several-line fills: a single line is never cut
+def test_only_several_line_fills_are_cut_where_they_loop():
+    # a single line is never cut
     ctx = ctx_for("def f(xs):\n    |\n")
     assert ctx.mode != "line"
     assert postprocess.clean("total = 0\n    x = 1\n    x = 1", ctx) == "total = 0\n    x = 1"
@@ -97,39 +77,12 @@ def test_a_block_fill_stops_where_the_model_loops_over_its_own_lines():
 
 def test_a_block_fill_loses_a_tail_that_does_not_parse():
     ctx = ctx_for("def f(xs):\n    total = 0\n    |\n    return total\n")
-    assert ctx.mode != "line"
     broken = "for x in xs:\n        total += x\n    numbersbers len(num(num)"
-    assert postprocess.cut_to_parsing_lines(broken, ctx) == "for x in xs:\n        total += x"
-    # lines that parse only together stay together; a fill that never parses is left as it is
-    whole = "for x in xs:\n        if x:\n            total += x"
-    assert postprocess.cut_to_parsing_lines(whole, ctx) == whole
-    assert postprocess.cut_to_parsing_lines("x = (\n    1 +", ctx) == "x = (\n    1 +"
     assert postprocess.clean(broken, ctx) == "for x in xs:\n        total += x"
-    # a block header left without its body at the end goes with the broken tail
-    headed = "for x in xs:\n        total += x\n    if x > 3:\n        total -= (x"
-    assert postprocess.cut_to_parsing_lines(headed, ctx) == "for x in xs:\n        total += x"
-    # an unfinished line above the cursor (as while typing) does not turn the cut off
-    ctx = ctx_for("def f(xs):\n    total = foo(xs,\n    |\n    return total\n")
-    assert postprocess.cut_to_parsing_lines(broken, ctx) == "for x in xs:\n        total += x"
     # a loop cut that would leave a bracket open is not made
     ctx = ctx_for("def f():\n    |\n    return m\n")
     table = 'm = {\n        "a": 1,\n        "a": 1,\n    }'
     assert postprocess.clean(table, ctx) == table
-
-
-def test_the_parse_window_starts_at_a_top_level_line_and_ends_at_a_line_end():
-    prefix = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(400)) + "def g(xs):\n    "
-    suffix = "\n    return xs\n" + "x = 1\n" * 1000
-    before, after = postprocess.parse_window(prefix, suffix, before=4000, after=2000)
-    assert prefix.endswith(before) and before.startswith("def f") and len(before) <= 4000
-    assert suffix.startswith(after) and after.endswith("x = 1") and 2000 <= len(after) <= 2010
-    assert postprocess.parse_window("x = 1\n", "y\n") == ("x = 1\n", "y\n")  # short text stays whole
-
-
-def test_a_brace_fill_does_not_end_in_a_braceless_header():
-    ctx = ctx_for("function f(t) {\n  let n = 0;\n  |\n  return t;\n}\n", "javascript")
-    fill = "n += 1;\n  if (t > 10)\n  t = (t +"
-    assert postprocess.cut_to_parsing_lines(fill, ctx) == "n += 1;"
 
 
 def test_broken_characters_are_never_shown():
@@ -207,9 +160,6 @@ def test_brace_scope_does_not_close_the_enclosing_block():
 def test_empty_and_repetitive_suggestions_are_dropped():
     ctx = ctx_for("x = |\n")
     assert postprocess.clean("   \n ", ctx) is None
-    assert postprocess.is_repetitive("a = 1\na = 1\na = 1\n")
-    assert postprocess.is_repetitive("abababababababab")
-    assert not postprocess.is_repetitive("for i in range(10):\n    total += i")
     ctx = ctx_for("y = compute(x)\n|\nz = 2\n")
     assert postprocess.clean("z = 2", ctx) is None
 
@@ -228,19 +178,81 @@ def test_rank_prefers_candidates_that_parse():
     assert ranked == ["x + 1", "x +* 1"]
 
 
-def test_balance_brackets_closes_what_it_opened_after_a_cut():
-    assert postprocess.balance_brackets("f([1)", "x = ", "\n", close_open=True) == "f([1])"
-    assert postprocess.balance_brackets("f([1", "x = ", "\n", close_open=True) == "f([1])"
-    assert postprocess.balance_brackets("f(1))", "x = ", "\n", close_open=True) == "f(1)"
-    assert postprocess.balance_brackets("a[0])", "y = g(", ")\n") == "a[0]"  # the suffix has it
-
-
 def test_a_fill_inside_a_word_does_not_write_the_line_again():
-    cut = postprocess.cut_repeated_line_end
-    assert cut("S = len(values)", "ETS = len(values)") == "S"
-    assert cut("S = len(values)\n", "ETS = len(values)\n") == "S"
-    assert cut("S", "ETS = len(values)") == "S"  # nothing repeated
-    assert cut("ETS", "ETS = 1") == "ETS"  # the word itself is not a tail to cut (and " = 1" is short)
     text, cursor = split("values = [1]\nBUCK|ETS = len(values)\n")
     ctx = context.build_context(text, cursor, "python")
     assert postprocess.clean("S = len(values)", ctx) == "S"
+
+
+def names(src: str, lang: str | None = "python") -> list[str]:
+    return postprocess.inline_chain(post_context(ctx_for(src, lang))).names
+
+
+def test_the_chain_holds_only_the_rules_that_apply_in_todays_order():
+    assert names("x = foo(|)\n") == [
+        "drop_broken_characters",
+        "limit_scope",
+        "cut_stutter",
+        "remove_suffix_overlap",
+        "drop_duplicate_quote",
+        "balance_brackets",
+        "drop_blank",
+        "drop_repetitive",
+        "drop_copy_of_line_above",
+        "drop_copy_of_line_below",
+        "drop_start_of_what_follows",
+    ]
+    assert "cut_repeated_line_end" in names("BUCK|ETS = 1\n")  # inside a word only
+    assert "strip_trailing_space" in names("x = |\n")  # a fill that ends its line
+    several = names("def f(xs):\n    |\n")
+    assert several.index("cut_stutter") < several.index("cut_loop") < several.index("cut_to_parsing_lines")
+    assert "drop_duplicate_quote" not in several and "drop_start_of_what_follows" not in several
+    assert names("def f(x):\n    y = x\n    |return y\n")[-2:] == ["fit_new_line_indent", "open_line_above"]
+    ctx = context.build_context("a = 1\r\nb = \r\n", 11, "python")
+    assert "normalize_newlines" in postprocess.inline_chain(post_context(ctx)).names
+
+
+def test_the_state_says_which_rules_changed_the_text_and_a_drop_ends_the_chain():
+    pc = post_context(ctx_for("x = foo(|)\n"))
+    state = postprocess.inline_chain(pc).run("bar(1))", pc)
+    assert state.text == "bar(1)" and state.trace == ["balance_brackets"]
+    state = postprocess.inline_chain(pc).run("  \n", pc)
+    assert state.text is None and state.trace == ["limit_scope", "drop_blank"]
+    pc = post_context(ctx_for("def f(x):\n    |\n    return y\n"))
+    state = postprocess.inline_chain(pc).run("y = x + 1\n    return y", pc)
+    assert state.text == "y = x + 1" and "remove_suffix_overlap" in state.trace
+
+
+def test_the_rules_that_read_only_the_context():
+    pc = post_context(ctx_for('bad = "\ufffd"\nx = |\n'))
+    assert postprocess.drop_broken_characters("a\x00\ufffd", pc) == "a\ufffd"  # the user's own U+FFFD stays
+    pc = post_context(ctx_for("x = |\n"))
+    assert postprocess.drop_broken_characters("a\x00\ufffd", pc) == "a"
+    pc = post_context(ctx_for("y = compute(x)\n|\nz = 2\n"))
+    assert postprocess.drop_copy_of_line_above("y = compute(x)", pc) is None
+    assert postprocess.drop_copy_of_line_below("z = 2", pc) is None
+    assert postprocess.drop_copy_of_line_below("z=2", pc) == "z=2"  # not the same text
+    assert postprocess.drop_copy_of_line_below("z = 2\n", pc) == "z = 2\n"  # only one-line fills
+    pc = post_context(ctx_for("y = 1\n|\nzeta = 2\n"))
+    assert postprocess.drop_copy_of_line_below("  zeta = 2", pc) is None
+    pc = post_context(ctx_for("BUCK|ETS = (16, 32)\n"))
+    assert postprocess.drop_start_of_what_follows("ETS", pc) is None
+    assert postprocess.drop_start_of_what_follows("ET_SIZES", pc) == "ET_SIZES"
+    assert (
+        postprocess.drop_blank(" \n", pc) is None
+        and postprocess.drop_repetitive("abababababababab", pc) is None
+    )
+
+
+def test_the_hole_chain_trims_several_lines_and_drops_nothing_else():
+    pc = post_context(ctx_for("def f(xs):\n    |\n"))
+    chain = postprocess.hole_chain(pc)
+    assert chain.names == [
+        "limit_scope",
+        "cut_loop",
+        "cut_to_parsing_lines",
+        "normalize_newlines",
+        "drop_blank",
+    ]
+    assert chain.run("x = 1\n    y = 2\n    y = 2", pc).text == "x = 1\n    y = 2"
+    assert chain.run("\n  ", pc).text is None

@@ -1,0 +1,103 @@
+"""What post-processing reads around a fill, worked out once per request (`post_context`).
+
+A `FillContext` holds the windows; the rules of `dfim.server.postprocess` also need what follows from them:
+the brackets open before the fill and how many of those the suffix closes, the line above and whether it
+opens something, the next line of code, whether the cursor is inside a word, syntax errors of the code with
+a fill in place. Each is computed here once, and every candidate of the request (and every retry with the
+same context) reads it; no rule goes back to the context's code.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dfim.engine.layout import code_of_line
+from dfim.server.context import FillContext
+from dfim.server.languages import error_count
+from dfim.server.lines import closers_provided, is_word_char, open_brackets, split_lines
+
+
+@dataclass(frozen=True)
+class PostContext:
+    # from the FillContext (see there)
+    prefix: str
+    suffix: str
+    mode: str
+    indent: str
+    rest_of_line: str
+    lang: str | None
+    newline: str
+    opens_line: bool
+    lead: str
+    before_on_line: str  # the cursor's line before the cursor, as the document has it (without `lead`)
+    # worked out from it
+    outer: tuple[str, ...]  # brackets the prefix leaves open (innermost last)
+    may_close: int  # how many of `outer` a fill may close: the suffix closes the others
+    ends_line: bool  # a single-line fill that ends its line: it closes the brackets it opens
+    in_word: bool  # the cursor is inside a word (`BUCK▮ETS`)
+    line_above: str  # the last line of code above the cursor's (`\n` line ends, as the document has it)
+    line_above_opens: bool  # its code (a comment aside) ends with `:`, a bracket, a comma or a backslash
+    repeat_above: (
+        str  # a blank line's fill must not be this: the last line of code above, stripped ("": none)
+    )
+    following: str  # the suffix's first line of code (any line end), as it is
+    # syntax errors of the code around the fill (`parse_window`) with a given fill in its place; cached
+    errors: Callable[[str], int] = field(compare=False, repr=False)
+
+
+def post_context(ctx: FillContext) -> PostContext:
+    """Everything the post-processing rules read, from a fill's context."""
+    outer = open_brackets(ctx.prefix)
+    above = next((line for line in reversed(ctx.prefix.split("\n")[:-1]) if line.strip()), "")
+    code_above = code_of_line(above.rstrip("\r"), ctx.lang).rstrip()
+    prefix_lines = split_lines(ctx.prefix)
+    previous = next((s.strip() for s in reversed(prefix_lines) if s.strip()), "")
+    return PostContext(
+        prefix=ctx.prefix,
+        suffix=ctx.suffix,
+        mode=ctx.mode,
+        indent=ctx.indent,
+        rest_of_line=ctx.rest_of_line,
+        lang=ctx.lang,
+        newline=ctx.newline,
+        opens_line=ctx.opens_line,
+        lead=ctx.lead,
+        before_on_line=ctx.before_on_line,
+        outer=tuple(outer),
+        may_close=len(outer) - closers_provided(ctx.suffix, outer),
+        ends_line=ctx.mode == "line" and (ctx.opens_line or not ctx.rest_of_line.strip()),
+        in_word=is_word_char(ctx.prefix[-1:]) and is_word_char(ctx.rest_of_line[:1]),
+        line_above=above,
+        line_above_opens=code_above.endswith((":", "{", "(", "[", ",", "\\")),
+        repeat_above=previous if prefix_lines[-1].strip() == "" else "",
+        following=next((line for line in split_lines(ctx.suffix) if line.strip()), ""),
+        errors=error_counter(ctx.prefix, ctx.suffix, ctx.lang),
+    )
+
+
+def parse_window(prefix: str, suffix: str, before: int = 4000, after: int = 2000) -> tuple[str, str]:
+    """The end of `prefix` from a line that starts at column 0 (a top-level statement) and the start of
+    `suffix` to a line end: enough code around a fill to parse, at a bounded cost."""
+    if len(prefix) > before:
+        cut = prefix.find("\n", len(prefix) - before) + 1
+        top = re.compile(r"^\S", re.M).search(prefix, cut)
+        prefix = prefix[top.start() if top else cut :]
+    if len(suffix) > after:
+        end = suffix.find("\n", after)
+        suffix = suffix if end < 0 else suffix[:end]
+    return prefix, suffix
+
+
+def error_counter(prefix: str, suffix: str, lang: str | None) -> Callable[[str], int]:
+    """Syntax errors of the code with a given fill in the fill's place, parsed in `parse_window` around it;
+    remembered per fill text, so the rules never parse the same document twice."""
+    before, after = parse_window(prefix, suffix)
+
+    @functools.cache
+    def errors(fill: str) -> int:
+        return error_count(before + fill + after, lang)
+
+    return errors

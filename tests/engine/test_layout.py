@@ -1,0 +1,65 @@
+"""Unit tests of engine/layout.py: the line scanner (code, strings, comments) and the rules built on it."""
+
+from __future__ import annotations
+
+import pytest
+
+from dfim.engine import layout
+
+
+@pytest.mark.parametrize(
+    ("line", "lang", "want"),
+    [
+        ('x = "a # b"  # c', "python", ('x = ""  ', "comment")),
+        ('x = "abc', "python", ("", "string")),
+        ('s = "a\\"b" + c', "python", ('s = "" + c', "code")),
+        ("s = 'a\\\\' + f(", "python", ("s = '' + f(", "code")),
+        ("this.#count // x", "javascript", ("this.#count ", "comment")),
+        ("x = 1 # not a comment in C", "c", ("x = 1 # not a comment in C", "code")),
+        ("#include <stdio.h>", None, ("#include <stdio.h>", "code")),
+        ("x = 1  # c", None, ("x = 1  ", "comment")),
+        ("x = 1  // c", None, ("x = 1  ", "comment")),
+        ("url = `a // b` + c", "javascript", ("url = `` + c", "code")),
+        ("fn f<'a>(x: &'a str) -> char { 'x' }", "rust", ("fn f<'a>(x: &'a str) -> char { '' }", "code")),
+        ("'outer: loop {", "rust", ("'outer: loop {", "code")),
+        ("c = 'x' + '", "python", ("", "string")),
+        ('a = "x\r(" + b', "python", ('a = "" + b', "code")),  # one line: a lone \r is no line end here
+        ("", "python", ("", "code")),
+    ],
+)
+def test_scan_line(line, lang, want):
+    assert layout.scan_line(line, lang) == want
+    assert layout.code_of_line(line, lang) == want[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "comments", "want"),
+    [
+        ("f(a, [1])", False, [(1, "("), (5, "["), (7, "]"), (8, ")")]),
+        ("s = '(' + f(", False, [(11, "(")]),
+        ('x = "a\\"(" + g(', False, [(14, "(")]),
+        ('s = "abc\n(x)', False, [(9, "("), (11, ")")]),  # a line end ends a ' or " string
+        ('s = "abc\r(x)', False, [(9, "("), (11, ")")]),
+        ("s = `a\n(b`(", False, [(10, "(")]),  # a backquoted string goes on over lines
+        ('s = "a\\\n(" + f(', False, [(14, "(")]),  # an escaped line end does not end the string
+        ("# (\n)", False, [(2, "("), (4, ")")]),
+        ("# (\n)", True, [(4, ")")]),
+        ("f(  # )\n)", True, [(1, "("), (8, ")")]),
+        ("f(  // )\r)", True, [(1, "("), (9, ")")]),
+        ("#include <a(b>\n(", True, [(11, "("), (15, "(")]),
+        ("f(  # )", True, [(1, "(")]),
+        ("'a' # (\n[", True, [(8, "[")]),
+    ],
+)
+def test_scan_brackets(text, comments, want):
+    assert layout.scan_brackets(text, skip_comments=comments) == want
+
+
+def test_unclosed_on_line_and_opens_block():
+    assert layout.unclosed_on_line("return f(a, [b") == "])"
+    assert layout.unclosed_on_line('return f("(", [b') == "])"
+    assert layout.unclosed_on_line("x = a)") == ""
+    assert layout.unclosed_on_line('x = f("abc') == ""
+    assert layout.opens_block("def f(x):", "python")
+    assert layout.opens_block("if (ok) {  // go", "javascript") is False
+    assert not layout.opens_block("x = '{'", "python")
