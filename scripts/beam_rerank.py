@@ -32,7 +32,7 @@ from dfim.engine.evaluation import sandbox
 from dfim.engine.evaluation.fim import Problem, load_problems
 from dfim.engine.inference.canvas import CanvasPlan, bucket_length, build_canvas
 from dfim.engine.inference.fill import SUFFIX_HEAD_CHARS
-from dfim.engine.model.network import KVCache
+from dfim.engine.model.kv_cache import KVCache
 
 MAX_TOKENS = 32  # what the server asks for a line
 

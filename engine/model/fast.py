@@ -1,22 +1,23 @@
 """The fast inference path for big checkpoints on a GPU: static KV cache, CUDA graphs, grouped experts.
 
-It runs the *same* weights as `dfim.engine.model.network.DiffusionGemma` (it only holds references to them, no
-copy) through functional code written for speed:
+It runs `dfim.engine.model.network.DiffusionGemma` itself, the same modules and the same `Layer.forward`;
+what it adds is where keys and values live, how the experts run, and graphs:
 
 - **Static KV cache.** One preallocated [1, Hkv, max_len, D] tensor pair per layer. The encoder
   writes the context there; the decoder writes the canvas keys/values into the scratch rows just
   after the context (so it needs no concatenation) and never moves `length`; the autoregressive
   decode writes one row per token. Attention reads a static slice [lo, hi) of the cache and masks
   what is not valid, so one captured graph serves every context length inside a `bucket`.
-- **Grouped mixture of experts.** Token-expert pairs are sorted by expert and run through
-  `torch._grouped_mm` (one CUTLASS grouped GEMM for all 128 experts, empty groups cost nothing):
-  no Python loop over experts, no host sync (counts come from `scatter_add_`, not `bincount`).
-  Fallback where `_grouped_mm` is missing or fails its self-test: a padded batched matmul.
+- **Grouped mixture of experts.** The network's `Experts` run in a sync-free mode
+  (`dfim.engine.model.experts.GPU_KERNELS`): token-expert pairs sorted by expert through
+  `torch._grouped_mm` (one CUTLASS grouped GEMM for all 128 experts, empty groups cost nothing), or,
+  where that is missing or fails its self-test, a padded batched matmul.
 - **CUDA graphs.** A whole denoising step (decoder, temperature, sampling, entropy-bound acceptance,
   renoise, self-conditioning, the stable-and-confident test) is one graph replay; so is a whole
   autoregressive token. The step loop launches replays only: no host syncs (fixed-step mode never
   reads the device; adaptive mode reads one flag every `check_every` steps).
-- **torch.compile** (optional) of the per-layer functions fuses norms, RoPE and activations.
+- **torch.compile** (optional, `compile_layers`) of each layer's projections and feed-forward fuses
+  norms, RoPE and activations.
 
 Sampler semantics are transformers' `DiffusionGemmaForBlockDiffusion.generate` (uniform noise,
 linear temperature over remaining steps, entropy-bound acceptance, self-conditioning on the
@@ -29,202 +30,17 @@ Batch 1 only (one user, one canvas): the canvas keys/values live in the cache's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dfim.engine.model.attention import Attention, rope_inv_freq
 from dfim.engine.model.config import FULL
-from dfim.engine.model.network import DiffusionGemma, apply_rope, gelu, rms_norm, rope_inv_freq
-
-
-class LayerWeights(NamedTuple):
-    """References to one layer's tensors (a NamedTuple: torch.compile treats it as a plain tuple)."""
-
-    input_norm: Tensor
-    q: Tensor
-    k: Tensor
-    v: Tensor | None  # None on full layers: V is k_proj's output
-    o: Tensor
-    q_norm: Tensor
-    k_norm: Tensor
-    post_attn_norm: Tensor
-    pre_ff_norm: Tensor
-    post_ff_norm: Tensor
-    post_ff_norm_1: Tensor
-    pre_ff_norm_2: Tensor
-    post_ff_norm_2: Tensor
-    gate: Tensor
-    up: Tensor
-    down: Tensor
-    router_proj: Tensor
-    router_scale: Tensor
-    per_expert_scale: Tensor
-    gate_up_proj: Tensor  # [E, 2I, H]
-    expert_down: Tensor  # [E, H, I]
-    dec_scalar: Tensor
-    enc_scalar: Tensor
-
-
-@dataclass(frozen=True)
-class LayerShape:
-    sliding: bool
-    heads: int
-    kv_heads: int
-    head_dim: int
-
-
-# --- functional building blocks (rms_norm, gelu and apply_rope are dfim.engine.model.network's own) ---------------
-
-
-def router(w: LayerWeights, x: Tensor, top_k: int, eps: float) -> tuple[Tensor, Tensor]:
-    """x: [N, H] -> weights [N, k] fp32, expert index [N, k]."""
-    root = x.shape[-1] ** -0.5
-    scores = F.linear(rms_norm(x, None, eps) * w.router_scale * root, w.router_proj)
-    probs = scores.softmax(dim=-1, dtype=torch.float32)
-    weights, index = torch.topk(probs, top_k, dim=-1)
-    weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights * w.per_expert_scale[index], index
-
-
-def _sort_by_expert(index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """index [N, k] -> (order: slot ids sorted by expert, expert of each sorted slot, counts [E], offs [E])."""
-    flat = index.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=index.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))  # bincount would sync
-    offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
-    return order, flat[order], counts, offs
-
-
-def moe_grouped(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
-    """Sort token-expert pairs by expert, one grouped GEMM per projection, weighted sum back. x: [N, H]."""
-    n, k = index.shape
-    order, _, _, offs = _sort_by_expert(index, gate_up.shape[0])
-    xs = x[order // k]  # [N*k, H], grouped by expert
-    gate, up = torch._grouped_mm(xs, gate_up.transpose(1, 2), offs=offs).chunk(2, dim=-1)
-    y = torch._grouped_mm(gelu(gate) * up, down.transpose(1, 2), offs=offs)  # [N*k, H]
-    unsorted = torch.empty_like(y)
-    unsorted[order] = y  # slot order again: [N, k, H]
-    out = (unsorted.view(n, k, -1).float() * weights[..., None]).sum(dim=1)
-    return out.to(x.dtype)
-
-
-def moe_padded(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
-    """Fallback without `_grouped_mm`: every expert gets a static [N, H] slab (a token picks an expert at
-    most once), batched matmul over all experts. Static shapes, no sync; N*E rows of compute."""
-    n, k = index.shape
-    e = gate_up.shape[0]
-    order, expert, counts, offs = _sort_by_expert(index, e)
-    rank = torch.arange(n * k, device=x.device) - (offs - counts).long()[expert]
-    slab = x.new_zeros(e, n, x.shape[-1])
-    slab[expert, rank] = x[order // k]
-    gate, up = torch.bmm(slab, gate_up.transpose(1, 2)).chunk(2, dim=-1)
-    y = torch.bmm(gelu(gate) * up, down.transpose(1, 2))[expert, rank]  # [N*k, H], sorted order
-    unsorted = torch.empty_like(y)
-    unsorted[order] = y
-    return (unsorted.view(n, k, -1).float() * weights[..., None]).sum(dim=1).to(x.dtype)
-
-
-def moe_gathered(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
-    """Fallback for few tokens (autoregressive): gather the chosen experts' weights, batched matmul."""
-    n, k = index.shape
-    flat = index.reshape(-1)
-    xs = x.repeat_interleave(k, dim=0)[:, None]  # [N*k, 1, H]
-    gate, up = torch.bmm(xs, gate_up[flat].transpose(1, 2)).chunk(2, dim=-1)
-    y = torch.bmm(gelu(gate) * up, down[flat].transpose(1, 2))[:, 0]
-    return (y.view(n, k, -1).float() * weights[..., None]).sum(dim=1).to(x.dtype)
-
-
-MOE_IMPLS = {"grouped": moe_grouped, "padded": moe_padded, "gathered": moe_gathered}
-
-
-def feed_forward(w: LayerWeights, x: Tensor, top_k: int, eps: float, moe: str) -> Tensor:
-    dense = rms_norm(
-        F.linear(gelu(F.linear(h := rms_norm(x, w.pre_ff_norm, eps), w.gate)) * F.linear(h, w.up), w.down),
-        w.post_ff_norm_1,
-        eps,
-    )
-    flat = x.reshape(-1, x.shape[-1])
-    weights, index = router(w, flat, top_k, eps)  # the router reads the un-normed residual
-    experts = MOE_IMPLS[moe](
-        rms_norm(flat, w.pre_ff_norm_2, eps), weights, index, w.gate_up_proj, w.expert_down
-    )
-    return rms_norm(dense + rms_norm(experts.reshape(x.shape), w.post_ff_norm_2, eps), w.post_ff_norm, eps)
-
-
-def layer_forward(
-    w: LayerWeights,
-    x: Tensor,
-    cos: Tensor,
-    sin: Tensor,
-    cache_k: Tensor,
-    cache_v: Tensor,
-    write_pos: Tensor,
-    lo: int,
-    hi: int,
-    mask: Tensor,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    eps: float,
-    top_k: int,
-    moe: str,
-    ffn: bool,
-    encoder: bool,
-) -> Tensor:
-    """One layer for T new tokens (batch 1). Writes their keys/values at `write_pos` of the static cache,
-    attends over cache rows [lo, hi) where `mask` [1, 1, T|1, hi-lo] allows, then the feed-forward.
-
-    Grouped-query attention without copying K/V: the query heads sharing one KV head are folded into
-    the query-length axis ([1, Hkv, G*T, D]), so SDPA sees plain multi-head attention."""
-    b, t, _ = x.shape
-    h = rms_norm(x, w.input_norm, eps)
-    q = F.linear(h, w.q).view(b, t, heads, head_dim)
-    k_raw = F.linear(h, w.k).view(b, t, kv_heads, head_dim)
-    v = F.linear(h, w.v).view(b, t, kv_heads, head_dim) if w.v is not None else k_raw
-    q = apply_rope(rms_norm(q, w.q_norm, eps), cos, sin)
-    k = apply_rope(rms_norm(k_raw, w.k_norm, eps), cos, sin)
-    v = rms_norm(v, None, eps)
-    cache_k[:, :, write_pos] = k.transpose(1, 2)
-    cache_v[:, :, write_pos] = v.transpose(1, 2)
-    groups = heads // kv_heads
-    qg = q.transpose(1, 2).reshape(b, kv_heads, groups * t, head_dim)
-    if mask.shape[-2] > 1 and groups > 1:
-        mask = mask[:, :, None].expand(1, 1, groups, t, hi - lo).reshape(1, 1, groups * t, hi - lo)
-    out = F.scaled_dot_product_attention(
-        qg, cache_k[:, :, lo:hi], cache_v[:, :, lo:hi], attn_mask=mask, scale=1.0
-    )
-    out = out.reshape(b, heads, t, head_dim).transpose(1, 2).reshape(b, t, heads * head_dim)
-    x = x + rms_norm(F.linear(out, w.o), w.post_attn_norm, eps)
-    if not ffn:
-        return x
-    return (x + feed_forward(w, x, top_k, eps, moe)) * (w.enc_scalar if encoder else w.dec_scalar)
-
-
-# --- the engine -----------------------------------------------------------------------------------
-
-
-def pick_moe(w: LayerWeights, device: torch.device, dtype: torch.dtype) -> str:
-    """`grouped` if torch._grouped_mm exists and agrees with a per-expert reference on this device and
-    dtype (with this checkpoint's real expert tensors and strides), else `padded`."""
-    if not hasattr(torch, "_grouped_mm"):
-        return "padded"
-    try:
-        g = torch.Generator(device="cpu").manual_seed(0)
-        e, hidden = w.gate_up_proj.shape[0], w.gate_up_proj.shape[2]
-        x = torch.randn(5, hidden, generator=g).to(device, dtype)
-        index = torch.stack([torch.randperm(e, generator=g)[:2] for _ in range(5)]).to(device)
-        weights = torch.rand(5, 2, generator=g).to(device)
-        got = moe_grouped(x, weights, index, w.gate_up_proj, w.expert_down).float()
-        want = moe_gathered(x, weights, index, w.gate_up_proj, w.expert_down).float()
-        err = (got - want).norm() / want.norm().clamp(min=1e-12)
-        return "grouped" if bool(err < 2e-2) else "padded"
-    except Exception:  # noqa: BLE001 - any failure of the fast kernel means: use the fallback
-        return "padded"
+from dfim.engine.model.experts import pick_gpu_kernel
+from dfim.engine.model.network import DiffusionGemma, compile_layers
 
 
 class FastDiffusionGemma:
@@ -246,23 +62,22 @@ class FastDiffusionGemma:
         self.device, self.dtype = weight.device, weight.dtype
         self.max_len, self.bucket, self.prefill_chunk = max_len, bucket, prefill_chunk
         self.canvas_length = c.canvas_length
-        self.eps, self.top_k, self.window = c.rms_norm_eps, c.top_k_experts, c.sliding_window
+        self.window = c.sliding_window
         self.vocab = c.vocab_size
         # sqrt(H) rounded to the weight dtype first, as the reference does
         self.embed_scale = float(torch.tensor(c.hidden_size**0.5, dtype=self.dtype))
-        self.layers = [self._layer_weights(i) for i in range(c.num_hidden_layers)]
-        self.shapes = [
-            LayerShape(
-                sliding=t != FULL,
-                heads=c.num_attention_heads,
-                kv_heads=c.num_key_value_heads if t != FULL else c.global_kv_heads,
-                head_dim=c.head_dim if t != FULL else c.global_head_dim,
-            )
-            for t in c.layer_types
-        ]
+        self.layers = model.decoder.layers
+        self.encoder_scalars = [layer.layer_scalar for layer in model.model.encoder.language_model.layers]
         self.cache_k = [
-            torch.zeros(1, s.kv_heads, max_len, s.head_dim, device=self.device, dtype=self.dtype)
-            for s in self.shapes
+            torch.zeros(
+                1,
+                layer.self_attn.num_kv_heads,
+                max_len,
+                layer.self_attn.head_dim,
+                device=self.device,
+                dtype=self.dtype,
+            )
+            for layer in self.layers
         ]
         self.cache_v = [torch.zeros_like(k) for k in self.cache_k]
         positions = torch.arange(max_len, device=self.device).float()
@@ -274,44 +89,17 @@ class FastDiffusionGemma:
             self.rope[layer_type != FULL] = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
         self.length = 0  # context rows held by the cache (host copy; never read back from the device)
         self.length_t = torch.zeros(1, dtype=torch.long, device=self.device)
-        self.moe = pick_moe(self.layers[0], self.device, self.dtype) if moe == "auto" else moe
+        # The network's own experts, run by a kernel CUDA graphs can capture (no host sync).
+        self.moe = pick_gpu_kernel(self.layers[0].experts, self.device, self.dtype) if moe == "auto" else moe
+        for layer in self.layers:
+            layer.experts.mode = self.moe
         self.use_graphs = (self.device.type == "cuda") if graphs is None else graphs
-        self._layer_fn = layer_forward
+        self.compiled = compile
         if compile:
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            self._layer_fn = torch.compile(layer_forward, dynamic=False)
+            compile_layers(model)
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None
         self._init_buffers()
-
-    def _layer_weights(self, i: int) -> LayerWeights:
-        layer = self.model.decoder.layers[i]
-        attn = layer.self_attn
-        return LayerWeights(
-            input_norm=layer.input_layernorm.weight,
-            q=attn.q_proj.weight,
-            k=attn.k_proj.weight,
-            v=attn.v_proj.weight if attn.v_proj is not None else None,
-            o=attn.o_proj.weight,
-            q_norm=attn.q_norm.weight,
-            k_norm=attn.k_norm.weight,
-            post_attn_norm=layer.post_attention_layernorm.weight,
-            pre_ff_norm=layer.pre_feedforward_layernorm.weight,
-            post_ff_norm=layer.post_feedforward_layernorm.weight,
-            post_ff_norm_1=layer.post_feedforward_layernorm_1.weight,
-            pre_ff_norm_2=layer.pre_feedforward_layernorm_2.weight,
-            post_ff_norm_2=layer.post_feedforward_layernorm_2.weight,
-            gate=layer.mlp.gate_proj.weight,
-            up=layer.mlp.up_proj.weight,
-            down=layer.mlp.down_proj.weight,
-            router_proj=layer.router.proj.weight,
-            router_scale=layer.router.scale,
-            per_expert_scale=layer.router.per_expert_scale,
-            gate_up_proj=layer.experts.gate_up_proj,
-            expert_down=layer.experts.down_proj,
-            dec_scalar=layer.layer_scalar,
-            enc_scalar=self.model.model.encoder.language_model.layers[i].layer_scalar,
-        )
 
     def _init_buffers(self) -> None:
         d, length, v = self.device, self.canvas_length, self.vocab
@@ -356,28 +144,53 @@ class FastDiffusionGemma:
         *,
         encoder: bool,
         last_ffn: bool = True,
-        eager: bool = False,
     ) -> Tensor:
-        n = len(self.layers)
-        layer_fn = layer_forward if eager else self._layer_fn  # prefill shapes vary: never compiled
+        """The network's layers over T new tokens at `positions`, reading and writing the static cache."""
         tables = {s: (cos[positions][None], sin[positions][None]) for s, (cos, sin) in self.rope.items()}
-        for i, (w, s) in enumerate(zip(self.layers, self.shapes, strict=True)):
-            lo, hi = lo_hi[s.sliding]
-            x = layer_fn(
-                w, x, *tables[s.sliding], self.cache_k[i], self.cache_v[i], positions, lo, hi, masks[s.sliding],
-                s.heads, s.kv_heads, s.head_dim, self.eps, self.top_k, self.moe,
-                last_ffn or i < n - 1, encoder,
-            )  # fmt: skip
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            sliding = layer.self_attn.is_sliding
+            lo, hi = lo_hi[sliding]
+            attend = partial(self._attend_static, i, positions, lo, hi, masks[sliding])
+            scalar = self.encoder_scalars[i] if encoder else layer.layer_scalar
+            x = layer(x, tables[sliding], attend, scalar, rows=0 if i == last and not last_ffn else None)
         return x
 
+    def _attend_static(
+        self,
+        i: int,
+        positions: Tensor,
+        lo: int,
+        hi: int,
+        mask: Tensor,
+        attn: Attention,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+    ) -> Tensor:
+        """Write the new keys/values at `positions` of layer i's static cache, attend over its rows [lo, hi)
+        where `mask` [1, 1, T|1, hi-lo] allows. Grouped-query attention without copying K/V: the query heads
+        sharing one KV head are folded into the query-length axis ([1, Hkv, G*T, D]), so SDPA sees plain
+        multi-head attention."""
+        cache_k, cache_v = self.cache_k[i], self.cache_v[i]
+        cache_k[:, :, positions] = k
+        cache_v[:, :, positions] = v
+        b, heads, t, head_dim = q.shape
+        kv_heads = attn.num_kv_heads
+        groups = heads // kv_heads
+        qg = q.reshape(b, kv_heads, groups * t, head_dim)
+        if mask.shape[-2] > 1 and groups > 1:
+            mask = mask[:, :, None].expand(1, 1, groups, t, hi - lo).reshape(1, 1, groups * t, hi - lo)
+        out = F.scaled_dot_product_attention(
+            qg, cache_k[:, :, lo:hi], cache_v[:, :, lo:hi], attn_mask=mask, scale=1.0
+        )
+        return attn.o_proj(out.reshape(b, heads, t, head_dim).transpose(1, 2).reshape(b, t, heads * head_dim))
+
     def logits(self, x: Tensor) -> Tensor:
-        weight = self.model.decoder.embed_tokens.weight
-        logits = F.linear(rms_norm(x, self.model.decoder.norm.weight, self.eps), weight).float()
-        cap = self.config.final_logit_softcapping
-        return torch.tanh(logits / cap) * cap
+        return self.model.logits(x)
 
     def embed(self, ids: Tensor) -> Tensor:
-        return F.embedding(ids, self.model.decoder.embed_tokens.weight) * self.embed_scale
+        return self.model.decoder.embed(ids)
 
     @torch.no_grad()
     def encode(self, ids: Tensor) -> None:
@@ -400,9 +213,8 @@ class FastDiffusionGemma:
                 if sliding:
                     ok = ok & (diff < self.window)
                 masks[sliding] = ok[None, None]
-            self._run_layers(
-                self.embed(chunk), positions, lo_hi, masks, encoder=True, last_ffn=False, eager=True
-            )
+            with torch.compiler.set_stance("force_eager"):  # prefill shapes vary: never compiled
+                self._run_layers(self.embed(chunk), positions, lo_hi, masks, encoder=True, last_ffn=False)
             self.length = hi
         self.length_t.fill_(self.length)
 
@@ -418,13 +230,8 @@ class FastDiffusionGemma:
         """Decoder over [cache ; canvas] from the static `canvas` and `probs` buffers -> logits [1, L, V]."""
         length = self.canvas_length
         decoder = self.model.decoder
-        sc = decoder.self_conditioning
-        x = self.embed(self.canvas)
         soft = (self.probs @ decoder.embed_tokens.weight) * self.embed_scale
-        normed = rms_norm(soft, sc.pre_norm.weight, self.eps)
-        signal = F.linear(gelu(F.linear(normed, sc.gate_proj.weight)) * F.linear(normed, sc.up_proj.weight),
-                          sc.down_proj.weight)  # fmt: skip
-        x = rms_norm(x + signal, None, self.eps)
+        x = decoder.self_conditioning(self.embed(self.canvas), soft)
         positions = self.length_t + torch.arange(length, device=self.device)
         masks = {}
         for sliding, (lo, _) in lo_hi.items():

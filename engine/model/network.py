@@ -14,333 +14,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dfim.engine.model.config import FULL, ModelConfig
-from dfim.engine.model.int8 import linear_int8, pack_int8
+from dfim.engine.model.attention import Attention, Rotary, roll_tables
+from dfim.engine.model.config import ModelConfig
+from dfim.engine.model.experts import Experts, Router
+from dfim.engine.model.kv_cache import KVCache
+from dfim.engine.model.ops import (
+    Packed,
+    RMSNorm,
+    fuse_linears,
+    fused_views,
+    gelu,
+    linear,
+    pack_fp16,
+    pack_weight,
+)
 
 # How a layer's attention reads its keys and values: (attention module, q, k, v) -> attended [B, T, H].
 # The loops over layers differ only in this (a mask over the batch, a KV cache, the encoder's keys).
 Attend = Callable[["Attention", Tensor, Tensor, Tensor], Tensor]
-
-
-class RMSNorm(nn.Module):
-    """Gemma-4 RMSNorm: computed in fp32; `with_scale=False` is the scale-free variant (v norm, router)."""
-
-    def __init__(self, dim: int, eps: float, with_scale: bool = True) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
-
-    def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps)
-
-
-def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-    if (
-        x.dtype == torch.float32
-        and not torch.is_grad_enabled()
-        and (weight is None or weight.dtype == x.dtype)
-    ):
-        # fp32 inference: the same arithmetic in one fused kernel instead of ~8 small ops; a decoder step
-        # runs ~90 norms on [L, 256] rows, where per-op dispatch costs more than the arithmetic.
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    y = x.float()
-    y = y * torch.pow(y.pow(2).mean(-1, keepdim=True) + eps, -0.5)
-    if weight is not None:
-        y = y * weight.float()
-    return y.type_as(x)
-
-
-# Products with at most this many rows go through fbgemm's fp16-weight GEMM when the weights fit fp16
-# (`pack_fp16`): a drafted token's pass reads every weight it uses from memory (~46 MB in fp32, more
-# than the L3), and half the bytes make its products ~3x faster on the 2-core AVX2 machine; the
-# arithmetic stays fp32. Denoising steps gain 30% (16 rows) to 8% (128); encoding a context (hundreds
-# of rows) is compute-bound and gains nothing, so MKL's fp32 product stays there.
-PACKED_MAX_ROWS = 128
-
-
-@dataclass
-class Packed:
-    """fbgemm's fp16 (or int8: `kind`) copy of a [out, in] weight for `linear` (CPU inference). Valid while `linear` is handed
-    the same memory (`ptr`: not after a new `.data` or a load with `assign=True`) and no tensor in `watched`
-    was updated in place (the weight itself, and the parameters that view a fused matrix, whose version
-    counters are their own). A write through `.data` is not seen: weights must not change that way after
-    `prepare_cpu_inference`."""
-
-    op: object  # torch.ops.quantized.linear_prepack_fp16's (or linear_prepack's) packed weight
-    ptr: int
-    watched: tuple[Tensor, ...]
-    versions: tuple[int, ...]
-    kind: str = "fp16"  # "int8": a checkpoint's 1-byte weights (dfim.engine.model.int8), for any row count
-
-    def fresh_for(self, weight: Tensor) -> bool:
-        return weight.data_ptr() == self.ptr and all(
-            t._version == v for t, v in zip(self.watched, self.versions, strict=True)
-        )
-
-
-def pack_fp16(weight: Tensor, *also_watched: Tensor, exact: bool = True) -> Packed | None:
-    """`weight` [out, in] packed for `linear`, or None: where fbgemm is missing (ARM), where fp16 would change
-    a weight by more than a subnormal's rounding (fp32 checkpoints; bf16 ones fit: 1,112 of dfim-small's
-    15.5 M weights move, by <= 3e-8), and for inference tensors (made under `torch.inference_mode`: no
-    version counter to notice an update by). `also_watched`: parameters that view `weight`'s memory.
-    `exact=False` accepts fp16's rounding (relative 2**-11) for weights already int8-quantized, whose own
-    error is ~10x larger; fp16 overflow is still refused."""
-    watched = (weight, *also_watched)
-    if weight.dtype != torch.float32 or weight.device.type != "cpu" or any(t.is_inference() for t in watched):
-        return None
-    try:
-        tolerance = 2**-24 if exact else weight.abs().max().item() * 2**-10
-        if not (weight.half().float() - weight).abs().max() <= tolerance:  # also catches overflow (inf)
-            return None
-        op = torch.ops.quantized.linear_prepack_fp16(weight.contiguous(), None)
-    except (AttributeError, NotImplementedError, RuntimeError):
-        return None
-    return Packed(op, weight.data_ptr(), watched, tuple(t._version for t in watched))
-
-
-def pack_weight(weight: Tensor, *also_watched: Tensor, int8: bool = False) -> Packed | None:
-    """`weight`'s copy for `linear`: fbgemm int8 for a model loaded from an int8 checkpoint (its weights are
-    int8 values times per-channel scales, so the copy holds exactly the stored integers), else fp16
-    (`pack_fp16`). None where the kernel is missing or the weight does not fit, as `pack_fp16`."""
-    watched = (weight, *also_watched)
-    if not int8:
-        return pack_fp16(weight, *also_watched)
-    if any(t.is_inference() for t in watched):
-        return None
-    op = pack_int8(weight)
-    if op is None:
-        return None
-    return Packed(op, weight.data_ptr(), watched, tuple(t._version for t in watched), kind="int8")
-
-
-def linear(x: Tensor, weight: Tensor, packed: Packed | None = None) -> Tensor:
-    """`x @ weight.T`, through the fp16 copy for a few fp32 rows (see PACKED_MAX_ROWS): the same values up
-    to fp32 rounding; or through the int8 copy of an int8 checkpoint for any number of rows (fbgemm's int8
-    GEMM is 2-4x faster than fp32 from 1 row to 512 on the 2-core AVX2 machine), with the activations'
-    per-tensor quantization error on top of the weights' own."""
-    if (
-        packed is not None
-        and x.dtype == torch.float32  # not under CPU autocast
-        and x.dim() >= 2
-        and not torch.is_grad_enabled()
-        and (packed.kind == "int8" or x.numel() <= PACKED_MAX_ROWS * x.shape[-1])
-        and packed.fresh_for(weight)
-    ):
-        if packed.kind == "int8":
-            return linear_int8(x, packed.op)
-        return torch.ops.quantized.linear_dynamic_fp16(x, packed.op)
-    return F.linear(x, weight)
-
-
-def gelu(x: Tensor) -> Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-def fuse_linears(*linears: nn.Linear) -> Tensor:
-    """Re-lay the weights of linears that read the same input as views of one [in, sum(out)] matrix and
-    return it: `x @ fused` computes all of them in one GEMM, and each `linear(x, weight)` still works,
-    now as an NN product (MKL is ~15% faster at these small shapes than on the transposed row-major
-    weight). The values are unchanged; only their memory layout is (inference on CPU)."""
-    fused = torch.cat([lin.weight.detach() for lin in linears]).t().contiguous()
-    start = 0
-    for lin in linears:
-        out = lin.weight.shape[0]
-        lin.weight.data = fused[:, start : start + out].t()
-        start += out
-    return fused
-
-
-def fused_views(fused: Tensor | None, *linears: nn.Linear | None) -> bool:
-    """Whether `fused` (from `fuse_linears`) still holds these linears' weights: not after `.to()`, a
-    replaced Parameter or a fresh load, which fall back to one product per linear."""
-    if fused is None or torch.is_grad_enabled():
-        return False
-    start = fused.data_ptr()
-    for lin in linears:
-        if lin is None or lin.weight.data_ptr() != start:
-            return False
-        start += lin.weight.shape[0] * fused.element_size()
-    return True
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def rope_inv_freq(config: ModelConfig, layer_type: str) -> Tensor:
-    """Sliding layers rotate the whole head; full layers ("proportional" RoPE) only a leading share,
-    with the exponent still taken over the whole head dim and zero frequencies for the rest.
-    Always built on the CPU (also while the model is built on the meta device) and moved when used."""
-    if layer_type == FULL:
-        dim = config.global_head_dim
-        angles = int(config.full_partial_rotary_factor * dim // 2)
-        rotated = 1.0 / (
-            config.full_rope_theta ** (torch.arange(0, 2 * angles, 2, device="cpu").float() / dim)
-        )
-        return torch.cat([rotated, torch.zeros(dim // 2 - angles, device="cpu")])
-    dim = config.head_dim
-    return 1.0 / (config.sliding_rope_theta ** (torch.arange(0, dim, 2, device="cpu").float() / dim))
-
-
-class Rotary:
-    """cos/sin tables per layer type for given positions. Plain tensors, not buffers: nothing to load."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        self.inv_freq = {t: rope_inv_freq(config, t) for t in set(config.layer_types or [])}
-
-    def __call__(self, positions: Tensor, dtype: torch.dtype) -> dict[str, tuple[Tensor, Tensor]]:
-        # positions: [B, T] -> cos, sin: [B, T, D] per layer type, computed in fp32
-        tables = {}
-        for layer_type, inv_freq in self.inv_freq.items():
-            freqs = positions.float()[..., None] * inv_freq.to(positions.device)[None, None, :]
-            emb = torch.cat([freqs, freqs], dim=-1)
-            tables[layer_type] = (emb.cos().to(dtype), emb.sin().to(dtype))
-        return tables
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x: [B, T, Hx, D]; cos/sin: [B, T, D]
-    return x * cos[:, :, None] + rotate_half(x) * sin[:, :, None]
-
-
-def roll_tables(cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """[B, T, D] tables -> [B, T, 1, D] for `apply_rolled_rope`: sin's first half negated, because
-    rotate_half(x) = cat(-x2, x1) = roll(x, D/2) * (-1 for the first half)."""
-    half = sin.shape[-1] // 2
-    signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
-    return cos[:, :, None].contiguous(), signed[:, :, None].contiguous()
-
-
-def apply_rolled_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
-    """`apply_rope` in 3 ops instead of ~10 (the products are the same, signs moved to the table)."""
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
-
-
-class Attention(nn.Module):
-    """Gemma-4 attention: q/k RMSNorm, scale-free v norm, scaling 1.0. Full layers have wider heads,
-    their own KV head count and no v_proj: V is k_proj's output before the k norm."""
-
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
-        super().__init__()
-        assert config.layer_types is not None
-        self.is_sliding = config.layer_types[layer_idx] != FULL
-        self.head_dim = config.head_dim if self.is_sliding else config.global_head_dim
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads if self.is_sliding else config.global_kv_heads
-        hidden, d = config.hidden_size, self.head_dim
-        self.q_proj = nn.Linear(hidden, self.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=False) if self.is_sliding else None
-        self.o_proj = nn.Linear(self.num_heads * d, hidden, bias=False)
-        self.q_norm = RMSNorm(d, config.rms_norm_eps)
-        self.k_norm = RMSNorm(d, config.rms_norm_eps)
-        self.v_norm = RMSNorm(d, config.rms_norm_eps, with_scale=False)
-        self.qkv: Tensor | None = None  # [H, (Hq + 2 Hkv) D] after `fuse_linears` (CPU inference)
-        self.qkv_packed: Packed | None = None  # fp16 copies for few-row products (`pack_fp16`)
-        self.o_packed: Packed | None = None
-
-    def project(
-        self, x: Tensor, cos: Tensor, sin: Tensor, rolled: bool = False
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """x: [B, T, H] -> q [B, Hq, T, D], k and v [B, Hkv, T, D], rotated and normed. `rolled`: cos/sin
-        come from `roll_tables` (the decoder's cached canvas tables)."""
-        b, t, _ = x.shape
-        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if fused_views(
-            self.qkv, self.q_proj, self.k_proj, *([self.v_proj] if self.v_proj is not None else [])
-        ):
-            # One GEMM instead of two or three, and one norm over every head's row instead of three (the
-            # q and k norm weights are applied after it; v's norm has none): per-op cost dominates here.
-            heads = rms_norm(
-                linear(x, self.qkv.t(), self.qkv_packed).view(b, t, -1, d), None, self.q_norm.eps
-            )
-            rope = apply_rolled_rope if rolled else apply_rope
-            q = rope(heads[:, :, :hq] * self.q_norm.weight, cos, sin)
-            k = rope(heads[:, :, hq : hq + hkv] * self.k_norm.weight, cos, sin)
-            v = heads[:, :, hq + hkv :] if self.v_proj is not None else heads[:, :, hq:]
-            return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q = self.q_proj(x).view(b, t, hq, d)
-        k_raw = self.k_proj(x).view(b, t, hkv, d)
-        v = self.v_proj(x).view(b, t, hkv, d) if self.v_proj is not None else k_raw
-        rope = apply_rolled_rope if rolled else apply_rope
-        q = rope(self.q_norm(q), cos, sin)
-        k = rope(self.k_norm(k_raw), cos, sin)
-        v = self.v_norm(v)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """q: [B, Hq, T, D], k/v: [B, Hkv, S, D], mask: bool [B|1, 1, T, S] (True = attend) -> [B, T, H]."""
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
-        b, _, t, _ = q.shape
-        return linear(
-            out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim),
-            self.o_proj.weight,
-            self.o_packed,
-        )
-
-    def attend_one(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """One new token over keys/values that already hold its own (a drafted token): q [1, Hq, 1, D], k/v
-        [1, Hkv, S, D] -> [1, 1, H]. It sees every key, so no mask; the query heads of one KV head become
-        that head's query rows, so one fused sdpa needs no repeated keys (3x faster than `attend_cached`
-        on a sliding layer's 512 keys, 1.7x on a full layer's 1,100)."""
-        b, hq, _, d = q.shape
-        rows = q.reshape(
-            b, self.num_kv_heads, hq // self.num_kv_heads, d
-        )  # query head i reads KV head i // groups
-        out = F.scaled_dot_product_attention(rows, k, v, scale=1.0)
-        return linear(out.reshape(b, 1, hq * d), self.o_proj.weight, self.o_packed)
-
-    def attend_cached(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        past_k: Tensor,
-        past_v: Tensor,
-        past_mask: Tensor | None = None,
-        new_mask: Tensor | None = None,
-    ) -> Tensor:
-        """Attention of L new rows over [cached context ; themselves], reading the context's keys/values
-        where the cache holds them. q: [B, Hq, L, D], k/v: [B, Hkv, L, D], past_k/past_v: [1, Hkv, P, D]
-        (one cache shared by all B rows) -> [B, L, H]. Unmasked (the canvas, bidirectional) unless
-        `past_mask` [L, P] / `new_mask` [L, L] say otherwise (True = attend: a few causal tokens).
-
-        Concatenating [past ; canvas] and repeating KV heads for sdpa copied the whole context's keys and
-        values (~2 MB per full layer) every step; here every query row of one KV head (all batch rows
-        and grouped query heads folded together) multiplies the cache in place, and the two score blocks
-        share one softmax. Same arithmetic, scale 1.0 as in `attend`."""
-        b, hq, length, d = q.shape
-        hkv = self.num_kv_heads
-        rows = b * (hq // hkv) * length
-        p = past_k.shape[2]
-        grouped = q.reshape(b, hkv, rows // b, d)  # query head i reads KV head i // groups
-        folded = grouped.transpose(0, 1).reshape(hkv, rows, d)
-        scores_past = torch.matmul(folded, past_k[0].transpose(1, 2))  # [Hkv, rows, P]
-        scores_new = torch.matmul(grouped, k.transpose(2, 3))  # [B, Hkv, rows/B, L]: own canvas only
-        if past_mask is not None:
-            scores_past = scores_past.view(hkv, rows // length, length, p).masked_fill(~past_mask, -math.inf)
-            scores_past = scores_past.view(hkv, rows, p)
-        if new_mask is not None:
-            scores_new = scores_new.view(b, hkv, rows // (b * length), length, length)
-            scores_new = scores_new.masked_fill(~new_mask, -math.inf)
-        scores_new = scores_new.reshape(b, hkv, rows // b, length).transpose(0, 1).reshape(hkv, rows, length)
-        probs = torch.cat([scores_past, scores_new], dim=-1).softmax(dim=-1)
-        out_new = torch.matmul(probs[..., p:].reshape(hkv, b, rows // b, length).transpose(0, 1), v)
-        out_past = torch.matmul(probs[..., :p], past_v[0]).reshape(hkv, b, rows // b, d).transpose(0, 1)
-        out = (out_past + out_new).reshape(b, hq, length, d)
-        return linear(out.transpose(1, 2).reshape(b, length, hq * d), self.o_proj.weight, self.o_packed)
 
 
 class MLP(nn.Module):
@@ -360,90 +57,6 @@ class MLP(nn.Module):
             gate, up = linear(x, self.gate_up.t(), self.gate_up_packed).chunk(2, dim=-1)
             return linear(gelu(gate) * up, self.down_proj.weight, self.down_packed)
         return self.down_proj(gelu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class Router(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.top_k = config.top_k_experts
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, with_scale=False)
-        self.proj = nn.Linear(config.hidden_size, config.num_experts, bias=False)
-        self.scale = nn.Parameter(torch.ones(config.hidden_size))
-        self.per_expert_scale = nn.Parameter(torch.ones(config.num_experts))
-        self.root_size = config.hidden_size**-0.5
-
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """x: [N, H] -> weights [N, k] (fp32), expert indices [N, k]."""
-        scores = self.proj(self.norm(x) * self.scale * self.root_size)
-        probs = scores.softmax(dim=-1, dtype=torch.float32)
-        weights, index = torch.topk(probs, self.top_k, dim=-1)
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights * self.per_expert_scale[index], index
-
-
-class Experts(nn.Module):
-    """Expert weights as 3-D tensors, as in the checkpoint: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
-
-    # How to run the experts: "dense" sends every token through every expert in one batched product
-    # (no host sync, compile-friendly: training, and accelerators with few experts); "sparse" runs only
-    # the chosen experts (CPU inference, where it is ~7% faster per step, and many experts); "auto" picks.
-    mode = "auto"
-    dense_max_experts = 8
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        e, h, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
-        self.num_experts = e
-        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
-        self.down_proj = nn.Parameter(torch.empty(e, h, i))
-        self.gate_up_packed: list[Packed | None] = [None] * e  # fp16 copies per expert (`pack_fp16`)
-        self.down_packed: list[Packed | None] = [None] * e
-
-    def forward(self, x: Tensor, weights: Tensor, index: Tensor) -> Tensor:
-        """x: [N, H], weights/index: [N, k] -> [N, H]."""
-        mode = self.mode
-        if mode == "auto":
-            cpu_inference = x.device.type == "cpu" and not torch.is_grad_enabled()
-            mode = "sparse" if cpu_inference or self.num_experts > self.dense_max_experts else "dense"
-        return self._dense(x, weights, index) if mode == "dense" else self._sparse(x, weights, index)
-
-    def _dense(self, x: Tensor, weights: Tensor, index: Tensor) -> Tensor:
-        gate, up = torch.einsum("nh,eoh->eno", x, self.gate_up_proj).chunk(2, dim=-1)
-        out = torch.einsum("eni,ehi->enh", gelu(gate) * up, self.down_proj)  # [E, N, H]
-        routing = torch.zeros(x.shape[0], self.num_experts, dtype=weights.dtype, device=x.device)
-        routing.scatter_(1, index, weights)  # [N, E], zero for experts not chosen
-        return torch.einsum("enh,ne->nh", out.to(weights.dtype), routing).to(x.dtype)
-
-    def _sparse(self, x: Tensor, weights: Tensor, index: Tensor) -> Tensor:
-        if x.shape[0] == 1:
-            # One token (the encoder's draft): its k experts in turn, no sorting or scatter (~2x faster).
-            out = None
-            for slot, expert in enumerate(index[0].tolist()):
-                gate, up = linear(x, self.gate_up_proj[expert], self.gate_up_packed[expert]).chunk(2, dim=-1)
-                y = linear(gelu(gate) * up, self.down_proj[expert], self.down_packed[expert])
-                # weighted in fp32 and summed in x's dtype, as the general path below does
-                y = (y * weights[0, slot : slot + 1]).to(x.dtype)
-                out = y if out is None else out + y
-            assert out is not None
-            return out
-        out = torch.zeros_like(x)
-        flat_index = index.reshape(-1)
-        order = flat_index.argsort()
-        counts = torch.bincount(flat_index, minlength=self.num_experts).tolist()
-        token_of_slot = order // index.shape[1]
-        weight_of_slot = weights.reshape(-1)[order]
-        start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            tokens = token_of_slot[start : start + count]
-            gate, up = linear(x[tokens], self.gate_up_proj[expert], self.gate_up_packed[expert]).chunk(
-                2, dim=-1
-            )
-            y = linear(gelu(gate) * up, self.down_proj[expert], self.down_packed[expert])
-            out.index_add_(0, tokens, (y * weight_of_slot[start : start + count, None]).to(x.dtype))
-            start += count
-        return out
 
 
 class Layer(nn.Module):
@@ -563,94 +176,6 @@ class Backbone(nn.Module):
         super().__init__()
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
-
-
-class KVCache:
-    """Keys and values of the encoded context, per layer: [B, Hkv, P, D]. Sliding layers keep the whole
-    context too (the window is applied when attending), so truncating to any length stays exact.
-
-    Each layer's keys and values are views of the first P positions of a buffer with room to grow, so
-    appending a token writes it in place instead of copying the whole cache (a one-token pass, as the
-    encoder's draft runs ~10 of per fill, would otherwise copy every layer's keys and values each time)."""
-
-    GROW = 256  # spare positions a buffer gets when it is (re)allocated
-
-    def __init__(self, num_layers: int) -> None:
-        self.keys: list[Tensor | None] = [None] * num_layers
-        self.values: list[Tensor | None] = [None] * num_layers
-        self.length = 0
-        self._buffers: list[tuple[Tensor, Tensor] | None] = [None] * num_layers
-
-    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        old_k, old_v = self.keys[layer], self.values[layer]
-        n = 0 if old_k is None else old_k.shape[2]
-        t = k.shape[2]
-        buffer = self._buffers[layer]
-        fits = (
-            buffer is not None
-            and old_k is not None
-            and buffer[0].shape[2] >= n + t
-            and buffer[0].shape[:2] == k.shape[:2]
-            and buffer[0].dtype == k.dtype
-            and buffer[0].device == k.device
-            and old_k.data_ptr() == buffer[0].data_ptr()  # still a view of this buffer (not replaced)
-            # a buffer made under inference_mode cannot be written outside it
-            and (torch.is_inference_mode_enabled() or not buffer[0].is_inference())
-        )
-        if not fits:
-            if old_k is None or old_v is None:
-                old_k, old_v = k[:, :, :0], v[:, :, :0]
-            shape_k = (*k.shape[:2], n + t + self.GROW, k.shape[3])
-            shape_v = (*v.shape[:2], n + t + self.GROW, v.shape[3])
-            buffer = (k.new_empty(shape_k), v.new_empty(shape_v))
-            buffer[0][:, :, :n] = old_k
-            buffer[1][:, :, :n] = old_v
-            self._buffers[layer] = buffer
-        assert buffer is not None
-        buffer[0][:, :, n : n + t] = k
-        buffer[1][:, :, n : n + t] = v
-        self.keys[layer], self.values[layer] = buffer[0][:, :, : n + t], buffer[1][:, :, : n + t]
-        return self.keys[layer], self.values[layer]
-
-    def tail(self, n: int) -> list[tuple[Tensor | None, Tensor | None]]:
-        """Copies of the last `n` positions' keys and values, per layer (to `extend` with later)."""
-        assert 0 < n <= self.length
-        return [
-            (None, None) if k is None or v is None else (k[:, :, -n:].clone(), v[:, :, -n:].clone())
-            for k, v in zip(self.keys, self.values, strict=True)
-        ]
-
-    def extend(self, keys_values: list[tuple[Tensor | None, Tensor | None]]) -> None:
-        """Append what `tail` copied (computed after exactly what this cache now holds)."""
-        n = 0
-        for layer, (k, v) in enumerate(keys_values):
-            if k is not None and v is not None:
-                self.append(layer, k, v)
-                n = k.shape[2]
-        self.length += n
-
-    def get(self, layer: int) -> tuple[Tensor | None, Tensor | None]:
-        return self.keys[layer], self.values[layer]
-
-    def shared_prefix(self, length: int, batch: int) -> KVCache:
-        """A new cache over this one's first `length` tokens, repeated for `batch` rows without a copy (rows
-        appended to it go to the new cache only: scoring several continuations of one context at once)."""
-        view = KVCache(len(self.keys))
-        for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
-            if k is not None and v is not None:
-                view.keys[i] = k[:, :, :length].expand(batch, -1, -1, -1)
-                view.values[i] = v[:, :, :length].expand(batch, -1, -1, -1)
-        view.length = min(length, self.length)
-        return view
-
-    def truncate(self, length: int) -> None:
-        """Forget everything after the first `length` context tokens."""
-        if length >= self.length:
-            return
-        for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
-            if k is not None and v is not None:
-                self.keys[i], self.values[i] = k[:, :, :length], v[:, :, :length]
-        self.length = length
 
 
 # Up to this many new tokens after a cache take `attend_cached` (no copy of the cache) in a causal pass;
@@ -1059,3 +584,20 @@ class DiffusionGemma(nn.Module):
         for i, layer in enumerate(self.decoder.layers):
             x = layer(x, tables[self.config.layer_types[i]], attend, layer.layer_scalar)
         return self.logits(x)
+
+
+def compile_layers(model: DiffusionGemma, mode: str | None = None) -> None:
+    """torch.compile each layer's projections and feed-forward, where the norms, RoPE and activations
+    (most of a small model's kernels) fuse; attention and the loss stay eager. Every layer runs the
+    same code, so a handful of graphs serve all of them: a first step compiles in about a minute, where
+    compiling a whole training forward took minutes without finishing. `uncompile_layers` undoes it."""
+    for layer in model.decoder.layers:
+        layer.feed_forward = torch.compile(layer.feed_forward, mode=mode)
+        layer.self_attn.project = torch.compile(layer.self_attn.project, mode=mode)
+
+
+def uncompile_layers(model: DiffusionGemma) -> None:
+    """Back to the eager methods (after a compiler failure)."""
+    for layer in model.decoder.layers:
+        layer.__dict__.pop("feed_forward", None)
+        layer.self_attn.__dict__.pop("project", None)

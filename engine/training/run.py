@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dfim.engine.model.config import ModelConfig
+from dfim.engine.model.network import compile_layers
 from dfim.engine.model.tokenizer import Tokenizer
 from dfim.engine.training.distributed import World, broadcast_parameters
 from dfim.engine.training.examples import Batch
@@ -52,23 +53,6 @@ def pick_device(device: torch.device) -> torch.device:
     else:
         torch.set_flush_denormal(True)  # tiny CPU runs slow down badly on denormal activations
     return device
-
-
-def compile_layers(model: DiffusionGemma, mode: str | None = None) -> None:
-    """torch.compile each layer's projections and feed-forward, where the norms, RoPE and activations
-    (most of a small model's kernels) fuse; attention and the loss stay eager. Every layer runs the
-    same code, so a handful of graphs serve all of them: a first step compiles in about a minute, where
-    compiling a whole training forward took minutes without finishing. `uncompile_layers` undoes it."""
-    for layer in model.decoder.layers:
-        layer.feed_forward = torch.compile(layer.feed_forward, mode=mode)
-        layer.self_attn.project = torch.compile(layer.self_attn.project, mode=mode)
-
-
-def uncompile_layers(model: DiffusionGemma) -> None:
-    """Back to the eager methods (after a compiler failure)."""
-    for layer in model.decoder.layers:
-        layer.__dict__.pop("feed_forward", None)
-        layer.self_attn.__dict__.pop("project", None)
 
 
 @dataclass

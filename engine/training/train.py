@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dfim.engine.model.network import uncompile_layers
 from dfim.engine.model.tokenizer import Tokenizer
 from dfim.engine.training.distributed import (
     World,
@@ -57,7 +58,7 @@ from dfim.engine.training.objective import (
     weighted_loss,
 )
 from dfim.engine.training.progress import Log, LogWindow, log_window
-from dfim.engine.training.run import Run, pick_device, resolve_context_tokens, setup, uncompile_layers
+from dfim.engine.training.run import Run, pick_device, resolve_context_tokens, setup
 from dfim.engine.training.state import save_state
 
 # Re-exported: tests, scripts and the command import these from here.

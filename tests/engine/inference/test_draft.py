@@ -15,7 +15,7 @@ from dfim.engine.inference.cache import ContextCache
 from dfim.engine.inference.canvas import assemble_text, build_canvas
 from dfim.engine.inference.draft import Draft, can_draft, draft_canvas, fit_canvas, hole_end
 from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
-from dfim.engine.model.network import KVCache
+from dfim.engine.model.kv_cache import KVCache
 
 TOKENIZER_JSON = Path(__file__).resolve().parents[3] / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 DRAFT = SamplerSettings(max_steps=4, draft=True)

@@ -270,7 +270,7 @@ def test_likelihood_rank_picks_the_candidate_the_encoder_lm_prefers(engine):
     import torch
 
     from dfim.engine.inference.canvas import build_canvas
-    from dfim.engine.model.network import KVCache
+    from dfim.engine.model.kv_cache import KVCache
 
     prefix, suffix = "def area(r):\n    return 3.14 *", "\n\nprint(area(2))\n"
     kw = dict(prefix=prefix, suffix=suffix, stop=("\n",), candidates=4, seed=5, max_tokens=16)

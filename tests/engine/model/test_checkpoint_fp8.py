@@ -23,7 +23,7 @@ from dfim.engine.model import config as model_config
 from dfim.engine.model import fp8
 from dfim.engine.model.checkpoint import INDEX_FILE, load_model, write_random_checkpoint
 from dfim.engine.model.fp8 import dequantize, scale_layout
-from dfim.engine.model.network import KVCache
+from dfim.engine.model.kv_cache import KVCache
 from dfim.engine.model.tokenizer import Tokenizer
 
 TOKENIZER = Path(__file__).resolve().parents[3] / "engine" / "weights" / "dfim-small" / "tokenizer.json"

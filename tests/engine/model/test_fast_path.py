@@ -15,15 +15,8 @@ import torch
 from dfim.engine.api import CheckpointError
 from dfim.engine.model.checkpoint import write_random_checkpoint
 from dfim.engine.model.config import ModelConfig
-from dfim.engine.model.fast import (
-    FastDiffusionGemma,
-    expected_experts_touched,
-    load_fast,
-    moe_gathered,
-    moe_grouped,
-    moe_padded,
-    pick_moe,
-)
+from dfim.engine.model.experts import moe_gathered, moe_grouped, moe_padded, pick_gpu_kernel
+from dfim.engine.model.fast import FastDiffusionGemma, expected_experts_touched, load_fast
 from dfim.engine.model.network import DiffusionGemma, causal_mask
 
 TOLERANCE = 1e-4
@@ -123,10 +116,10 @@ def test_expert_implementations_match_dense_reference(impl):
     assert (got - want).abs().max().item() <= TOLERANCE
 
 
-def test_pick_moe_prefers_grouped_when_it_works():
+def test_pick_gpu_kernel_prefers_grouped_when_it_works():
     model = make_model()
     fast = fast_of(model)
-    assert fast.moe == pick_moe(fast.layers[0], torch.device("cpu"), torch.float32)
+    assert fast.moe == pick_gpu_kernel(fast.layers[0].experts, torch.device("cpu"), torch.float32)
     assert fast.moe in ("grouped", "padded")
     if hasattr(torch, "_grouped_mm"):
         assert fast.moe == "grouped"

@@ -188,7 +188,7 @@ def test_cpu_inference_layout_keeps_logits_and_state_dict(tmp_path):
 def test_fp16_copies_serve_few_rows_with_the_reference_logits(tmp_path):
     """With weights that fit fp16 (a bf16 checkpoint's), `prepare_cpu_inference` adds fbgemm fp16 copies for
     products of a few rows; the logits stay the reference's, in the denoiser and the causal draft pass."""
-    from dfim.engine.model import network as network
+    from dfim.engine.model import experts, network, ops
 
     ref = make_reference(tmp_path, bf16_values=True)
     ours, _ = load_model(tmp_path / "ref")
@@ -203,13 +203,13 @@ def test_fp16_copies_serve_few_rows_with_the_reference_logits(tmp_path):
     canvas = torch.randint(0, 96, (1, 8), generator=g)
     self_cond = torch.randn(1, 8, 96, generator=g) * 3
     calls = []
-    real = network.linear
+    real = ops.linear
 
     def counting(x, weight, packed=None):
         calls.append(
             packed is not None
             and packed.fresh_for(weight)
-            and x.numel() <= network.PACKED_MAX_ROWS * x.shape[-1]
+            and x.numel() <= ops.PACKED_MAX_ROWS * x.shape[-1]
         )
         return real(x, weight, packed)
 
@@ -218,11 +218,11 @@ def test_fp16_copies_serve_few_rows_with_the_reference_logits(tmp_path):
         with torch.inference_mode():
             cache = ours.new_cache()
             ours.encode(context, cache)
-            network.linear = counting
+            network.linear = experts.linear = counting  # every module that runs products
             try:
                 got = ours.denoise(canvas, cache, sc)
             finally:
-                network.linear = real
+                network.linear = experts.linear = real
         assert (got - want).abs().max().item() <= TOLERANCE
     assert calls and all(calls)  # every product of the 8-row canvas went through an fp16 copy
     with torch.inference_mode():  # a drafted token after the context: the causal pass, one row
