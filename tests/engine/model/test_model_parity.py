@@ -207,9 +207,7 @@ def test_fp16_copies_serve_few_rows_with_the_reference_logits(tmp_path):
 
     def counting(x, weight, packed=None):
         calls.append(
-            packed is not None
-            and packed.fresh_for(weight)
-            and x.numel() <= ops.PACKED_MAX_ROWS * x.shape[-1]
+            packed is not None and packed.fresh_for(weight) and x.numel() <= ops.PACKED_MAX_ROWS * x.shape[-1]
         )
         return real(x, weight, packed)
 

@@ -57,6 +57,4 @@ def test_many_rows_gradients_and_stale_copies_take_the_fp32_product(monkeypatch)
         weight.mul_(2)  # an in-place update makes the copy stale
     assert not packed.fresh_for(weight)
     with torch.inference_mode():
-        assert torch.equal(
-            ops.linear(torch.ones(1, 8), weight, packed), F.linear(torch.ones(1, 8), weight)
-        )
+        assert torch.equal(ops.linear(torch.ones(1, 8), weight, packed), F.linear(torch.ones(1, 8), weight))
