@@ -3,8 +3,9 @@ and the `Distribution` the chain derives once per step from the processed logits
 
 Constraints are built once per canvas (pins, banned tokens, inner holes, token healing, stop tokens) and
 never change while it denoises; the state holds the canvas and this step's tensors. Steps never compute
-probabilities, argmax or entropy themselves: the chain derives them once, after the steps that edit the
-logits have run (`dfim.engine.inference.sampler.denoise_step`), so nothing has to be invalidated by hand.
+probabilities, argmax or entropy themselves: once the steps that edit the logits have run, the loop calls
+`DenoiseState.derive` and each value is computed when first read, once per step, so nothing has to be
+invalidated by hand (`dfim.engine.inference.sampler.denoise_step`).
 """
 
 from __future__ import annotations
@@ -142,10 +143,11 @@ class DenoiseState:
     step: int = 0  # denoising steps run so far (1-based once the first step ran)
     temperature: float = 1.0  # of the current step
     logits: Tensor | None = None  # [B, L, V] fp32: this step's logits, masked and temperature-scaled
-    # Derived by the chain from `logits` once the steps that edit them ran; None outside the chain.
+    # Derived from `logits` once the steps that edit them ran (`derive`), until the next step derives its own
+    # (None before the first step, and after a step that left finished rows as they were).
     dist: Distribution | None = field(default=None, repr=False)
-    argmax: Tensor | None = None  # [B, L] the most likely token per position (pins forced)
-    entropy: Tensor | None = None  # [B, L] nats of the processed distribution (0 at pins)
+    _argmax: Tensor | None = field(default=None, repr=False)  # see `argmax`
+    _entropy: Tensor | None = field(default=None, repr=False)  # see `entropy`
     sampled: Tensor | None = None  # [B, L] a token drawn per position
     eligible: Tensor | None = None  # [B, L] bool: positions this step may accept (None: all)
     accepted: Tensor | None = None  # [B, L] bool: kept this step (pins included)
@@ -166,6 +168,35 @@ class DenoiseState:
     def free(self) -> Tensor:
         """[L] bool: positions the sampler decides (not pinned)."""
         return self.rules.free
+
+    def derive(self) -> None:
+        """This step's logits are final: from here on `dist`, `argmax` and `entropy` are derived from them,
+        each when first read and then kept for the step."""
+        assert self.logits is not None
+        self.dist = Distribution(self.logits)
+        self._argmax = self._entropy = None
+
+    @property
+    def argmax(self) -> Tensor | None:
+        """[B, L] the most likely token per position, pins forced."""
+        if self._argmax is None and self.dist is not None:
+            self._argmax = torch.where(self.rules.pinned[None], self.rules.pin_ids[None], self.dist.mode)
+        return self._argmax
+
+    @argmax.setter
+    def argmax(self, value: Tensor | None) -> None:
+        self._argmax = value
+
+    @property
+    def entropy(self) -> Tensor | None:
+        """[B, L] nats of the processed distribution; 0 at pins (they are certain)."""
+        if self._entropy is None and self.dist is not None:
+            self._entropy = self.dist.entropy.masked_fill(self.rules.pinned[None], 0.0)
+        return self._entropy
+
+    @entropy.setter
+    def entropy(self, value: Tensor | None) -> None:
+        self._entropy = value
 
     def finish(self, rows: Tensor, reason: str) -> None:
         """Mark `rows` ([B] bool) finished with `reason`, those not finished before only."""

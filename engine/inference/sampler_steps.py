@@ -5,9 +5,9 @@ the chain a request runs:
     mask_logits -> temperature | sample -> pins -> order_window -> entropy_bound -> renoise
     -> self_conditioning -> stable_and_confident -> eos_confident -> max_steps
 
-Steps before the bar edit the logits in place; the chain then derives the distribution once
-(`sampler_state.Distribution`: probabilities, argmax and entropy, pins forced), and the steps after it
-read those and decide. A step a setting turns off is left out of the chain.
+Steps before the bar edit the logits in place; then the state derives the distribution from them
+(`DenoiseState.derive`: probabilities, argmax and entropy, pins forced, each computed once when first
+read), and the steps after the bar read those and decide. A step a setting turns off is left out.
 
 Uniform-state diffusion: the canvas starts as uniformly random tokens, each step keeps the positions
 the model is sure about (entropy-bound acceptance) and replaces all others with fresh random tokens.

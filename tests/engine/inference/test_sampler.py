@@ -13,7 +13,7 @@ from dfim.engine.inference import sampler
 from dfim.engine.inference import sampler_steps as steps
 from dfim.engine.inference.sampler_state import pad_after_eos
 from dfim.engine.inference.sampler_steps import Chain, build_chain
-from tests.sampler_helpers import EOS, PAD, V, constant, make_state, peaked
+from tests.engine.inference.sampler_helpers import EOS, PAD, V, constant, make_state, peaked
 
 
 def test_entropy_step_measures_the_processed_distribution():
@@ -186,20 +186,23 @@ def test_a_chain_forgets_its_memory_on_a_new_canvas():
     assert (warm.step, warm.stop_reason) == (1, ["stable"])
 
 
-def test_the_distribution_lives_for_one_step_and_pins_are_forced_in_what_it_derives():
-    settings = SamplerSettings(max_steps=2, early_stop=False)
+def test_each_step_derives_one_distribution_and_pins_are_forced_in_what_it_derives():
+    settings = SamplerSettings(max_steps=3, early_stop=False)
     seen = []
 
     class Probe(steps.Step):
         name = "probe"
 
         def apply(self, state) -> None:
-            seen.append((state.dist, state.argmax.clone(), state.entropy.clone()))
+            seen.append((state.dist, state.argmax, state.entropy, state.dist.probs))
 
     chain = Chain([*build_chain(settings).steps, Probe()])
     state = make_state(length=4, pins={2: 9})
     sampler.denoise_step(state, chain, peaked([5, 6, 7, 8], scale=1.0))
-    dist, argmax, entropy = seen[0]
-    assert dist is not None and state.dist is None
+    dist, argmax, entropy, probs = seen[0]
+    assert state.dist is dist and state.argmax is argmax and state.entropy is entropy  # each computed once
+    assert probs is dist.probs
     assert argmax.tolist() == [[5, 6, 9, 8]] and dist.mode.tolist() == [[5, 6, 7, 8]]
     assert entropy[0, 2].item() == 0.0 and entropy[0, 0].item() > 0.1
+    sampler.denoise_step(state, chain, peaked([5, 6, 7, 8], scale=1.0))
+    assert seen[1][0] is not dist and state.dist is seen[1][0]  # the next step derives its own

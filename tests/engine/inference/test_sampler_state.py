@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dfim.engine.inference.sampler_state import Constraints, Distribution, first_index, pad_after_eos, up_to
-from tests.sampler_helpers import EOS, PAD, V
+from tests.engine.inference.sampler_helpers import EOS, PAD, V
 
 
 def rules(pins: dict[int, int], length: int = 6, **kw) -> Constraints:

@@ -12,7 +12,7 @@ from dfim.engine.api import SamplerSettings
 from dfim.engine.inference import sampler
 from dfim.engine.inference import sampler_steps as steps
 from dfim.engine.inference.sampler_steps import Chain, build_chain
-from tests.sampler_helpers import EOS, PAD, V, constant, make_state, peaked
+from tests.engine.inference.sampler_helpers import EOS, PAD, V, constant, make_state, peaked
 
 # --- temperature ----------------------------------------------------------------------------------
 

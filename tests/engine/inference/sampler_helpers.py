@@ -1,4 +1,4 @@
-"""Synthetic canvases and denoisers for the sampler's tests (tests/engine/inference/test_sampler*.py)."""
+"""Synthetic canvases and denoisers for the sampler's tests (test_sampler*.py)."""
 
 from __future__ import annotations
 
