@@ -34,7 +34,7 @@ from dfim.engine.api import FillCancelled, FillRequest, StepInfo
 from dfim.engine.inference import lookup
 from dfim.engine.inference.cache import ContextCache
 from dfim.engine.inference.canvas import CanvasPlan, assemble_text, cut_at_stop
-from dfim.engine.inference.sampler_state import Constraints, Distribution
+from dfim.engine.inference.sampler_state import Constraints, Distribution, plan_constraints
 from dfim.engine.inference.sampler_steps import mask_logits
 from dfim.engine.model.tokenizer import Tokenizer
 
@@ -48,25 +48,10 @@ class Decoded:
 
 def constraints(plan: CanvasPlan, banned: torch.Tensor, eos_id: int, pad_id: int) -> Constraints:
     """The plan's constraints for a causal decode: those of a canvas, with pad banned everywhere too (a
-    causal model ends its text with EOS, never pad)."""
-    device = banned.device
+    causal model ends its text with EOS, never pad). No stop tokens: see the module's docstring."""
     banned = banned.clone()
     banned[pad_id] = True
-    allowed_at = {}
-    if plan.heal_allowed:
-        allowed = torch.zeros_like(banned)
-        allowed[plan.heal_allowed] = True
-        allowed_at[0] = allowed
-    return Constraints.build(
-        torch.tensor(plan.pinned, dtype=torch.bool, device=device),
-        torch.tensor(plan.pin_ids, dtype=torch.long, device=device),
-        vocab_size=int(banned.shape[0]),
-        eos_id=eos_id,
-        pad_id=pad_id,
-        banned=banned,
-        no_end=torch.tensor(plan.no_end, dtype=torch.bool, device=device),
-        allowed_at=allowed_at,
-    )
+    return plan_constraints(plan, banned, eos_id=eos_id, pad_id=pad_id)
 
 
 def pick(logits: torch.Tensor, rules: Constraints, position: int) -> Distribution:
@@ -114,7 +99,8 @@ def decode(
         for p in range(budget):
             if request.cancel is not None and request.cancel():
                 raise FillCancelled("fill cancelled")
-            if p < plan.length and plan.pinned[p]:  # the pins rule: the token is known, and certain
+            # The pins rule (read off the plan's list: no device read per token): known, and certain.
+            if p < plan.length and plan.pinned[p]:
                 token, conf, pinned = plan.pin_ids[p], 1.0, True
             else:
                 dist = pick(logits, rules, p)

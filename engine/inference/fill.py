@@ -44,7 +44,7 @@ from dfim.engine.inference.canvas import (
     middle_tokens,
 )
 from dfim.engine.inference.chat import load_tokenizer
-from dfim.engine.inference.sampler_state import Constraints, DenoiseState, mean_free_entropy
+from dfim.engine.inference.sampler_state import DenoiseState, mean_free_entropy, plan_constraints
 from dfim.engine.inference.sampler_steps import build_chain
 from dfim.engine.model.checkpoint import load_model, read_info, resolve_checkpoint
 from dfim.engine.model.threads import AdaptiveThreads, limit_threads, usable_cores
@@ -385,12 +385,6 @@ class Engine:
         the committed tokens to each. `seed`: the encoder's draft, the first candidate's start."""
         dev = self.device
         settings = request.settings
-        pinned = torch.tensor(plan.pinned, dtype=torch.bool, device=dev)
-        allowed_at = {}
-        if plan.heal_allowed:
-            allowed = torch.zeros(self.vocab_size, dtype=torch.bool, device=dev)
-            allowed[plan.heal_allowed] = True
-            allowed_at[0] = allowed
         warm = plan.warm_ids is not None
         init_ids = init_mask = None
         if warm:
@@ -403,15 +397,11 @@ class Engine:
         heal = plan.heal_bytes if block == 0 else b""
         stop_tokens = self._stop_tokens(tuple(request.stop), heal)
         stop_starts = None if stop_tokens is None else self._stop_starts(tuple(request.stop))
-        rules = Constraints.build(
-            pinned,
-            torch.tensor(plan.pin_ids, dtype=torch.long, device=dev),
-            vocab_size=self.vocab_size,
+        rules = plan_constraints(
+            plan,
+            self.banned,
             eos_id=self.tokenizer.eos_id,
             pad_id=self.tokenizer.pad_id,
-            banned=self.banned,
-            no_end=torch.tensor(plan.no_end, dtype=torch.bool, device=dev),
-            allowed_at=allowed_at,
             stop_tokens=stop_tokens,
             stop_starts=stop_starts,
         )

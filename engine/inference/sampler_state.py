@@ -17,6 +17,8 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from dfim.engine.inference.canvas import CanvasPlan
+
 
 @dataclass(frozen=True, eq=False)
 class Constraints:
@@ -90,6 +92,37 @@ class Constraints:
         ends = self.stop_starts.clone()
         ends[self.eos_id] = True
         return ends
+
+
+def plan_constraints(
+    plan: CanvasPlan,
+    banned: Tensor,
+    *,
+    eos_id: int,
+    pad_id: int,
+    stop_tokens: Tensor | None = None,
+    stop_starts: Tensor | None = None,
+) -> Constraints:
+    """A canvas plan's constraints (its pins, inner holes and healing set) with the `banned` [V] tokens, over
+    the vocabulary `banned` spans: what the denoising chain and the greedy decoder both honour."""
+    device = banned.device
+    allowed_at: dict[int, Tensor] = {}
+    if plan.heal_allowed:
+        allowed = torch.zeros_like(banned)
+        allowed[plan.heal_allowed] = True
+        allowed_at[0] = allowed
+    return Constraints.build(
+        torch.tensor(plan.pinned, dtype=torch.bool, device=device),
+        torch.tensor(plan.pin_ids, dtype=torch.long, device=device),
+        vocab_size=int(banned.shape[0]),
+        eos_id=eos_id,
+        pad_id=pad_id,
+        banned=banned,
+        no_end=torch.tensor(plan.no_end, dtype=torch.bool, device=device),
+        allowed_at=allowed_at,
+        stop_tokens=stop_tokens,
+        stop_starts=stop_starts,
+    )
 
 
 class Distribution:

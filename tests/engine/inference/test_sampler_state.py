@@ -8,7 +8,15 @@ import math
 import pytest
 import torch
 
-from dfim.engine.inference.sampler_state import Constraints, Distribution, first_index, pad_after_eos, up_to
+from dfim.engine.inference.canvas import CanvasPlan
+from dfim.engine.inference.sampler_state import (
+    Constraints,
+    Distribution,
+    first_index,
+    pad_after_eos,
+    plan_constraints,
+    up_to,
+)
 from tests.engine.inference.sampler_helpers import EOS, PAD, V
 
 
@@ -66,3 +74,28 @@ def test_row_helpers():
     assert up_to(torch.tensor([0, 2]), 3).tolist() == [[True, False, False], [True, True, True]]
     ids = torch.tensor([[5, EOS, 7], [5, 6, 7]])
     assert pad_after_eos(ids, EOS, PAD).tolist() == [[5, EOS, PAD], [5, 6, 7]]
+
+
+def test_a_plan_s_constraints_hold_its_pins_holes_and_healing_set():
+    plan = CanvasPlan(
+        context_ids=[3],
+        length=4,
+        pinned=[False, False, True, False],
+        pin_ids=[0, 0, 9, 0],
+        no_end=[False, True, False, False],
+        open_start=3,
+        heal_allowed=[5, 6],
+    )
+    banned = torch.zeros(V, dtype=torch.bool)
+    stop = torch.zeros(V, dtype=torch.bool).index_fill(0, torch.tensor([12]), True)
+    c = plan_constraints(plan, banned, eos_id=EOS, pad_id=PAD, stop_tokens=stop)
+    assert c.pinned.tolist() == plan.pinned and c.pin_ids.tolist() == plan.pin_ids
+    assert c.no_end.tolist() == [True, True, False, False]  # position 0 lies before the pin too
+    assert list(c.allowed_at) == [0] and c.allowed_at[0].nonzero().flatten().tolist() == [5, 6]
+    assert c.vocab_size == V and c.banned is banned and c.stop_tokens is stop and c.stop_starts is None
+    assert (
+        plan_constraints(
+            dataclasses.replace(plan, heal_allowed=[]), banned, eos_id=EOS, pad_id=PAD
+        ).allowed_at
+        == {}
+    )
