@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -45,7 +48,9 @@ def module_at(rev: str, path: str, name: str, folder: Path) -> ModuleType:
     return module
 
 
-def step_of(smod: ModuleType, engine: Engine, length: int, settings: SamplerSettings):
+def step_of(
+    smod: ModuleType, engine: Engine, length: int, settings: SamplerSettings
+) -> tuple[Any, Callable[[torch.Tensor], None]]:
     """(state, advance(logits)) for one canvas row over `smod`: the sampler of this tree or of a revision
     before the chain took constraints and a built chain (`new_state(..., settings=...)`,
     `denoise_step(state, settings, logits)`)."""
@@ -55,7 +60,7 @@ def step_of(smod: ModuleType, engine: Engine, length: int, settings: SamplerSett
         vocab_size=engine.vocab_size, eos_id=engine.tokenizer.eos_id, pad_id=engine.tokenizer.pad_id
     )
     no_end = torch.zeros(length, dtype=torch.bool)
-    if not hasattr(smod, "derive"):  # the old interface
+    if "rules" not in inspect.signature(smod.new_state).parameters:  # the old interface
         state = smod.new_state(
             1,
             pinned,
