@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
 from dfim.engine import Engine
 from dfim.engine.api import SamplerSettings
 from dfim.engine.inference import sampler as new_sampler
+from dfim.engine.inference.sampler_state import Constraints
+from dfim.engine.inference.sampler_steps import build_chain
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,6 +46,35 @@ def module_at(rev: str, path: str, name: str, folder: Path) -> ModuleType:
     sys.modules[name] = module  # dataclasses look their module up while the file executes
     spec.loader.exec_module(module)
     return module
+
+
+def step_of(
+    smod: ModuleType, engine: Engine, length: int, settings: SamplerSettings
+) -> tuple[Any, Callable[[torch.Tensor], None]]:
+    """(state, advance(logits)) for one canvas row over `smod`: the sampler of this tree or of a revision
+    before the chain took constraints and a built chain (`new_state(..., settings=...)`,
+    `denoise_step(state, settings, logits)`)."""
+    pinned, pin_ids = torch.zeros(length, dtype=torch.bool), torch.zeros(length, dtype=torch.long)
+    generator = torch.Generator().manual_seed(0)
+    common = dict(
+        vocab_size=engine.vocab_size, eos_id=engine.tokenizer.eos_id, pad_id=engine.tokenizer.pad_id
+    )
+    no_end = torch.zeros(length, dtype=torch.bool)
+    if "rules" not in inspect.signature(smod.new_state).parameters:  # the old interface
+        state = smod.new_state(
+            1,
+            pinned,
+            pin_ids,
+            **common,
+            settings=settings,
+            generator=generator,
+            banned=engine.banned,
+            no_end=no_end,
+        )
+        return state, lambda logits: smod.denoise_step(state, settings, logits)
+    rules = Constraints.build(pinned, pin_ids, **common, banned=engine.banned, no_end=no_end)
+    state, chain = smod.new_state(1, rules, generator=generator), build_chain(settings)
+    return state, lambda logits: smod.denoise_step(state, chain, logits)
 
 
 def main() -> None:
@@ -71,23 +105,11 @@ def main() -> None:
         for length in (16, 32, 64):
             steps = {}
             for key, model, smod in (("base", old, old_sampler), ("now", new, new_sampler)):
-                state = smod.new_state(
-                    1,
-                    torch.zeros(length, dtype=torch.bool),
-                    torch.zeros(length, dtype=torch.long),
-                    vocab_size=engine.vocab_size,
-                    eos_id=engine.tokenizer.eos_id,
-                    pad_id=engine.tokenizer.pad_id,
-                    settings=settings,
-                    generator=torch.Generator().manual_seed(0),
-                    banned=engine.banned,
-                    no_end=torch.zeros(length, dtype=torch.bool),
-                )
+                state, advance = step_of(smod, engine, length, settings)
                 cache = caches[key]
 
-                def step(state=state, model=model, smod=smod, cache=cache) -> None:
-                    logits = model.denoise(state.canvas, cache, state.self_cond)
-                    smod.denoise_step(state, settings, logits)
+                def step(state=state, model=model, advance=advance, cache=cache) -> None:
+                    advance(model.denoise(state.canvas, cache, state.self_cond))
 
                 step()  # sets self_cond, as in a fill
                 steps[key] = step

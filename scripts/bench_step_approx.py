@@ -38,6 +38,8 @@ from dfim.engine import Engine
 from dfim.engine.api import FillRequest, SamplerSettings
 from dfim.engine.evaluation.metrics import edit_similarity, exact_match
 from dfim.engine.inference import sampler
+from dfim.engine.inference.sampler_state import Constraints, DenoiseState
+from dfim.engine.inference.sampler_steps import build_chain
 from dfim.engine.model import network as M
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,24 +171,22 @@ def apply(model, spec: str) -> None:
             raise SystemExit(f"unknown variant {part!r}")
 
 
-def step_state(engine: Engine, length: int, settings: SamplerSettings) -> sampler.DenoiseState:
-    return sampler.new_state(
-        1,
+def step_state(engine: Engine, length: int) -> DenoiseState:
+    rules = Constraints.build(
         torch.zeros(length, dtype=torch.bool),
         torch.zeros(length, dtype=torch.long),
         vocab_size=engine.vocab_size,
         eos_id=engine.tokenizer.eos_id,
         pad_id=engine.tokenizer.pad_id,
-        settings=settings,
-        generator=torch.Generator().manual_seed(0),
         banned=engine.banned,
         no_end=torch.zeros(length, dtype=torch.bool),
     )
+    return sampler.new_state(1, rules, generator=torch.Generator().manual_seed(0))
 
 
 def time_steps(engine: Engine, models: dict, repeats: int) -> None:
     ids = engine.tokenizer.encode((ROOT / "engine" / "inference" / "sampler.py").read_text() * 2)[:1100]
-    settings = SamplerSettings(max_steps=10**6, early_stop=False)  # never stops: every step alike
+    chain = build_chain(SamplerSettings(max_steps=10**6, early_stop=False))  # never stops: every step alike
     cache = engine.model.new_cache()
     engine.model.encode(torch.tensor([ids]), cache)  # all variants share the exact cache
     print(f"threads {torch.get_num_threads()}, context {len(ids)}")
@@ -194,10 +194,10 @@ def time_steps(engine: Engine, models: dict, repeats: int) -> None:
     for length in (16, 32):
         steps = {}
         for spec, model in models.items():
-            state = step_state(engine, length, settings)
+            state = step_state(engine, length)
 
             def step(state=state, model=model) -> None:
-                sampler.denoise_step(state, settings, model.denoise(state.canvas, cache, state.self_cond))
+                sampler.denoise_step(state, chain, model.denoise(state.canvas, cache, state.self_cond))
 
             step()  # sets self_cond, as in a fill
             steps[spec] = step
@@ -220,14 +220,14 @@ def time_steps(engine: Engine, models: dict, repeats: int) -> None:
 
 def closeness(engine: Engine, models: dict) -> None:
     ids = engine.tokenizer.encode((ROOT / "engine" / "inference" / "fill.py").read_text())[:1100]
-    settings = SamplerSettings(max_steps=10**6, early_stop=False)
+    chain = build_chain(SamplerSettings(max_steps=10**6, early_stop=False))
     exact = engine.model
     cache = exact.new_cache()
     exact.encode(torch.tensor([ids]), cache)
-    state, inputs = step_state(engine, 32, settings), []
+    state, inputs = step_state(engine, 32), []
     for _ in range(12):  # the exact path's own inputs, step by step
         inputs.append((state.canvas.clone(), None if state.self_cond is None else state.self_cond.clone()))
-        sampler.denoise_step(state, settings, exact.denoise(state.canvas, cache, state.self_cond))
+        sampler.denoise_step(state, chain, exact.denoise(state.canvas, cache, state.self_cond))
     for spec, model in models.items():
         worst, agree, kl = 0.0, [], []
         for canvas, self_cond in inputs:

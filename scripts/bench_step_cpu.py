@@ -23,6 +23,8 @@ import torch
 from dfim.engine import Engine
 from dfim.engine.api import SamplerSettings
 from dfim.engine.inference import sampler as sampler_mod
+from dfim.engine.inference.sampler_state import Constraints
+from dfim.engine.inference.sampler_steps import build_chain
 
 SOURCE = (
     Path(__file__).resolve().parents[1] / "engine" / "inference" / "sampler.py"
@@ -54,32 +56,32 @@ def context_ids(engine: Engine, tokens: int) -> list[int]:
 def measure(engine: Engine, length: int, repeats: int) -> list[tuple[float, float]]:
     """(wall ms, CPU ms) of the model pass, the sampler chain and the whole step, one canvas row."""
     model, kv = engine.model, engine.cache.kv
-    settings = SamplerSettings(max_steps=10**6, early_stop=False)  # never stops: every step is alike
+    chain = build_chain(
+        SamplerSettings(max_steps=10**6, early_stop=False)
+    )  # never stops: every step is alike
     generator = torch.Generator().manual_seed(0)
     pinned = torch.zeros(length, dtype=torch.bool)
-    state = sampler_mod.new_state(
-        1,
+    rules = Constraints.build(
         pinned,
         torch.zeros(length, dtype=torch.long),
         vocab_size=engine.vocab_size,
         eos_id=engine.tokenizer.eos_id,
         pad_id=engine.tokenizer.pad_id,
-        settings=settings,
-        generator=generator,
         banned=engine.banned,
         no_end=torch.zeros(length, dtype=torch.bool),
     )
+    state = sampler_mod.new_state(1, rules, generator=generator)
     logits = model.denoise(state.canvas, kv, None)
-    sampler_mod.denoise_step(state, settings, logits)  # now state.self_cond is set, as in a fill
+    sampler_mod.denoise_step(state, chain, logits)  # now state.self_cond is set, as in a fill
 
     def model_only() -> None:
         model.denoise(state.canvas, kv, state.self_cond)
 
     def sampler_only() -> None:
-        sampler_mod.denoise_step(state, settings, logits)
+        sampler_mod.denoise_step(state, chain, logits)
 
     def step() -> None:
-        sampler_mod.denoise_step(state, settings, model.denoise(state.canvas, kv, state.self_cond))
+        sampler_mod.denoise_step(state, chain, model.denoise(state.canvas, kv, state.self_cond))
 
     return [median_ms(fn, repeats) for fn in (model_only, sampler_only, step)]
 

@@ -11,6 +11,16 @@ cached once (the prefix-sharing reuse works exactly as for diffusion), the gener
 appended to it while decoding and cut off again afterwards. The middle skeleton of a request is
 honoured position by position: pinned tokens are forced, free positions are decoded, inner holes
 cannot end, the open hole ends at the first EOS.
+
+A backend of the denoising chain's rules, not a copy of them: the request's `Constraints` are built as
+for a canvas (pins, banned tokens, inner holes, token healing), the chain's `mask_logits` masks each
+position's logits, and the choice is read off the same `Distribution` (`pick`). What does not apply:
+- temperature: decoding is greedy, and a temperature moves no argmax; the confidence reported with each
+  token (the draft's seed confidence) stays the plain probability, as before;
+- sampling, entropy-bound acceptance, renoising, self-conditioning and the stable/confident stops: one
+  token is final once written, there is no canvas to revise or to watch settle;
+- stop tokens: the text is on hand after every token, so a stop string is looked for in it
+  (`_reached_stop`), which also sees one split over two tokens; the stop-token mask cannot.
 """
 
 from __future__ import annotations
@@ -24,9 +34,9 @@ from dfim.engine.api import FillCancelled, FillRequest, StepInfo
 from dfim.engine.inference import lookup
 from dfim.engine.inference.cache import ContextCache
 from dfim.engine.inference.canvas import CanvasPlan, assemble_text, cut_at_stop
+from dfim.engine.inference.sampler_state import Constraints, Distribution, plan_constraints
+from dfim.engine.inference.sampler_steps import mask_logits
 from dfim.engine.model.tokenizer import Tokenizer
-
-NEG_INF = float("-inf")
 
 
 @dataclass
@@ -36,16 +46,20 @@ class Decoded:
     reason: str  # "eos": the model ended the text; "stop": a stop string did; "max_tokens": the budget
 
 
-def allowed_logits(
-    logits: torch.Tensor, banned: torch.Tensor, may_end: bool, eos_id: int, pad_id: int
-) -> torch.Tensor:
-    """Mask what may not come next: control tokens always, pad always (a causal model ends with EOS),
-    EOS where the text may not end yet."""
-    x = logits.masked_fill(banned, NEG_INF)
-    x[pad_id] = NEG_INF
-    if not may_end:
-        x[eos_id] = NEG_INF
-    return x
+def constraints(plan: CanvasPlan, banned: torch.Tensor, eos_id: int, pad_id: int) -> Constraints:
+    """The plan's constraints for a causal decode: those of a canvas, with pad banned everywhere too (a
+    causal model ends its text with EOS, never pad). No stop tokens: see the module's docstring."""
+    banned = banned.clone()
+    banned[pad_id] = True
+    return plan_constraints(plan, banned, eos_id=eos_id, pad_id=pad_id)
+
+
+def pick(logits: torch.Tensor, rules: Constraints, position: int) -> Distribution:
+    """The masked distribution of the next token, at canvas `position` (past the plan's canvas only the
+    open hole goes on: no rule but the banned tokens); its `top` is the greedy choice."""
+    x = logits.clone()
+    mask_logits(x[None, None], rules, start=position)
+    return Distribution(x)
 
 
 def decode(
@@ -74,10 +88,7 @@ def decode(
     recent = cache.recent_for(context)
     logits = cache.next_logits(context, park)
     budget = max(request.max_tokens, plan.length) if budget is None else budget
-    allowed0 = None
-    if plan.heal_allowed:
-        allowed0 = torch.zeros_like(banned)
-        allowed0[plan.heal_allowed] = True
+    rules = constraints(plan, banned, eos_id, pad_id)
     needles = [s.encode("utf-8") for s in request.stop if s]
     tokens: list[tuple[int, float, bool]] = []
     # Guessed tokens the cache already holds after the text so far, and the logits after each of them.
@@ -88,21 +99,16 @@ def decode(
         for p in range(budget):
             if request.cancel is not None and request.cancel():
                 raise FillCancelled("fill cancelled")
-            in_plan = p < plan.length
-            if in_plan and plan.pinned[p]:
+            # The pins rule (read off the plan's list: no device read per token): known, and certain.
+            if p < plan.length and plan.pinned[p]:
                 token, conf, pinned = plan.pin_ids[p], 1.0, True
             else:
-                # Past the planned canvas only the open hole goes on, and it may end anywhere.
-                may_end = not (in_plan and plan.no_end[p])
-                x = allowed_logits(logits, banned, may_end, eos_id, pad_id)
-                if p == 0 and allowed0 is not None:
-                    x = x.masked_fill(~allowed0, NEG_INF)
-                probs = torch.softmax(x, dim=-1)
-                conf_t, token_t = probs.max(dim=-1)
+                dist = pick(logits, rules, p)
+                conf_t, token_t = dist.top
                 token, conf, pinned = int(token_t), float(conf_t), False
                 if avoid:
                     token, conf, avoid = _leave_avoided(
-                        probs, tokens, avoid, tokenizer, plan.heal_bytes, request.stop
+                        dist.probs, tokens, avoid, tokenizer, plan.heal_bytes, request.stop
                     )
             if token == eos_id:
                 reason = "eos"

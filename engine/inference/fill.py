@@ -44,6 +44,8 @@ from dfim.engine.inference.canvas import (
     middle_tokens,
 )
 from dfim.engine.inference.chat import load_tokenizer
+from dfim.engine.inference.sampler_state import DenoiseState, mean_free_entropy, plan_constraints
+from dfim.engine.inference.sampler_steps import build_chain
 from dfim.engine.model.checkpoint import load_model, read_info, resolve_checkpoint
 from dfim.engine.model.threads import AdaptiveThreads, limit_threads, usable_cores
 from dfim.engine.model.tokenizer import Tokenizer
@@ -383,12 +385,6 @@ class Engine:
         the committed tokens to each. `seed`: the encoder's draft, the first candidate's start."""
         dev = self.device
         settings = request.settings
-        pinned = torch.tensor(plan.pinned, dtype=torch.bool, device=dev)
-        allowed_at = {}
-        if plan.heal_allowed:
-            allowed = torch.zeros(self.vocab_size, dtype=torch.bool, device=dev)
-            allowed[plan.heal_allowed] = True
-            allowed_at[0] = allowed
         warm = plan.warm_ids is not None
         init_ids = init_mask = None
         if warm:
@@ -401,23 +397,21 @@ class Engine:
         heal = plan.heal_bytes if block == 0 else b""
         stop_tokens = self._stop_tokens(tuple(request.stop), heal)
         stop_starts = None if stop_tokens is None else self._stop_starts(tuple(request.stop))
-        state = sampler.new_state(
-            len(candidates),
-            pinned,
-            torch.tensor(plan.pin_ids, dtype=torch.long, device=dev),
-            vocab_size=self.vocab_size,
+        rules = plan_constraints(
+            plan,
+            self.banned,
             eos_id=self.tokenizer.eos_id,
             pad_id=self.tokenizer.pad_id,
-            settings=settings,
+            stop_tokens=stop_tokens,
+            stop_starts=stop_starts,
+        )
+        state = sampler.new_state(
+            len(candidates),
+            rules,
             generator=generator,
             init_ids=init_ids,
             init_mask=init_mask,
             init_noise=request.warm_start_noise if warm else 0.0,
-            banned=self.banned,
-            no_end=torch.tensor(plan.no_end, dtype=torch.bool, device=dev),
-            allowed_at=allowed_at,
-            stop_tokens=stop_tokens,
-            stop_starts=stop_starts,
         )
 
         def report(
@@ -429,7 +423,7 @@ class Engine:
             request.on_step(
                 StepInfo(
                     step=step,
-                    max_steps=state.max_steps,
+                    max_steps=settings.max_steps,
                     accepted=sum(kept),
                     canvas_length=plan.length,
                     mean_entropy=entropy,
@@ -443,20 +437,18 @@ class Engine:
                 )
             )
 
-        def on_step(s: sampler.DenoiseState) -> None:
+        def on_step(s: DenoiseState) -> None:
             if request.on_step is not None:
                 ids = sampler.commit(s)[0].tolist()
                 confidence = sampler.confidence(s)[0].tolist()
-                report(
-                    s.step, float(sampler.mean_free_entropy(s)[0]), ids, confidence, s.accepted[0].tolist()
-                )
+                report(s.step, float(mean_free_entropy(s)[0]), ids, confidence, s.accepted[0].tolist())
 
         if seed is not None and request.on_step is not None:  # step 0: the draft, before any denoising
             report(0, 0.0, seed.ids, seed.confidence, [True] * plan.length)
 
         committed = sampler.run(
             state,
-            settings,
+            build_chain(settings),
             lambda canvas, self_cond: self.model.denoise(canvas, cache.kv, self_cond),
             cancel=request.cancel,
             between_steps=request.between_steps,

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from dfim.engine import Engine, FillRequest, Hole
+from dfim.engine.inference import autoregressive
+from dfim.engine.inference.canvas import CanvasPlan
 from dfim.engine.model.config import ModelConfig
 from dfim.engine.model.network import DiffusionGemma
 from dfim.engine.training.data import build
@@ -175,3 +177,32 @@ def test_a_stop_string_ends_decoding(causal_checkpoint: Path) -> None:
     stopped = engine.fill(FillRequest(prefix=request.prefix, suffix="", max_tokens=48, stop=(stop,)))
     assert stopped.stop_reason == "stop" and stopped.text == free.text[: free.text.find(stop)]
     assert stopped.steps <= free.steps
+
+
+def test_the_greedy_decoder_takes_the_chain_s_masks() -> None:
+    """`pick` applies the canvas constraints at the position decoded: banned tokens and pad everywhere, EOS
+    in an inner hole, the healing set at position 0; past the plan's canvas only the banned tokens."""
+    vocab, eos, pad = 20, 1, 0
+    plan = CanvasPlan(
+        context_ids=[3],
+        length=4,
+        pinned=[False, False, True, False],
+        pin_ids=[0, 0, 9, 0],
+        no_end=[False, True, False, False],
+        open_start=3,
+        heal_allowed=[5, 6],
+    )
+    banned = torch.zeros(vocab, dtype=torch.bool)
+    banned[2] = True
+    rules = autoregressive.constraints(plan, banned, eos, pad)
+    assert not bool(banned[pad])  # the engine's mask is left as it was
+    logits = torch.zeros(vocab)
+    logits[[pad, eos, 2]] = 10.0  # the model wants exactly what it may not write
+    dead = lambda p: set((autoregressive.pick(logits, rules, p).probs == 0).nonzero().flatten().tolist())  # noqa: E731
+    assert dead(0) == set(range(vocab)) - {5, 6}  # healing: only the allowed tokens
+    assert dead(1) == {pad, eos, 2}  # an inner hole may not end (it also lies before the pin)
+    assert dead(3) == {pad, 2}  # the open hole may end
+    assert dead(7) == {pad, 2}  # past the canvas the open hole goes on
+    conf, token = autoregressive.pick(logits, rules, 3).top
+    assert int(token) == eos and float(conf) > 0.9
+    assert torch.equal(logits, torch.zeros(vocab).index_fill(0, torch.tensor([pad, eos, 2]), 10.0))  # a copy

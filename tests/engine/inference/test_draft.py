@@ -10,10 +10,11 @@ import torch
 
 from dfim.engine import Engine, FillRequest, Hole, SamplerSettings
 from dfim.engine.inference import sampler
-from dfim.engine.inference.autoregressive import allowed_logits
 from dfim.engine.inference.cache import ContextCache
 from dfim.engine.inference.canvas import assemble_text, build_canvas
 from dfim.engine.inference.draft import Draft, can_draft, draft_canvas, fit_canvas, hole_end
+from dfim.engine.inference.sampler_state import Constraints
+from dfim.engine.inference.sampler_steps import build_chain
 from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
 from dfim.engine.model.kv_cache import KVCache
 
@@ -24,6 +25,18 @@ DRAFT = SamplerSettings(max_steps=4, draft=True)
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     return Engine.load(write_random_checkpoint(tmp_path_factory.mktemp("ckpt"), TOKENIZER_JSON, seed=4))
+
+
+def allowed_logits(
+    logits: torch.Tensor, banned: torch.Tensor, may_end: bool, eos_id: int, pad_id: int
+) -> torch.Tensor:
+    """The greedy decoder's mask, written out here as the oracle: control tokens and pad never, EOS only
+    where the text may end."""
+    x = logits.masked_fill(banned, float("-inf"))
+    x[pad_id] = float("-inf")
+    if not may_end:
+        x[eos_id] = float("-inf")
+    return x
 
 
 def plan_of(engine: Engine, request: FillRequest):
@@ -234,14 +247,16 @@ def test_a_canvas_started_from_text_stops_when_the_first_step_reproduces_it():
     settings = SamplerSettings(max_steps=8)
 
     def state_for(init_mask: torch.Tensor):
-        return sampler.new_state(
-            2,
+        rules = Constraints.build(
             torch.zeros(length, dtype=torch.bool),
             torch.zeros(length, dtype=torch.long),
             vocab_size=vocab,
             eos_id=2,
             pad_id=1,
-            settings=settings,
+        )
+        return sampler.new_state(
+            2,
+            rules,
             generator=torch.Generator().manual_seed(0),
             init_ids=draft_ids[None],
             init_mask=init_mask,
@@ -256,13 +271,13 @@ def test_a_canvas_started_from_text_stops_when_the_first_step_reproduces_it():
     logits = torch.full((2, length, vocab), -30.0)
     logits[:, torch.arange(length), draft_ids] = 30.0
     logits[:, 1, 12] = 25.0
-    sampler.denoise_step(state, settings, logits.clone())
+    sampler.denoise_step(state, build_chain(settings), logits.clone())
     assert state.finished.tolist() == [True, False] and state.stop_reason[0] == "stable"
 
     state = state_for(rows)
     other = logits.clone()
     other[0, 2, 13] = 31.0  # the denoiser would write another token there
-    sampler.denoise_step(state, settings, other)
+    sampler.denoise_step(state, build_chain(settings), other)
     assert not bool(state.finished[0])
 
 
