@@ -13,21 +13,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-from dfim.bench.realcode import (
-    DEFAULT_TEST_COMMAND,
-    KINDS,
-    RealcodeError,
-    build,
-    markdown,
-    model_completions,
-    parse_test_command,
-    read_completions,
-    read_problems,
-    score,
-    site_paths,
-    summarize,
-    write_jsonl,
-)
+from dfim.bench.realcode.problems import build, read_completions, read_problems, write_jsonl
+from dfim.bench.realcode.scoring import markdown, model_completions, score, summarize
+from dfim.bench.realcode.spans import KINDS
+from dfim.bench.realcode.tracing import DEFAULT_TEST_COMMAND, RealcodeError, parse_test_command, site_paths
 from dfim.engine.evaluation import sandbox
 
 

@@ -1,0 +1,157 @@
+"""Scoring completions by the project's own tests (pass@1, exact match, edit similarity), the summary table,
+and getting the completions from the engine.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from dfim.bench.realcode.problems import project_dir
+from dfim.bench.realcode.spans import KINDS
+from dfim.bench.realcode.tracing import RealcodeError, run_tests
+from dfim.engine.evaluation import metrics, sandbox
+
+
+def postprocess(kind: str, raw: str) -> str:
+    """What the model's raw middle becomes for each kind: whole lines for `line`/`block`, one line for the
+    expression kinds (their middle never holds a newline)."""
+    if kind == "line":
+        return raw.split("\n", 1)[0] + "\n"
+    if kind == "block":
+        return raw if raw.endswith("\n") else raw + "\n"
+    return raw.split("\n", 1)[0].rstrip()
+
+
+def score_one(
+    problem: dict[str, Any],
+    completion: str,
+    limits: sandbox.SandboxLimits,
+    problems_file: str | os.PathLike | None = None,
+    extra_paths: Sequence[str] = (),
+) -> dict[str, Any]:
+    filled = problem["prompt"] + completion + problem["suffix"]
+    try:
+        result, _ = run_tests(
+            project_dir(problem, problems_file),
+            problem["test_command"],
+            limits,
+            replace=(problem["path"], filled),
+            extra_paths=extra_paths,
+        )
+    except (OSError, RealcodeError) as e:  # the harness failed for this problem: it fails, the run goes on
+        result = sandbox.SandboxResult(False, False, None, f"harness error: {e!r}", "", 0.0)
+    record = {
+        "task_id": problem["task_id"],
+        "kind": problem["kind"],
+        "completion": completion,
+        "passed": result.passed,
+        "timed_out": result.timed_out,
+        "returncode": result.returncode,
+        "exec_ms": round(result.duration_ms, 1),
+        "exact_match": metrics.exact_match(completion, problem["canonical_solution"]),
+        "edit_similarity": round(metrics.edit_similarity(completion, problem["canonical_solution"]), 2),
+    }
+    if not result.passed:
+        record["stderr"] = result.stderr[-500:]
+    return record
+
+
+def score(
+    problems: Sequence[dict[str, Any]],
+    completions: Sequence[str],
+    *,
+    limits: sandbox.SandboxLimits | None = None,
+    workers: int = 2,
+    problems_file: str | os.PathLike | None = None,
+    extra_paths: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    limits = limits or sandbox.SandboxLimits(timeout_s=60.0)
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dfim-realcode") as pool:
+        futures = [
+            pool.submit(score_one, p, c, limits, problems_file, extra_paths)
+            for p, c in zip(problems, completions, strict=True)
+        ]
+        return [f.result() for f in futures]
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per kind and one for all."""
+    rows = []
+    for kind in [*KINDS, "all"]:
+        mine = [r for r in records if kind == "all" or r["kind"] == kind]
+        if not mine:
+            continue
+        latencies = [r["latency_ms"] for r in mine if r.get("latency_ms") is not None]
+        rows.append(
+            {
+                "kind": kind,
+                "n": len(mine),
+                "pass_at_1": 100.0 * metrics.mean([float(r["passed"]) for r in mine]),
+                "exact_match": 100.0 * metrics.mean([float(r["exact_match"]) for r in mine]),
+                "edit_similarity": metrics.mean([r["edit_similarity"] for r in mine]),
+                "latency_p50_ms": metrics.percentile(latencies, 50) if latencies else None,
+                "timeouts": sum(r["timed_out"] for r in mine),
+            }
+        )
+    return rows
+
+
+def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
+    def f(v: Any) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    out = [
+        f"# real-code FIM: {meta['problems_file']} ({meta['source']})",
+        "",
+        "| kind | n | pass@1 | EM | ES | p50 ms | timeouts |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['kind']} | {r['n']} | {f(r['pass_at_1'])} | {f(r['exact_match'])} | {f(r['edit_similarity'])} "
+            f"| {f(r['latency_p50_ms'])} | {r['timeouts']} |"
+        )
+    out += ["", f"command: `{meta['command']}`", ""]
+    return "\n".join(out)
+
+
+def model_completions(
+    problems: Sequence[dict[str, Any]], model: str | None, device: str, max_tokens: int, seed: int
+):
+    """Fill every problem with the engine (one request at a time); returns (completions, per-problem info)."""
+    from dfim.engine.api import EngineError, FillRequest
+    from dfim.engine.inference.fill import Engine
+    from dfim.server.rules import remove_suffix_overlap
+
+    engine = Engine.load(model or None, device=device)
+    completions, info = [], []
+    for i, p in enumerate(problems):
+        tokens = max_tokens * 4 if p["kind"] == "block" else max_tokens
+        try:
+            # the checkpoint's own sampler (dfim-small: the encoder's draft), as `dfim eval` and the editor
+            # fill; one line for the kinds whose middle is one
+            stop = () if p["kind"] == "block" else ("\n",)
+            request = FillRequest(
+                prefix=p["prompt"],
+                suffix=p["suffix"],
+                max_tokens=tokens,
+                settings=engine.settings,
+                seed=seed + i,
+                stop=stop,
+            )
+            result = engine.fill(request)
+            raw, extra = result.text, {"latency_ms": result.latency_ms, "steps": result.steps, "error": None}
+            if p["kind"] in ("condition", "call"):  # the draft writes the line out: the editor cuts the rest
+                raw = remove_suffix_overlap(raw.split("\n", 1)[0], p["suffix"])
+        except EngineError as e:
+            raw, extra = "", {"latency_ms": None, "steps": 0, "error": str(e)}
+        completions.append(postprocess(p["kind"], raw))
+        info.append({"raw": raw, **extra})
+    name = {
+        "name": getattr(engine, "model_name", model),
+        "is_random": bool(getattr(engine, "is_random", False)),
+    }
+    return completions, info, name

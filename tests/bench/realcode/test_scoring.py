@@ -1,0 +1,33 @@
+"""dfim.bench.realcode.scoring: the fixture project's own tests pass the canonical middle and fail wrong ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dfim.bench.realcode.problems import load_jsonl
+from dfim.bench.realcode.scoring import score
+
+FIXTURE = Path(__file__).resolve().parents[3] / "fixtures" / "realcode"
+PROJECT = FIXTURE / "project"
+
+
+def by_id(problems):
+    return {p["task_id"]: p for p in problems}
+
+
+def test_canonical_passes_and_wrong_fails():
+    problems = by_id(load_jsonl(FIXTURE / "problems.jsonl"))
+    line = problems["textkit/intervals.py:16:1:line"]
+    cond = problems["textkit/stats.py:16:8:condition"]
+    assert line["canonical_solution"] == "    return merged\n"
+    records = score(
+        [line, line, cond],
+        [line["canonical_solution"], "    return merged[:1]\n", "n % 2 == 0"],
+        problems_file=FIXTURE / "problems.jsonl",
+    )
+    assert [r["passed"] for r in records] == [True, False, False]
+    assert records[0]["exact_match"] and not records[1]["exact_match"]
+    assert "FAILED" in records[1]["stderr"] or "Error" in records[1]["stderr"]
+    assert (PROJECT / "textkit" / "intervals.py").read_text().count(
+        "return merged\n"
+    ) == 1  # copy, not original
