@@ -247,7 +247,7 @@ class DfimServer(LanguageServer):
             self.status.update(
                 state="ready",
                 message="",
-                model=str(getattr(engine, "model_name", path or "dfim-small")),
+                model=str(getattr(engine, "model_name", path or "dfim-base")),
                 is_random=bool(getattr(engine, "is_random", False)),
             )
         else:

@@ -21,7 +21,7 @@ def _bounds(lo: float | None = None, hi: float | None = None, choices: tuple = (
 
 @dataclass
 class ModelOptions:
-    path: str = ""  # "" = the shipped model (engine/weights/dfim-small)
+    path: str = ""  # "" = the shipped model (engine/weights/dfim-base)
     device: str = field(default="cpu", metadata=_bounds(choices=("cpu", "cuda")))
 
 

@@ -62,8 +62,9 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top == {"dfim"}
-    # the shipped model travels as package data
-    assert any(n.startswith("dfim/engine/weights/dfim-small/") and n.endswith(".safetensors") for n in names)
+    # the default model travels as package data, and only it (dfim-small stays in the checkout)
+    assert any(n.startswith("dfim/engine/weights/dfim-base/") and n.endswith(".safetensors") for n in names)
+    assert not any(n.startswith("dfim/engine/weights/dfim-small/") for n in names)
     size = sum(info.file_size for info in zipfile.ZipFile(wheel).infolist() if "/weights/" in info.filename)
     assert size <= 48 * 10**6  # the package's budget for model data
     assert "dfim/server/app.py" in names and "dfim/engine/inference/sampler.py" in names

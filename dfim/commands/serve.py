@@ -14,7 +14,9 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="", help="checkpoint folder (default: the shipped dfim-small)")
+    parser.add_argument(
+        "--model", default="", help="checkpoint folder or a shipped model's name (default: dfim-base)"
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model runs")
     parser.add_argument("--tcp", default="", metavar="HOST:PORT", help="listen on TCP instead of stdio")
     # vscode-languageclient appends --stdio to a command started with TransportKind.stdio; other clients too

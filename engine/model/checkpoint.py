@@ -40,7 +40,7 @@ from dfim.engine.model.int8 import INT8_METHOD
 from dfim.engine.model.network import DiffusionGemma
 
 WEIGHTS_DIR = Path(__file__).parents[1] / "weights"  # the checkpoints the package ships
-DEFAULT_MODEL_DIR = WEIGHTS_DIR / "dfim-small"
+DEFAULT_MODEL_DIR = WEIGHTS_DIR / "dfim-base"
 
 
 def resolve_checkpoint(path: str | os.PathLike | None) -> Path:

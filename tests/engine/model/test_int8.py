@@ -15,8 +15,8 @@ from safetensors.torch import save_file
 from dfim.engine.api import CheckpointError
 from dfim.engine.model import network
 from dfim.engine.model.checkpoint import (
-    DEFAULT_MODEL_DIR,
     INDEX_FILE,
+    WEIGHTS_DIR,
     load_model,
     parameter_bytes,
     write_random_checkpoint,
@@ -25,7 +25,8 @@ from dfim.engine.model.int8 import INT8_METHOD, convert_checkpoint, pack_int8, q
 from dfim.engine.model.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]
-TOKENIZER = DEFAULT_MODEL_DIR / "tokenizer.json"
+SMALL = WEIGHTS_DIR / "dfim-small"  # the bf16 checkpoint these tests convert
+TOKENIZER = SMALL / "tokenizer.json"
 SOURCE = ROOT / "engine" / "inference" / "sampler.py"  # real code the model never trained on as a file
 
 needs_int8_kernels = pytest.mark.skipif(
@@ -35,7 +36,7 @@ needs_int8_kernels = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def small_int8(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return convert_checkpoint(DEFAULT_MODEL_DIR, tmp_path_factory.mktemp("int8") / "dfim-small-int8")
+    return convert_checkpoint(SMALL, tmp_path_factory.mktemp("int8") / "dfim-small-int8")
 
 
 def canvas_logits(model: network.DiffusionGemma, context: list[int], canvas: list[int]) -> torch.Tensor:
@@ -50,7 +51,7 @@ def canvas_logits(model: network.DiffusionGemma, context: list[int], canvas: lis
 
 @needs_int8_kernels
 def test_int8_logits_follow_the_bf16_model_on_real_code(small_int8: Path) -> None:
-    reference, _ = load_model(DEFAULT_MODEL_DIR)
+    reference, _ = load_model(SMALL)
     reference.prepare_cpu_inference()
     quantized, _ = load_model(small_int8)
     assert quantized.int8_weights and not reference.int8_weights
@@ -104,12 +105,12 @@ def test_int8_logits_follow_the_bf16_model_on_real_code(small_int8: Path) -> Non
 
 
 def test_round_trip_is_within_the_quantization_bound_at_half_the_bytes(small_int8: Path) -> None:
-    reference, _ = load_model(DEFAULT_MODEL_DIR)
+    reference, _ = load_model(SMALL)
     loaded, _ = load_model(small_int8)
     config = json.loads((small_int8 / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == INT8_METHOD
     for name in ("tokenizer.json", "generation_config.json"):
-        assert (small_int8 / name).read_bytes() == (DEFAULT_MODEL_DIR / name).read_bytes()
+        assert (small_int8 / name).read_bytes() == (SMALL / name).read_bytes()
 
     want, got = reference.state_dict(), loaded.state_dict()
     assert want.keys() == got.keys()
@@ -127,7 +128,7 @@ def test_round_trip_is_within_the_quantization_bound_at_half_the_bytes(small_int
     with safe_open(str(next(small_int8.glob("model-*.safetensors"))), framework="pt") as shard:
         assert shard.get_slice("model.decoder.embed_tokens.weight").get_dtype() == "I8"
         assert shard.get_slice("model.decoder.layers.0.experts.gate_up_proj").get_dtype() == "I8"
-    assert parameter_bytes(small_int8) < 0.55 * parameter_bytes(DEFAULT_MODEL_DIR)
+    assert parameter_bytes(small_int8) < 0.55 * parameter_bytes(SMALL)
     assert all(p.stat().st_size <= 16 * 2**20 for p in small_int8.glob("*.safetensors"))
 
 
