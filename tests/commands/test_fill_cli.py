@@ -356,13 +356,14 @@ def test_the_windows_fit_the_context_the_model_was_trained_with():
     from dfim.commands.fill import fit_to_model
     from dfim.engine.inference.fill import Engine
 
-    engine = Engine.load(None)  # the shipped model: dfim.json says 512 context tokens
-    assert engine.trained_context == 512
+    engine = Engine.load(None)  # the shipped model: its dfim.json says how many context tokens it read
+    n = engine.trained_context
+    assert n == 1024
     lines = [f"value_{i} = compute({i}, scale={i * 3})\n" for i in range(400)]
     prefix, suffix = "".join(lines[:300]), "".join(lines[300:])
     fitted_prefix, fitted_suffix = fit_to_model(prefix, suffix, engine)
     p, s = (len(engine.tokenizer.encode(t)) for t in (fitted_prefix, fitted_suffix))
-    assert s <= (512 - 4) // 3 and p + s <= 512 - 4
+    assert s <= (n - 4) // 3 and p + s <= n - 4
     assert p > 250  # the prefix takes what the suffix leaves
     # the near ends are kept, cut at whole lines
     assert prefix.endswith(fitted_prefix) and fitted_prefix.startswith("value_")

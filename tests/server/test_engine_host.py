@@ -13,11 +13,13 @@ def test_shipped_model_declares_its_trained_context() -> None:
     from dfim.server.engine_host import EngineHost
 
     info = json.loads((DEFAULT_MODEL_DIR / "dfim.json").read_text())
-    assert info["context_tokens"] == 512 and info["objective"] == "diffusion"
+    assert info["context_tokens"] == 1024 and info["objective"] == "diffusion"
     host = EngineHost()
     assert host.context_budget(1024, 256) == (1024, 256)  # nothing loaded yet: the options as set
     host.engine = Engine.load()
-    assert host.engine.trained_context == 512
+    assert host.engine.trained_context == 1024
+    assert host.context_budget(1024, 256) == (764, 256)  # 1,020 tokens: the canvas's 4 specials aside
+    host.engine = Engine.load(DEFAULT_MODEL_DIR.parent / "dfim-small")  # trained on 512
     assert host.context_budget(1024, 256) == (339, 169)
 
 

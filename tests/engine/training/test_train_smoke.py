@@ -93,7 +93,8 @@ def test_lr_schedule() -> None:
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(list(argv))
+    # the tokenizer the fixtures' shards were built with (the default model's is another vocabulary)
+    args = parser.parse_args(["--tokenizer", str(TOKENIZER_JSON), *argv])
     args.compile = False
     return args
 
