@@ -31,6 +31,7 @@ from dfim.server.telemetry import SuggestionTracker, Telemetry, data_dir
 from dfim.server.transport import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Bad,
+    ClientTimeout,
     FrameReader,
     Message,
     ThreadSource,
@@ -40,7 +41,6 @@ from dfim.server.transport import (
 log = logging.getLogger("dfim.server")
 VERSION = "0.1.0"
 DEFAULT_CLIENT_TIMEOUT_S = 30.0  # for the server's own requests to the client (`DfimProtocol.send_request`)
-REQUEST_FAILED = -32803
 STATS_METHOD = "dfim/stats"  # custom request: counters for tests and benchmarks
 TEXT_METHOD = "dfim/documentText"  # custom request: the server's copy of a document (sync checks)
 
@@ -49,13 +49,6 @@ class Unreadable:
     """A message whose params did not validate, already answered (`DfimProtocol.structure_message`)."""
 
     jsonrpc = None  # never handled: `DfimProtocol.handle_message` drops it
-
-
-class ClientTimeout(JsonRpcException):
-    """The client did not answer a request of the server's in time (`DfimProtocol.send_request`)."""
-
-    def __init__(self, method: str, seconds: float) -> None:
-        super().__init__(f"the client did not answer {method} within {seconds:g} s", code=REQUEST_FAILED)
 
 
 class OneLineDeserializeErrors(logging.Filter):

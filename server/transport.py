@@ -33,6 +33,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from pygls.exceptions import JsonRpcException
+
 log = logging.getLogger("dfim.server.transport")
 
 DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
@@ -45,6 +47,13 @@ HEADER_LINE = re.compile(rb"^([-!#$%&'*+.^_`|~0-9A-Za-z]+)[ \t]*:[ \t]*(.*?)[ \t
 # where a frame starts inside other bytes: a Content-Length or Content-Type header and its line end
 FRAME_START = re.compile(rb"content-(?:length[ \t]*:[ \t]*\d{1,20}|type[ \t]*:[^\r\n{}\"]{0,200})\r?\n", re.I)
 LENGTH_NAME = re.compile(rb"content-length[ \t]*:", re.I)
+
+
+class ClientTimeout(JsonRpcException):
+    """The client did not answer a request of the server's in time (`DfimProtocol.send_request`)."""
+
+    def __init__(self, method: str, seconds: float) -> None:
+        super().__init__(f"the client did not answer {method} within {seconds:g} s", code=-32803)
 
 
 @dataclass
@@ -288,6 +297,13 @@ class FrameReader:
         self._skipping = 0
 
     async def _recover(self, body: bytes, error: ValueError) -> Message | Bad:
+        value, extra = _json_then_header(body)
+        if (
+            extra is not None
+        ):  # Content-Length too long: the next header had not all come when the body was cut
+            self.buf[0:0] = extra
+            log.warning("a Content-Length was too long by %d bytes: the message was recovered", len(extra))
+            return Message(value)
         rest = (
             await self._rest_before_next_frame()
         )  # Content-Length too short: the rest is before the next frame
@@ -335,6 +351,19 @@ def _header_block_start(data, at: int) -> int:
     return at
 
 
+def _json_then_header(body: bytes) -> tuple[Any, bytes | None]:
+    """(value, the rest) when `body` is one JSON value followed by the start of a header; else (None, None)."""
+    try:
+        text = body.decode("utf-8")
+        value, end = json.JSONDecoder().raw_decode(text, _skip(text, 0))
+    except ValueError:
+        return None, None
+    extra = text[end:].lstrip(" \t\r\n")
+    if extra and ("content-".startswith(extra[:8].lower()) or extra[:8].lower() == "content-"):
+        return value, extra.encode("utf-8")
+    return None, None
+
+
 def _first_line(error: BaseException) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0][:120]
 
@@ -356,6 +385,7 @@ def peek_request(data: bytes) -> tuple[int | str | None, str | None, bool]:
     text = data.decode("utf-8", "replace")
     decoder = json.JSONDecoder()
     found: dict[str, Any] = {}
+    keys: set[str] = set()  # with a value or not (a truncated result is still a result)
     i = _skip(text, 0)
     if not text.startswith("{", i):
         return None, None, False
@@ -369,6 +399,7 @@ def peek_request(data: bytes) -> tuple[int | str | None, str | None, bool]:
             i = _skip(text, i)
             if not isinstance(key, str) or not text.startswith(":", i):
                 break
+            keys.add(key)
             value, i = decoder.raw_decode(text, _skip(text, i + 1))
             found[key] = value
             i = _skip(text, i)
@@ -379,7 +410,7 @@ def peek_request(data: bytes) -> tuple[int | str | None, str | None, bool]:
         pass
     msg_id = found.get("id") if valid_id(found.get("id")) else None
     method = found.get("method") if isinstance(found.get("method"), str) else None
-    return msg_id, method, method is None and ("result" in found or "error" in found)
+    return msg_id, method, "method" not in keys and ("result" in keys or "error" in keys)
 
 
 def _skip(text: str, i: int) -> int:
