@@ -282,6 +282,20 @@ class DfimServer(LanguageServer):
         finally:
             self.shutdown()
 
+    def start_tcp(self, host: str, port: int, token_file=None) -> None:
+        """Serve one authenticated client on TCP (server/tcp.py)."""
+        from dfim.server.tcp import serve_tcp
+
+        self._stop_event = threading.Event()
+        try:
+            serve_tcp(self, host, port, token_file)
+        except BrokenPipeError:
+            log.error("the connection to the client is lost: shutting down")
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            self.shutdown()
+
     async def serve_frames(self, reader: FrameReader) -> None:
         """Read frames until the input ends or the server stops; a bad frame is answered or dropped."""
         while not self._stop_event.is_set():

@@ -17,7 +17,18 @@ import sys
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="", help="checkpoint folder (default: the shipped dfim-small)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model runs")
-    parser.add_argument("--tcp", default="", metavar="HOST:PORT", help="listen on TCP instead of stdio")
+    parser.add_argument(
+        "--tcp",
+        default="",
+        metavar="[HOST:]PORT",
+        help="listen on TCP instead of stdio (on 127.0.0.1 unless HOST is given); clients need the token",
+    )
+    parser.add_argument(
+        "--token-file",
+        default="",
+        metavar="PATH",
+        help="with --tcp: write the client's token here (default <data dir>/serve-PORT.token, mode 0600)",
+    )
     # vscode-languageclient appends --stdio to a command started with TransportKind.stdio; other clients too
     parser.add_argument(
         "--stdio", action="store_true", help="use stdio (the default; accepted for LSP clients)"
@@ -41,9 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_address(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--tcp wants HOST:PORT, got {value!r}")
+    """(host, port) of `--tcp`: loopback when no host is given (`PORT` or `:PORT`); port 0 picks a free one."""
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"--tcp wants [HOST:]PORT, got {value!r}")
     return host or "127.0.0.1", int(port)
 
 
@@ -74,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     )
     from dfim.server.app import build_server
 
+    log = logging.getLogger("dfim.serve")
+
     ls = build_server(
         model=args.model,
         device=args.device,
@@ -81,8 +95,13 @@ def run(args: argparse.Namespace) -> int:
         client_timeout=args.client_timeout,
     )
     if address:
+        if address[0] not in ("127.0.0.1", "::1", "localhost"):
+            log.warning(
+                "listening on %s, not on loopback: other machines can reach the port (the token still guards it)",
+                address[0],
+            )
         try:
-            ls.start_tcp(*address)
+            ls.start_tcp(*address, token_file=args.token_file or None)
         except OSError as exc:  # in use, no permission, unknown host (socket.gaierror is an OSError)
             return fail(f"--tcp: cannot listen on {address[0]}:{address[1]} ({exc.strerror or exc})")
     else:
