@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -155,6 +156,8 @@ def serve_tcp(ls, host: str, port: int, token_file: Path | None = None) -> None:
             file=sys.stderr,
             flush=True,
         )
+        if not ipaddress.ip_address(bound[0]).is_loopback:
+            log.warning("listening on %s, not on loopback: other machines can reach the port", bound[0])
         async with ls._server:
             await sessions.finished.wait()
 

@@ -86,8 +86,6 @@ def run(args: argparse.Namespace) -> int:
     )
     from dfim.server.app import build_server
 
-    log = logging.getLogger("dfim.serve")
-
     ls = build_server(
         model=args.model,
         device=args.device,
@@ -95,11 +93,6 @@ def run(args: argparse.Namespace) -> int:
         client_timeout=args.client_timeout,
     )
     if address:
-        if address[0] not in ("127.0.0.1", "::1", "localhost"):
-            log.warning(
-                "listening on %s, not on loopback: other machines can reach the port (the token still guards it)",
-                address[0],
-            )
         try:
             ls.start_tcp(*address, token_file=args.token_file or None)
         except OSError as exc:  # in use, no permission, unknown host (socket.gaierror is an OSError)
