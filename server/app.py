@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import sys
 import threading
+import uuid
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcInvalidRequest
+from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.json_rpc import RPCRequest
@@ -25,9 +28,19 @@ from dfim.server.inline import ResultCache, ShownSuggestion
 from dfim.server.options import Options, merge_options, snake
 from dfim.server.status import StatusReporter
 from dfim.server.telemetry import SuggestionTracker, Telemetry, data_dir
+from dfim.server.transport import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Bad,
+    ClientTimeout,
+    FrameReader,
+    Message,
+    ThreadSource,
+    valid_id,
+)
 
 log = logging.getLogger("dfim.server")
 VERSION = "0.1.0"
+DEFAULT_CLIENT_TIMEOUT_S = 30.0  # for the server's own requests to the client (`DfimProtocol.send_request`)
 STATS_METHOD = "dfim/stats"  # custom request: counters for tests and benchmarks
 TEXT_METHOD = "dfim/documentText"  # custom request: the server's copy of a document (sync checks)
 
@@ -57,7 +70,16 @@ class DfimProtocol(LanguageServerProtocol):
     own store (pygls's would split lines on separators LSP does not count); a request whose params do not
     validate, or that comes after `shutdown`, is answered with an error (pygls answered nothing, and the
     client waited for ever); an error answer the server meant to give is logged in a line, not as a
-    traceback at ERROR level."""
+    traceback at ERROR level.
+
+    Messages come from `dfim.server.transport.FrameReader` through `receive`, which only takes a top-level
+    JSON object as a message (pygls structured every nested object that looked like one). A request without
+    `"jsonrpc": "2.0"`, or a frame that cannot be read but shows its top-level id and method, is answered
+    with InvalidRequest; anything else unreadable is dropped with a log line. The server's own requests to
+    the client fail with `ClientTimeout` after `client_timeout` seconds, so a handler awaiting one (progress,
+    applyEdit, configuration) still answers its own request."""
+
+    client_timeout: float = DEFAULT_CLIENT_TIMEOUT_S
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -81,6 +103,69 @@ class DfimProtocol(LanguageServerProtocol):
                     "ignored %s notification: its params do not match the protocol (%s)", method, reason
                 )
             return Unreadable()
+
+    def receive(self, value) -> None:
+        """Handle one frame's JSON value: a message only if it is an object with `"jsonrpc": "2.0"`."""
+        if not isinstance(value, dict):
+            log.warning(
+                "dropped a frame holding a JSON %s, not an object (batches are not LSP)", type(value).__name__
+            )
+            return
+        msg_id, method = value.get("id"), value.get("method")
+        if "id" in value and not valid_id(msg_id):
+            log.warning("dropped a message whose id is not an integer or a string: %.60r", msg_id)
+            return
+        if value.get("jsonrpc") != "2.0" or ("method" in value and not isinstance(method, str)):
+            why = "method is not a string" if value.get("jsonrpc") == "2.0" else 'it has no "jsonrpc": "2.0"'
+            if "id" in value and "method" in value:
+                self._send_response(
+                    msg_id, error=JsonRpcInvalidRequest(f"invalid request: {why}").to_response_error()
+                )
+                log.info("request %s answered InvalidRequest: %s", msg_id, why)
+            else:
+                log.warning("dropped a message: %s", why)
+            return
+        try:
+            self.handle_message(self.structure_message(value))
+        except Exception as exc:  # as pygls's loop did: one message fails, the server goes on
+            log.exception("could not handle a %s message", method or "response")
+            self._server._report_server_error(exc, JsonRpcException)
+
+    def reject(self, bad: Bad) -> None:
+        """A frame that could not be read: answer it where its top-level id and method were read."""
+        if bad.msg_id is not None and bad.method is not None:
+            error = JsonRpcInvalidRequest(f"{bad.method}: {bad.reason}")
+            self._send_response(bad.msg_id, error=error.to_response_error())
+            log.info("request %s (%s) answered InvalidRequest: %s", bad.msg_id, bad.method, bad.reason)
+        elif bad.is_response and bad.msg_id in self._request_futures:
+            future = self._request_futures.pop(bad.msg_id)
+            self._result_types.pop(bad.msg_id, None)
+            if not future.done():
+                future.set_exception(JsonRpcException(f"the client's answer could not be read: {bad.reason}"))
+
+    def send_request(self, method, params=None, callback=None, msg_id=None):
+        msg_id = msg_id if msg_id is not None else str(uuid.uuid4())
+        future = super().send_request(method, params, callback, msg_id)
+        timeout = self.client_timeout
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return future
+        if timeout and timeout > 0:
+            handle = loop.call_later(timeout, self._client_timed_out, msg_id, method, future, timeout)
+            future.add_done_callback(lambda _f: handle.cancel())
+        return future
+
+    def _client_timed_out(self, msg_id, method: str, future, timeout: float) -> None:
+        if future.done():
+            return
+        if self._request_futures.get(msg_id) is future:
+            del self._request_futures[msg_id]
+        self._result_types.pop(msg_id, None)
+        log.warning(
+            "the client did not answer %s (id %s) within %g s: going on without it", method, msg_id, timeout
+        )
+        future.set_exception(ClientTimeout(method, timeout))
 
     def handle_message(self, message) -> None:
         if isinstance(message, Unreadable):
@@ -140,13 +225,21 @@ class DfimProtocol(LanguageServerProtocol):
 
 
 class DfimServer(LanguageServer):
-    def __init__(self, model: str = "", device: str = "cpu") -> None:
+    def __init__(
+        self,
+        model: str = "",
+        device: str = "cpu",
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        client_timeout: float = DEFAULT_CLIENT_TIMEOUT_S,
+    ) -> None:
         super().__init__(
             "dfim",
             VERSION,
             protocol_cls=DfimProtocol,
             text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
         )
+        self.max_message_bytes = max_message_bytes
+        self.protocol.client_timeout = client_timeout
         self.docs = DocumentStore()
         self.options = Options()
         self.options.model.path, self.options.model.device = model, device
@@ -172,6 +265,47 @@ class DfimServer(LanguageServer):
         self.pending_errors: list[str] = []
         self._load_task: asyncio.Task | None = None
         self._loaded = ("", "")
+
+    # ---- transport -------------------------------------------------------------------------------------
+
+    def start_io(self, stdin=None, stdout=None) -> None:
+        """Serve on stdio through `FrameReader` (pygls's `run_async` loop is not used: see server/transport.py)."""
+        self._stop_event = threading.Event()
+        self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+        reader = FrameReader(ThreadSource(stdin or sys.stdin.buffer), self.max_message_bytes)
+        try:
+            asyncio.run(self.serve_frames(reader))
+        except BrokenPipeError:
+            log.error("the connection to the client is lost: shutting down")
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            self.shutdown()
+
+    def start_tcp(self, host: str, port: int, token_file=None) -> None:
+        """Serve one authenticated client on TCP (server/tcp.py)."""
+        from dfim.server.tcp import serve_tcp
+
+        self._stop_event = threading.Event()
+        try:
+            serve_tcp(self, host, port, token_file)
+        except BrokenPipeError:
+            log.error("the connection to the client is lost: shutting down")
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            self.shutdown()
+
+    async def serve_frames(self, reader: FrameReader) -> None:
+        """Read frames until the input ends or the server stops; a bad frame is answered or dropped."""
+        while not self._stop_event.is_set():
+            item = await reader.next()
+            if item is None:
+                return
+            if isinstance(item, Message):
+                self.protocol.receive(item.value)
+            else:
+                self.protocol.reject(item)
 
     @property
     def model_key(self) -> tuple[str, str]:
@@ -307,11 +441,16 @@ def dfim_section(settings):
     return None
 
 
-def build_server(model: str = "", device: str = "cpu") -> DfimServer:
+def build_server(
+    model: str = "",
+    device: str = "cpu",
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    client_timeout: float = DEFAULT_CLIENT_TIMEOUT_S,
+) -> DfimServer:
     """A fresh server with every feature registered (tests may build several in one process)."""
     from dfim.server import code_actions, inline, trace_feature
 
-    ls = DfimServer(model, device)
+    ls = DfimServer(model, device, max_message_bytes, client_timeout)
     _register_lifecycle(ls)
     inline.register(ls)
     code_actions.register(ls)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import threading
 import uuid
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ from dfim.server.actions import (
 from dfim.server.documents import Document, PositionError
 from dfim.server.languages import language_for
 from dfim.server.options import quoted
+from dfim.server.transport import ClientTimeout
+
+log = logging.getLogger("dfim.server.code_actions")
 
 RUN_COMMAND = "dfim.runAction"  # arguments: [data] as carried by a code action
 REQUEST_FAILED = -32803  # LSP 3.17's RequestFailed (pygls has no class for it)
@@ -182,7 +186,11 @@ async def _apply(ls, edit: types.WorkspaceEdit, label: str) -> dict:
     empty = not any(change.edits for change in edit.document_changes or ())
     if empty or not (caps and caps.workspace and caps.workspace.apply_edit):
         return {"applied": False, "edit": unstructured}
-    result = await ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit, label=label))
+    try:
+        result = await ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit, label=label))
+    except ClientTimeout as exc:  # the edit is in the result: the command still answers
+        log.warning("dfim: %s; the edit is returned in the command's result instead", exc)
+        return {"applied": False, "edit": unstructured}
     return {"applied": bool(result and result.applied), "edit": unstructured}
 
 

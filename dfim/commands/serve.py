@@ -1,6 +1,7 @@
 """`dfim serve`: run the language server on stdio (default) or TCP.
 
     dfim serve [--model PATH] [--device cpu|cuda] [--tcp HOST:PORT | --stdio] [--log-file PATH] [-v]
+               [--max-message-mb MB] [--client-timeout SECONDS]
 
 stdout carries the protocol, so logs go to stderr (or --log-file). The only socket ever opened is the
 listening one that --tcp asks for.
@@ -18,19 +19,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", default="", help="checkpoint folder or a shipped model's name (default: dfim-base)"
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model runs")
-    parser.add_argument("--tcp", default="", metavar="HOST:PORT", help="listen on TCP instead of stdio")
+    parser.add_argument(
+        "--tcp",
+        default="",
+        metavar="[HOST:]PORT",
+        help="listen on TCP instead of stdio (on 127.0.0.1 unless HOST is given); clients need the token",
+    )
+    parser.add_argument(
+        "--token-file",
+        default="",
+        metavar="PATH",
+        help="with --tcp: write the client's token here (default <data dir>/serve-PORT.token, mode 0600)",
+    )
     # vscode-languageclient appends --stdio to a command started with TransportKind.stdio; other clients too
     parser.add_argument(
         "--stdio", action="store_true", help="use stdio (the default; accepted for LSP clients)"
     )
     parser.add_argument("--log-file", default="", help="write logs here instead of stderr")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--max-message-mb",
+        type=float,
+        default=32.0,
+        metavar="MB",
+        help="largest message read (default 32); a larger one is skipped, and answered with an error",
+    )
+    parser.add_argument(
+        "--client-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long the server waits for the client to answer its own requests (default 30; 0: for ever)",
+    )
 
 
 def parse_address(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--tcp wants HOST:PORT, got {value!r}")
+    """(host, port) of `--tcp`: loopback when no host is given (`PORT` or `:PORT`); port 0 picks a free one."""
+    host, _, port = value.rpartition(":")
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"--tcp wants [HOST:]PORT, got {value!r}")
     return host or "127.0.0.1", int(port)
 
 
@@ -47,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
             address = parse_address(args.tcp)
         except ValueError as exc:
             return fail(str(exc))
+    if not args.max_message_mb > 0:
+        return fail(f"--max-message-mb must be positive, got {args.max_message_mb:g}")
+    if not args.client_timeout >= 0:
+        return fail(f"--client-timeout must be 0 or more, got {args.client_timeout:g}")
     level = logging.DEBUG if args.verbose else logging.WARNING
     try:
         handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)
@@ -57,10 +88,15 @@ def run(args: argparse.Namespace) -> int:
     )
     from dfim.server.app import build_server
 
-    ls = build_server(model=args.model, device=args.device)
+    ls = build_server(
+        model=args.model,
+        device=args.device,
+        max_message_bytes=int(args.max_message_mb * 1024 * 1024),
+        client_timeout=args.client_timeout,
+    )
     if address:
         try:
-            ls.start_tcp(*address)
+            ls.start_tcp(*address, token_file=args.token_file or None)
         except OSError as exc:  # in use, no permission, unknown host (socket.gaierror is an OSError)
             return fail(f"--tcp: cannot listen on {address[0]}:{address[1]} ({exc.strerror or exc})")
     else:
