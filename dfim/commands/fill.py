@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dfim.commands import options
 from dfim.engine.api import FillRequest, SamplerSettings  # plain dataclasses: no torch
 from dfim.engine.layout import block_lead
 from dfim.server.languages import language_of_path
@@ -33,17 +34,24 @@ class InputError(Exception):
 
 
 def add_fill_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of one fill at a file position (shared by `dfim fill` and `dfim trace`)."""
+    """The arguments of one fill at a file position (shared by `dfim fill` and `dfim trace`); the model,
+    device, seed, language and --max-tokens options are dfim.commands.options'."""
     parser.add_argument("file", help="source file")
     parser.add_argument("--line", type=int, required=True, help="1-based line of the cursor")
     parser.add_argument("--col", type=int, required=True, help="1-based column of the cursor, in characters")
-    parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
-    parser.add_argument(
-        "--max-tokens", type=int, default=None, help="most tokens to fill (default 32, 64 with --multiline)"
+    options.add_model(parser)
+    options.add_device(parser)
+    options.add_max_tokens(
+        parser,
+        None,
+        f"most tokens to fill, at most {options.MAX_TOKENS_CAP} (default: 32, 64 with --multiline)",
     )
-    parser.add_argument("--steps", type=int, default=None, help="most denoising steps (default: the model's)")
-    parser.add_argument("--seed", type=int, default=None, help="seed for a reproducible fill")
-    parser.add_argument("--language", default=None, help="language name, for files with an unknown extension")
+    parser.add_argument(
+        "--steps", type=int, default=None, metavar="N", help="most denoising steps (default: the model's)"
+    )
+    # 0 by default, as the editor's fills (server sampling.seed): the same file and position, the same fill
+    options.add_seed(parser, default=0)
+    options.add_language(parser)
     parser.add_argument(
         "--multiline",
         action="store_true",
@@ -57,11 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--candidates",
         type=int,
         default=None,
+        metavar="N",
         help="canvases denoised at once; the model's ranking picks one (dfim-small: by likelihood). "
         "Default as the editor asks: 1 for a line the model drafts (dfim-small), else 2",
     )
-    parser.add_argument("--json", action="store_true", help="print text, steps, tokens, latency ... as JSON")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    options.add_json(parser, help="print text, steps, tokens, latency, seed ... as one JSON object")
 
 
 def read_source(path: Path) -> str:
@@ -171,8 +179,7 @@ def fail(message: str) -> int:
 
 def read_fill_input(args: argparse.Namespace) -> tuple[str, str, str]:
     """(prefix, suffix, language) for the arguments of `add_fill_arguments`; InputError when bad."""
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise InputError(f"--max-tokens must be at least 1 (got {args.max_tokens})")
+    options.check_max_tokens(args.max_tokens)
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps must be at least 1 (got {args.steps})")
     candidates = getattr(args, "candidates", 1)
@@ -231,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
             "stop_reason": result.stop_reason,
             "context_tokens": result.context_tokens,
             "language": language,
+            "seed": args.seed,
             "model": engine.model_name,
             "random_model": engine.is_random,
         }

@@ -104,6 +104,22 @@ def test_fill_is_reproducible_with_a_seed(capsys, checkpoint):
     assert dfim_fill(capsys, *args)[1] == dfim_fill(capsys, *args)[1]
 
 
+def test_fill_json_echoes_the_seed_and_repeats_text_and_steps(capsys, checkpoint):
+    """Issue 35: three identical runs took 8, 2 and 7 steps. The seed is 0 unless given (as the editor's
+    fills), --json reports it, and the same seed gives the same text and the same steps."""
+    base = (EXAMPLE, "--line", 12, "--col", 9, "--model", checkpoint, "--max-tokens", 16, "--json")
+    runs = [json.loads(dfim_fill(capsys, *base)[1]) for _ in range(2)]
+    assert runs[0]["seed"] == 0
+    assert (runs[0]["text"], runs[0]["steps"]) == (runs[1]["text"], runs[1]["steps"])
+    seeded = [json.loads(dfim_fill(capsys, *base, "--seed", 11)[1]) for _ in range(2)]
+    assert seeded[0]["seed"] == 11
+    assert (seeded[0]["text"], seeded[0]["steps"], seeded[0]["tokens"]) == (
+        seeded[1]["text"],
+        seeded[1]["steps"],
+        seeded[1]["tokens"],
+    )
+
+
 def test_missing_file(capsys, tmp_path):
     code, _, err = dfim_fill(capsys, tmp_path / "nope.py", "--line", 1, "--col", 1)
     assert_one_line_error(code, err, "nope.py", "no such file")
