@@ -172,6 +172,30 @@ def fill_request(
     )
 
 
+def cut_as_the_server(text: str, prefix: str, suffix: str, language: str, max_tokens: int) -> str:
+    """A one-line fill in the middle of a line, after the server's inline post-processing (the chain of
+    dfim.server.postprocess): the model often writes the rest of the line again (`ret` before `return`),
+    which the editor never shows. "" when the server would show nothing."""
+    from dfim.server.context import FillContext, opens_line
+    from dfim.server.languages import GRAMMARS
+    from dfim.server.postprocess import clean
+
+    at = len(prefix)
+    ctx = FillContext(
+        prefix=prefix,
+        suffix=suffix,
+        start=at,
+        end=at,
+        mode="line",
+        indent="",
+        rest_of_line=suffix.split("\n", 1)[0],
+        lang=language if language in GRAMMARS else None,
+        max_tokens=max_tokens,
+        opens_line=opens_line(prefix + suffix, at, at, "line"),
+    )
+    return clean(text, ctx) or ""
+
+
 def fail(message: str) -> int:
     print(f"dfim fill: {message}", file=sys.stderr)
     return 2
@@ -221,6 +245,10 @@ def run(args: argparse.Namespace) -> int:
         result = engine.fill(fill_request(prefix + lead, suffix, args, engine.settings))
         if lead and result.text.strip():  # the fill starts on the new line: the break comes with it
             result = replace(result, text=lead + result.text.lstrip(" \t"))
+        raw = result.text
+        if not args.multiline and suffix.split("\n", 1)[0].strip():  # in the middle of a line
+            request_tokens = args.max_tokens if args.max_tokens is not None else 32
+            result = replace(result, text=cut_as_the_server(raw, prefix, suffix, language, request_tokens))
     except EngineError as err:
         return fail(str(err))
     except KeyboardInterrupt:  # Ctrl-C while torch loads or the model fills: a line, not a traceback
@@ -230,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = {
             "text": result.text,
+            "raw_text": raw,  # the model's, before the server's post-processing (differs mid-line)
             "steps": result.steps,
             "tokens": result.tokens,
             "canvas_length": result.canvas_length,
@@ -245,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, ensure_ascii=False))
     else:
         if not result.text.strip():
-            print("dfim fill: note: the model wrote nothing here (try another --seed)", file=sys.stderr)
+            why = "only repeated the rest of the line" if raw.strip() else "wrote nothing here"
+            print(f"dfim fill: note: the model {why} (try another --seed)", file=sys.stderr)
         sys.stdout.write(result.text if result.text.endswith("\n") else result.text + "\n")
     return 0

@@ -411,3 +411,27 @@ def test_fill_with_candidates_answers_the_engines_best_and_refuses_bad_counts(ca
     for bad in (0, 17):
         code, _, err = dfim_fill(capsys, *args, "--candidates", bad)
         assert_one_line_error(code, err, "--candidates")
+
+
+@pytest.mark.parametrize(
+    ("col", "model_text"),
+    [(5, "return size"), (8, "urn size")],  # before `return size`; inside it, `ret▮urn size`
+)
+def test_a_fill_mid_line_never_repeats_the_rest_of_the_line(capsys, checkpoint, monkeypatch, col, model_text):
+    """Issue 35: `dfim fill` in the middle of a line printed the rest of the line again (`ret` before
+    `ret`), where the server cuts it. It now goes through the server's inline post-processing."""
+    from dfim.engine.api import FillResult
+    from dfim.engine.inference.fill import Engine
+
+    def fake_fill(self, request):
+        return FillResult(model_text, 1, 16, 3, 10, 10, 1.0, "stable")
+
+    monkeypatch.setattr(Engine, "fill", fake_fill)
+    args = (EXAMPLE, "--line", 14, "--col", col, "--model", checkpoint)
+    code, out, err = dfim_fill(capsys, *args)
+    assert code == 0 and out.strip() == "" and "repeated the rest of the line" in err
+    data = json.loads(dfim_fill(capsys, *args, "--json")[1])
+    assert data["text"] == "" and data["raw_text"] == model_text
+    # at the end of a line nothing is cut: the fill is the model's
+    code, out, _ = dfim_fill(capsys, EXAMPLE, "--line", 14, "--col", 16, "--model", checkpoint)
+    assert code == 0 and out == model_text + "\n"
