@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
-import subprocess
+import re
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -32,25 +32,37 @@ def package_version() -> str:
 
 @functools.cache
 def git_commit(root: Path = REPO_ROOT) -> tuple[str | None, bool | None]:
-    """(commit, modified) of the checkout dfim runs from: the HEAD commit and whether tracked files differ
-    from it; (None, None) outside a checkout or without git."""
-    if not (root / ".git").exists():  # a folder in a clone, a file in a worktree; absent in a wheel install
-        return None, None
-
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(
-                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5, check=False
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    if not commit:
-        return None, None
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return commit, (None if status is None else bool(status))
+    """(commit, modified) of the checkout dfim runs from: the HEAD commit, read from the .git files (no
+    process is started: only the eval sandbox and the benchmarks may, tests/test_security.py); `modified`
+    is None (unknown without running git). (None, None) outside a checkout."""
+    dot_git = root / ".git"
+    try:
+        if dot_git.is_file():  # a worktree: "gitdir: PATH"
+            gitdir = Path(dot_git.read_text(encoding="utf-8").split("gitdir:", 1)[1].strip())
+            gitdir = gitdir if gitdir.is_absolute() else (root / gitdir).resolve()
+        elif dot_git.is_dir():
+            gitdir = dot_git
+        else:
+            return None, None
+        common = gitdir
+        if (gitdir / "commondir").is_file():  # a worktree's refs live in the main repository's folder
+            common = (gitdir / (gitdir / "commondir").read_text(encoding="utf-8").strip()).resolve()
+        head = (gitdir / "HEAD").read_text(encoding="utf-8").strip()
+        if not head.startswith("ref:"):
+            return (head if re.fullmatch(r"[0-9a-f]{40,64}", head) else None), None  # a detached HEAD
+        ref = head[4:].strip()
+        for folder in (gitdir, common):
+            if (folder / ref).is_file():
+                return (folder / ref).read_text(encoding="utf-8").strip() or None, None
+        packed = common / "packed-refs"
+        if packed.is_file():
+            for line in packed.read_text(encoding="utf-8").splitlines():
+                sha, _, name = line.partition(" ")
+                if name.strip() == ref:
+                    return sha, None
+    except (OSError, IndexError, UnicodeDecodeError):
+        pass
+    return None, None
 
 
 @functools.cache

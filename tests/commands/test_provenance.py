@@ -29,15 +29,13 @@ def test_the_record_names_version_commit_torch_device_threads_and_cpu():
     json.dumps(env)  # goes into result files as it is
     if (ROOT / ".git").exists():  # run from a checkout: the commit is HEAD's
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
-        assert env["commit"] == head.stdout.strip() and isinstance(env["modified"], bool)
+        assert env["commit"] == head.stdout.strip()
 
 
 def test_no_checkout_no_git_falls_back_to_none(tmp_path, monkeypatch):
     assert provenance.git_commit.__wrapped__(tmp_path) == (None, None)  # not a checkout
-    (tmp_path / ".git").mkdir()  # looks like one, but git finds no commit there
+    (tmp_path / ".git").mkdir()  # looks like one, but holds no HEAD
     assert provenance.git_commit.__wrapped__(tmp_path) == (None, None)
-    monkeypatch.setenv("PATH", str(tmp_path))  # no git at all
-    assert provenance.git_commit.__wrapped__(ROOT) == (None, None)
     text = provenance.version_text({**provenance.environment("cpu"), "commit": None, "modified": None})
     assert "no git checkout" in text
 
