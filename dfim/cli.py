@@ -12,6 +12,8 @@ import importlib
 import os
 import sys
 
+from dfim.commands.options import HelpFormatter
+
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "fill": ("dfim.commands.fill", "print the code that belongs at a position of a file"),
@@ -27,13 +29,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+class VersionAction(argparse.Action):
+    """`dfim --version`: dfim's version and git commit, torch, the device, threads and CPU: the record
+    result files carry (dfim.commands.provenance). Worked out only when asked (git and torch take time)."""
 
-    try:
-        return version("dfim")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown"
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from dfim.commands.provenance import version_text
+
+        sys.stdout.write(version_text() + "\n")  # on stdout, as argparse's own version action
+        parser.exit()
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -42,10 +49,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dfim", description="Fill code in the middle with a diffusion model."
     )
-    parser.add_argument("--version", action="version", version=f"dfim {package_version()}")
+    parser.add_argument(
+        "--version", action=VersionAction, help="print dfim's version and commit, torch, device and CPU"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
-        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        command_parser = sub.add_parser(
+            name, help=help_text, description=help_text, formatter_class=HelpFormatter
+        )
         command_parser.set_defaults(_module=module_name)
         if command in COMMANDS and name != command:
             continue

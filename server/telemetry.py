@@ -209,7 +209,12 @@ def summarize(events: list[dict]) -> dict:
     summary["acceptance_rate"] = counts["accepted"] / shown if shown else 0.0
     summary["partial_rate"] = counts["partial"] / shown if shown else 0.0
     summary["accepted_chars"] = accepted_chars
+    # shown = accepted + partial + rejected + no_outcome: a suggestion still on screen, or left without a
+    # word (typed over, the editor closed); negative never (an outcome whose `shown` was rotated away is
+    # counted among the outcomes only)
+    summary["no_outcome"] = max(0, shown - counts["accepted"] - counts["partial"] - counts["rejected"])
     for label, values in (("latency", latencies), ("model_latency", model_latencies)):
+        summary[f"{label}_n"] = len(values)  # the samples behind the percentiles
         for q in (50, 90, 95, 99):
             summary[f"{label}_p{q}"] = percentile(values, q) if values else None
     return summary

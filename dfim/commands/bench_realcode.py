@@ -17,44 +17,54 @@ from dfim.bench.realcode.problems import build, read_completions, read_problems,
 from dfim.bench.realcode.scoring import markdown, model_completions, score, summarize
 from dfim.bench.realcode.spans import KINDS
 from dfim.bench.realcode.tracing import DEFAULT_TEST_COMMAND, RealcodeError, parse_test_command, site_paths
+from dfim.commands import options
+from dfim.commands.provenance import environment
 from dfim.engine.evaluation import sandbox
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    b = sub.add_parser("build", help="turn a Python project with tests into FIM problems")
+    b = sub.add_parser(
+        "build",
+        help="turn a Python project with tests into FIM problems",
+        formatter_class=options.HelpFormatter,
+    )
     b.add_argument("project", help="project folder (the test command runs in it)")
-    b.add_argument("--out", required=True, help="problems JSONL to write")
+    options.add_out(b, "problems JSONL to write", required=True)
     b.add_argument(
         "--test-command",
         default=DEFAULT_TEST_COMMAND,
         help="`python -m MODULE ...` or `python SCRIPT.py ...` run in the project",
     )
-    b.add_argument("--kinds", default=",".join(KINDS), help="comma-separated span kinds")
+    b.add_argument("--kinds", default=",".join(KINDS), help="comma-separated span kinds to make")
     b.add_argument(
         "--mutation-check", action="store_true", help="drop spans the tests do not notice breaking"
     )
     b.add_argument(
         "--relative", action="store_true", help="record the project path relative to --out's folder"
     )
-    s = sub.add_parser("score", help="score completions by running the project's tests")
+    s = sub.add_parser(
+        "score",
+        help="score completions by running the project's tests",
+        formatter_class=options.HelpFormatter,
+    )
     s.add_argument("problems", help="problems JSONL from `build`")
-    how = s.add_mutually_exclusive_group(required=True)
+    how = s.add_mutually_exclusive_group()
     how.add_argument("--reference", action="store_true", help="score the canonical middles (harness check)")
-    how.add_argument("--completions", help="JSONL of {task_id, completion}")
-    how.add_argument("--model", help="fill with this checkpoint ('default' = the shipped model)")
-    s.add_argument("--device", default="cpu")
-    s.add_argument(
-        "--max-tokens", type=int, default=32, help="canvas for line/condition/call (blocks get 4x)"
+    how.add_argument("--completions", metavar="FILE", help="JSONL of {task_id, completion}")
+    options.add_model(
+        how, help="fill with this checkpoint (default, or 'default': the shipped model, dfim-small)"
     )
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--limit", type=int, default=None)
-    s.add_argument(
-        "--out", default=None, help="folder for results.json and summary.md (default runs/realcode/...)"
+    options.add_device(s)
+    options.add_max_tokens(
+        s, 32, f"canvas for line/condition/call, at most {options.MAX_TOKENS_CAP} (blocks get 4x)"
     )
+    options.add_seed(s, help="problem i is filled with seed N+i: the same seed gives the same fills")
+    s.add_argument("--limit", type=int, default=None, metavar="N", help="score only the first N problems")
+    options.add_out(s, "folder for results.json and summary.md (default: runs/realcode/<timestamp>)")
     for p in (b, s):
         p.add_argument("--timeout", type=float, default=60.0, help="seconds per test-suite run")
-        p.add_argument("--memory-mb", type=int, default=2048)
+        p.add_argument("--memory-mb", type=int, default=2048, help="address-space limit per test-suite run")
         p.add_argument("--workers", type=int, default=2, help="test-suite runs in parallel")
         p.add_argument("--site-packages", action="store_true", help="let the tests import installed packages")
 
@@ -70,6 +80,7 @@ def check_args(args: argparse.Namespace) -> None:
         sandbox_limits,
         seed,
     )
+    from dfim.commands.options import check_max_tokens
 
     sandbox_limits(args.timeout, args.memory_mb)
     at_least("--workers", args.workers, 1)
@@ -84,7 +95,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise InputError(f"--test-command: {argv[0]}: no such script in the project {project}")
     else:
         at_least("--limit", args.limit, 1)
-        at_least("--max-tokens", args.max_tokens, 1)
+        check_max_tokens(args.max_tokens)
         seed("--seed", args.seed)  # problem i gets seed + i: torch takes up to 2**64 - 1, room enough
         if args.out:
             output_folder(args.out, "--out")
@@ -192,7 +203,10 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - started, 2),
         "sandbox": {"timeout_s": limits.timeout_s, "memory_bytes": limits.memory_bytes},
+        "environment": environment(args.device if source.startswith("model") else None),
     }
+    if source.startswith("model"):  # the sampling that made the completions
+        meta.update(seed=args.seed, max_tokens=args.max_tokens, device=args.device)
     rows = summarize(records)
     table = markdown(rows, meta)
     try:

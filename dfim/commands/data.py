@@ -29,8 +29,8 @@ prog = "dfim data"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--tokenizer", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path, help="folder for the token shards")
+    parser.add_argument("--tokenizer", required=True, type=Path, help="tokenizer.json to encode with")
     parser.add_argument("--roots", nargs="*", type=Path, help="default: stdlib + site-packages")
     parser.add_argument("--extra-roots", nargs="*", type=Path, default=[], help="folders added to the roots")
     parser.add_argument(
@@ -43,9 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--permissive-only", action="store_true", help="drop .py files under a non-permissive licence too"
     )
     parser.add_argument("--no-near-dedup", action="store_true", help="exact and whitespace dedup only")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--val-fraction", type=float, default=0.01)
-    parser.add_argument("--max-shard-tokens", type=int, default=2**26)
+    parser.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="processes that read and encode"
+    )
+    parser.add_argument(
+        "--val-fraction", type=float, default=0.01, help="share of files held out for validation"
+    )
+    parser.add_argument("--max-shard-tokens", type=int, default=2**26, help="tokens per shard file")
     parser.add_argument("--eval-data", type=Path, nargs="*", help="HumanEval-style folders to exclude")
     parser.add_argument("--skip-if-built", action="store_true", help="do nothing if DIR already matches")
 

@@ -11,7 +11,6 @@ import datetime as dt
 import hashlib
 import json
 import math
-import platform
 import shlex
 import sys
 import time
@@ -19,6 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
+from dfim.commands import options
+from dfim.commands.provenance import environment
 from dfim.engine.api import EngineError, SamplerSettings
 from dfim.engine.evaluation import sandbox
 from dfim.engine.evaluation.fim import (
@@ -41,18 +42,15 @@ from dfim.engine.evaluation.fim import (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("data", help="HumanEval-infilling-format JSONL (plain or .gz)")
-    parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
-    parser.add_argument("--device", default="cpu", help="torch device for the engine (default: cpu)")
+    options.add_model(parser)
+    options.add_device(parser)
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N problems")
     parser.add_argument("--workers", type=int, default=4, help="test programs run in parallel (default: 4)")
-    parser.add_argument("--seed", type=int, default=0, help="problem i is filled with seed S+i (default: 0)")
+    options.add_seed(parser, help="problem i is filled with seed N+i: the same seed gives the same fills")
     parser.add_argument("--steps", type=int, default=None, help="override max denoising steps")
     parser.add_argument("--entropy-bound", type=float, default=None, help="override the entropy bound")
-    parser.add_argument(
-        "--max-tokens",
-        type=int,
-        default=DEFAULT_MAX_TOKENS,
-        help=f"canvas size, rounded up to a bucket (default: {DEFAULT_MAX_TOKENS})",
+    options.add_max_tokens(
+        parser, DEFAULT_MAX_TOKENS, f"canvas size, rounded up to a bucket, at most {options.MAX_TOKENS_CAP}"
     )
     parser.add_argument("--no-early-stop", action="store_true", help="always run the maximum number of steps")
     parser.add_argument(
@@ -76,13 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compare settings in one run, e.g. 'steps=8,16,48;early_stop=on,off' (grid; join grids with |). "
         f"Keys: {', '.join(SWEEP_KEYS)}",
     )
-    parser.add_argument("--out", default=None, help="output folder (default: runs/eval/<timestamp>)")
+    options.add_out(parser, "output folder (default: runs/eval/<timestamp>)")
     parser.add_argument(
         "--reference",
         action="store_true",
         help="score the canonical solutions instead of a model (checks the harness: expect pass@1 = 100)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    options.add_quiet(parser, help="no progress bar")
 
 
 def _sha256(path: Path) -> str:
@@ -125,13 +123,14 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _validate(args: argparse.Namespace) -> str | None:
     """The one line to print for bad options (checked before any model loads), or None."""
     from dfim.commands.checks import InputError, at_least, not_a_file, output_folder, sandbox_limits, seed
+    from dfim.commands.options import check_max_tokens
 
     try:
         at_least("--limit", args.limit, 1)
         at_least("--workers", args.workers, 1)
         at_least("--steps", args.steps, 1)
         at_least("--entropy-bound", args.entropy_bound, 0)
-        at_least("--max-tokens", args.max_tokens, 1)
+        check_max_tokens(args.max_tokens)
         sandbox_limits(args.timeout, args.memory_mb)
         seed("--seed", args.seed)  # problem i gets seed + i: torch takes up to 2**64 - 1, room enough
         not_a_file("--model", args.model)
@@ -267,8 +266,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         "completion_postprocess": "first line",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "wall_s": round(wall_s, 2),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
+        "environment": environment(args.device if not args.reference else None),
     }
     results = {"meta": meta, "summary": summary, "early_stop_checks": checks, "problems": records}
     table = markdown_summary(meta, summary, checks)

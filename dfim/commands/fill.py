@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dfim.commands import options
 from dfim.engine.api import FillRequest, SamplerSettings  # plain dataclasses: no torch
 from dfim.engine.layout import block_lead
 from dfim.server.languages import language_of_path
@@ -33,17 +34,24 @@ class InputError(Exception):
 
 
 def add_fill_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of one fill at a file position (shared by `dfim fill` and `dfim trace`)."""
+    """The arguments of one fill at a file position (shared by `dfim fill` and `dfim trace`); the model,
+    device, seed, language and --max-tokens options are dfim.commands.options'."""
     parser.add_argument("file", help="source file")
     parser.add_argument("--line", type=int, required=True, help="1-based line of the cursor")
     parser.add_argument("--col", type=int, required=True, help="1-based column of the cursor, in characters")
-    parser.add_argument("--model", default=None, help="checkpoint folder (default: the shipped model)")
-    parser.add_argument(
-        "--max-tokens", type=int, default=None, help="most tokens to fill (default 32, 64 with --multiline)"
+    options.add_model(parser)
+    options.add_device(parser)
+    options.add_max_tokens(
+        parser,
+        None,
+        f"most tokens to fill, at most {options.MAX_TOKENS_CAP} (default: 32, 64 with --multiline)",
     )
-    parser.add_argument("--steps", type=int, default=None, help="most denoising steps (default: the model's)")
-    parser.add_argument("--seed", type=int, default=None, help="seed for a reproducible fill")
-    parser.add_argument("--language", default=None, help="language name, for files with an unknown extension")
+    parser.add_argument(
+        "--steps", type=int, default=None, metavar="N", help="most denoising steps (default: the model's)"
+    )
+    # 0 by default, as the editor's fills (server sampling.seed): the same file and position, the same fill
+    options.add_seed(parser, default=0)
+    options.add_language(parser)
     parser.add_argument(
         "--multiline",
         action="store_true",
@@ -57,11 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--candidates",
         type=int,
         default=None,
+        metavar="N",
         help="canvases denoised at once; the model's ranking picks one (dfim-small: by likelihood). "
         "Default as the editor asks: 1 for a line the model drafts (dfim-small), else 2",
     )
-    parser.add_argument("--json", action="store_true", help="print text, steps, tokens, latency ... as JSON")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    options.add_json(parser, help="print text, steps, tokens, latency, seed ... as one JSON object")
 
 
 def read_source(path: Path) -> str:
@@ -164,6 +172,30 @@ def fill_request(
     )
 
 
+def cut_as_the_server(text: str, prefix: str, suffix: str, language: str, max_tokens: int) -> str:
+    """A one-line fill in the middle of a line, after the server's inline post-processing (the chain of
+    dfim.server.postprocess): the model often writes the rest of the line again (`ret` before `return`),
+    which the editor never shows. "" when the server would show nothing."""
+    from dfim.server.context import FillContext, opens_line
+    from dfim.server.languages import GRAMMARS
+    from dfim.server.postprocess import clean
+
+    at = len(prefix)
+    ctx = FillContext(
+        prefix=prefix,
+        suffix=suffix,
+        start=at,
+        end=at,
+        mode="line",
+        indent="",
+        rest_of_line=suffix.split("\n", 1)[0],
+        lang=language if language in GRAMMARS else None,
+        max_tokens=max_tokens,
+        opens_line=opens_line(prefix + suffix, at, at, "line"),
+    )
+    return clean(text, ctx) or ""
+
+
 def fail(message: str) -> int:
     print(f"dfim fill: {message}", file=sys.stderr)
     return 2
@@ -171,8 +203,7 @@ def fail(message: str) -> int:
 
 def read_fill_input(args: argparse.Namespace) -> tuple[str, str, str]:
     """(prefix, suffix, language) for the arguments of `add_fill_arguments`; InputError when bad."""
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise InputError(f"--max-tokens must be at least 1 (got {args.max_tokens})")
+    options.check_max_tokens(args.max_tokens)
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps must be at least 1 (got {args.steps})")
     candidates = getattr(args, "candidates", 1)
@@ -214,6 +245,10 @@ def run(args: argparse.Namespace) -> int:
         result = engine.fill(fill_request(prefix + lead, suffix, args, engine.settings))
         if lead and result.text.strip():  # the fill starts on the new line: the break comes with it
             result = replace(result, text=lead + result.text.lstrip(" \t"))
+        raw = result.text
+        if not args.multiline and suffix.split("\n", 1)[0].strip():  # in the middle of a line
+            request_tokens = args.max_tokens if args.max_tokens is not None else 32
+            result = replace(result, text=cut_as_the_server(raw, prefix, suffix, language, request_tokens))
     except EngineError as err:
         return fail(str(err))
     except KeyboardInterrupt:  # Ctrl-C while torch loads or the model fills: a line, not a traceback
@@ -223,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = {
             "text": result.text,
+            "raw_text": raw,  # the model's, before the server's post-processing (differs mid-line)
             "steps": result.steps,
             "tokens": result.tokens,
             "canvas_length": result.canvas_length,
@@ -231,12 +267,14 @@ def run(args: argparse.Namespace) -> int:
             "stop_reason": result.stop_reason,
             "context_tokens": result.context_tokens,
             "language": language,
+            "seed": args.seed,
             "model": engine.model_name,
             "random_model": engine.is_random,
         }
         print(json.dumps(out, ensure_ascii=False))
     else:
         if not result.text.strip():
-            print("dfim fill: note: the model wrote nothing here (try another --seed)", file=sys.stderr)
+            why = "only repeated the rest of the line" if raw.strip() else "wrote nothing here"
+            print(f"dfim fill: note: the model {why} (try another --seed)", file=sys.stderr)
         sys.stdout.write(result.text if result.text.endswith("\n") else result.text + "\n")
     return 0

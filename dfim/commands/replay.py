@@ -25,6 +25,8 @@ from dfim.bench.replay import (
     markdown,
     replay,
 )
+from dfim.commands import options
+from dfim.commands.provenance import environment
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,8 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--commits", type=int, default=None, help="how many recent non-merge commits (with --git; default 10)"
     )
     parser.add_argument("--rev", default=None, help="the newest commit to look at (with --git; default HEAD)")
-    parser.add_argument("--model", default="", help="checkpoint folder (default: the shipped model)")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    options.add_model(parser)
+    options.add_device(parser)
+    # the server's own default (sampling.seed 0): what the editor would have shown
+    options.add_seed(parser, help="the server's sampling.seed: the same seed and files give the same report")
     parser.add_argument("--trigger", default="word", choices=TRIGGERS, help="when the client asks")
     parser.add_argument(
         "--every", type=int, default=8, help="characters between requests for --trigger chars"
@@ -50,10 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, default=None, help="server sampling.maxSteps")
     parser.add_argument("--max-canvas", type=int, default=None, help="server sampling.maxCanvas")
-    parser.add_argument(
-        "--out", default=None, help="folder for report.json and summary.md (default runs/replay/...)"
-    )
-    parser.add_argument("--quiet", action="store_true", help="no per-region progress lines")
+    options.add_out(parser, "folder for report.json and summary.md (default: runs/replay/<timestamp>)")
+    options.add_quiet(parser, help="no per-region progress lines")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -80,6 +82,7 @@ def check_args(args: argparse.Namespace) -> None:
     for flag, value, name in (
         ("--steps", args.steps, "max_steps"),
         ("--max-canvas", args.max_canvas, "max_canvas"),
+        ("--seed", args.seed, "seed"),
     ):
         within(flag, value, bounds[name]["min"], bounds[name]["max"])
     if args.model:
@@ -112,7 +115,11 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     if not regions:
         print("dfim replay: nothing to replay (give files or --git REPO)", file=sys.stderr)
         return 2
-    sampling = {k: v for k, v in (("maxSteps", args.steps), ("maxCanvas", args.max_canvas)) if v is not None}
+    sampling = {
+        k: v
+        for k, v in (("maxSteps", args.steps), ("maxCanvas", args.max_canvas), ("seed", args.seed))
+        if v is not None
+    }
     # The server runs in the repository root (so no `dfim` folder in the user's cwd shadows the package):
     # a relative --model must be resolved here, against the cwd it was checked in.
     model = str(Path(args.model).resolve()) if args.model else ""
@@ -149,6 +156,8 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - started, 2),
         "sources": [r.source for r in regions],
+        "seed": args.seed,
+        "environment": environment(args.device),
     }
     table = markdown(report)
     try:

@@ -6,12 +6,13 @@ import argparse
 import json
 import sys
 
+from dfim.commands import options
 from dfim.server.telemetry import FILE_NAME, data_dir, read_events, summarize
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default="", help="telemetry folder (default: the server's data dir)")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    options.add_json(parser, help="print the summary as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,15 +38,23 @@ def run(args: argparse.Namespace) -> int:
         return "-" if value is None else f"{value:.0f} ms"
 
     print(f"telemetry: {path} ({len(events)} events)")
+    outcomes = summary["accepted"] + summary["partial"] + summary["rejected"]
     print(
-        f"shown {summary['shown']}  accepted {summary['accepted']}  partial {summary['partial']}  "
-        f"rejected {summary['rejected']}"
+        f"shown {summary['shown']} = accepted {summary['accepted']} + partial {summary['partial']} + "
+        f"rejected {summary['rejected']} + no outcome {summary['no_outcome']}"
+        + (
+            ""
+            if outcomes <= summary["shown"]
+            else f" ({outcomes - summary['shown']} outcomes of older shows)"
+        )
     )
     print(f"acceptance rate {summary['acceptance_rate']:.1%}  (partial {summary['partial_rate']:.1%})")
     print(f"accepted characters {summary['accepted_chars']}")
     for label, name in (("latency", "all shown"), ("model_latency", "model calls")):
+        n = summary[f"{label}_n"]
         print(
-            f"latency ({name}): p50 {ms(summary[f'{label}_p50'])}  p90 {ms(summary[f'{label}_p90'])}  "
+            f"latency ({name}, n={n}): p50 {ms(summary[f'{label}_p50'])}  p90 {ms(summary[f'{label}_p90'])}  "
             f"p95 {ms(summary[f'{label}_p95'])}  p99 {ms(summary[f'{label}_p99'])}"
+            + ("  (p95/p99 of fewer than 20 samples: the slowest few)" if 0 < n < 20 else "")
         )
     return 0

@@ -18,9 +18,9 @@ from dfim.engine.model.tokenizer import VOCAB_SIZE, default_roots, read_corpus_t
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="where to write tokenizer.json")
-    parser.add_argument("--max-mb", type=float, default=80.0, help="sample at most this much source")
-    parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-mb", type=float, default=80.0, help="sample at most this many MiB of source")
+    parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help="tokens in the vocabulary")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the file sample")
     parser.add_argument(
         "--corpus",
         action="extend",

@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dfim.commands import options
 from dfim.commands.fill import (
     InputError,
     add_fill_arguments,
@@ -22,7 +23,7 @@ from dfim.engine.layout import block_lead
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_fill_arguments(parser)
-    parser.add_argument("--out", default="trace.html", help="HTML file to write (default trace.html)")
+    options.add_out(parser, "HTML file to write", default="trace.html")
 
 
 def fail(message: str) -> int:
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from dfim.engine.inference.fill import Engine
 
-        engine = Engine.load(args.model)
+        engine = Engine.load(args.model, device=args.device)
         if engine.is_random:
             print(f"dfim trace: note: {engine.path} is an untrained (random) checkpoint", file=sys.stderr)
         prefix, suffix = fit_to_model(prefix, suffix, engine)

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dfim.commands import options
 from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR
 from dfim.engine.model.tokenizer import FIM_SPECIALS, Tokenizer
 from dfim.engine.training.examples import ExampleSettings
@@ -38,7 +39,9 @@ from dfim.engine.training.train import example_mix, train
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="token shards from `dfim data`")
     parser.add_argument("--out", required=True, help="run folder: state/, train_log.jsonl, export/")
-    parser.add_argument("--tokenizer", default=str(DEFAULT_MODEL_DIR / "tokenizer.json"))
+    parser.add_argument(
+        "--tokenizer", default=str(DEFAULT_MODEL_DIR / "tokenizer.json"), help="tokenizer.json of the data"
+    )
     parser.add_argument(
         "--model-config", default="small", help=f"preset {sorted(PRESETS)}, JSON file or JSON"
     )
@@ -73,14 +76,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument("--buckets", default="16,32,64,128", help="canvas lengths")
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--min-lr-ratio", type=float, default=0.1)
-    parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    parser.add_argument(
+        "--min-lr-ratio", type=float, default=0.1, help="learning rate at the end of the decay, over --lr"
+    )
+    parser.add_argument("--warmup", type=int, default=300, help="steps of linear learning-rate warm-up")
     parser.add_argument(
         "--decay-share", type=float, default=0.25, help="WSD: share of the plan spent decaying"
     )
-    parser.add_argument("--weight-decay", type=float, default=0.1)
-    parser.add_argument("--grad-clip", type=float, default=1.0)
+    parser.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
+    parser.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clipped to this")
     parser.add_argument(
         "--objective",
         choices=("diffusion", "causal"),
@@ -121,13 +126,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="share of rows noised left-to-right as the sampler's window leaves them (clean up to a cut)",
     )
-    parser.add_argument("--self-cond-p", type=float, default=0.5)
+    parser.add_argument(
+        "--self-cond-p", type=float, default=0.5, help="share of steps trained with self-conditioning"
+    )
     # Data-loader workers per process: under torchrun the machine's cores are shared by its processes.
     local_processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     parser.add_argument(
-        "--workers", type=int, default=min(12, max(0, (os.cpu_count() or 2) // local_processes - 2))
+        "--workers",
+        type=int,
+        default=min(12, max(0, (os.cpu_count() or 2) // local_processes - 2)),
+        help="data-loader worker processes per training process (0: load in the training process)",
     )
-    parser.add_argument("--device", default=None)
+    options.add_device(
+        parser, default=None, help="where training runs (default: cuda when available, else cpu)"
+    )
     parser.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
@@ -144,11 +156,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compile-mode", default=None, help="torch.compile mode (e.g. max-autotune-no-cudagraphs)"
     )
-    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--log-every", type=int, default=50, help="log to train_log.jsonl every N steps")
     parser.add_argument("--eval-every", type=int, default=500, help="validation every N steps (at log steps)")
-    parser.add_argument("--val-batches", type=int, default=8)
-    parser.add_argument("--save-every-minutes", type=float, default=4.0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--val-batches", type=int, default=8, help="batches per validation (0: none)")
+    parser.add_argument(
+        "--save-every-minutes", type=float, default=4.0, help="minutes between saves of OUT/state"
+    )
+    options.add_seed(parser, help="seed of the initial weights, the data order and the noise")
     parser.add_argument(
         "--peak-tflops",
         type=float,
@@ -331,7 +345,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m dfim.commands.train", description=__doc__.split("\n\n")[0]
+        prog="python -m dfim.commands.train",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=options.HelpFormatter,
     )
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -114,7 +114,6 @@ MORE_TRAIN_CASES = {
     "data_without_shards": (["--data", "@empty_dir"], ("--data", "train_docs.npy")),
     "bogus_config": (["--model-config", "bogus"], ("--model-config", "bogus")),
     "bad_json_config": (["--model-config", "{nope"], ("--model-config", "JSON")),
-    "device_gpu": (["--device", "gpu"], ("--device", "gpu")),
     "init_missing": (["--init-from", "@tmp/absent"], ("--init-from", "no such folder")),
     "tokenizer_missing": (["--tokenizer", "@tmp/absent.json"], ("--tokenizer", "no such file")),
     "buckets_abc": (["--buckets", "abc"], ("--buckets", "abc")),

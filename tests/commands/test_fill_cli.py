@@ -104,6 +104,22 @@ def test_fill_is_reproducible_with_a_seed(capsys, checkpoint):
     assert dfim_fill(capsys, *args)[1] == dfim_fill(capsys, *args)[1]
 
 
+def test_fill_json_echoes_the_seed_and_repeats_text_and_steps(capsys, checkpoint):
+    """Issue 35: three identical runs took 8, 2 and 7 steps. The seed is 0 unless given (as the editor's
+    fills), --json reports it, and the same seed gives the same text and the same steps."""
+    base = (EXAMPLE, "--line", 12, "--col", 9, "--model", checkpoint, "--max-tokens", 16, "--json")
+    runs = [json.loads(dfim_fill(capsys, *base)[1]) for _ in range(2)]
+    assert runs[0]["seed"] == 0
+    assert (runs[0]["text"], runs[0]["steps"]) == (runs[1]["text"], runs[1]["steps"])
+    seeded = [json.loads(dfim_fill(capsys, *base, "--seed", 11)[1]) for _ in range(2)]
+    assert seeded[0]["seed"] == 11
+    assert (seeded[0]["text"], seeded[0]["steps"], seeded[0]["tokens"]) == (
+        seeded[1]["text"],
+        seeded[1]["steps"],
+        seeded[1]["tokens"],
+    )
+
+
 def test_missing_file(capsys, tmp_path):
     code, _, err = dfim_fill(capsys, tmp_path / "nope.py", "--line", 1, "--col", 1)
     assert_one_line_error(code, err, "nope.py", "no such file")
@@ -396,3 +412,27 @@ def test_fill_with_candidates_answers_the_engines_best_and_refuses_bad_counts(ca
     for bad in (0, 17):
         code, _, err = dfim_fill(capsys, *args, "--candidates", bad)
         assert_one_line_error(code, err, "--candidates")
+
+
+@pytest.mark.parametrize(
+    ("col", "model_text"),
+    [(5, "return size"), (8, "urn size")],  # before `return size`; inside it, `ret▮urn size`
+)
+def test_a_fill_mid_line_never_repeats_the_rest_of_the_line(capsys, checkpoint, monkeypatch, col, model_text):
+    """Issue 35: `dfim fill` in the middle of a line printed the rest of the line again (`ret` before
+    `ret`), where the server cuts it. It now goes through the server's inline post-processing."""
+    from dfim.engine.api import FillResult
+    from dfim.engine.inference.fill import Engine
+
+    def fake_fill(self, request):
+        return FillResult(model_text, 1, 16, 3, 10, 10, 1.0, "stable")
+
+    monkeypatch.setattr(Engine, "fill", fake_fill)
+    args = (EXAMPLE, "--line", 14, "--col", col, "--model", checkpoint)
+    code, out, err = dfim_fill(capsys, *args)
+    assert code == 0 and out.strip() == "" and "repeated the rest of the line" in err
+    data = json.loads(dfim_fill(capsys, *args, "--json")[1])
+    assert data["text"] == "" and data["raw_text"] == model_text
+    # at the end of a line nothing is cut: the fill is the model's
+    code, out, _ = dfim_fill(capsys, EXAMPLE, "--line", 14, "--col", 16, "--model", checkpoint)
+    assert code == 0 and out == model_text + "\n"

@@ -99,6 +99,9 @@ def test_replay_against_the_real_server(checkpoint, tmp_path, monkeypatch):
     assert replay_command.run(args) == 0
     report = json.loads((out / "report.json").read_text())
     assert "dfim replay" in (out / "summary.md").read_text()
+    # the seed the server sampled with and the environment, recorded (issue 35)
+    assert report["meta"]["seed"] == 0 and report["meta"]["environment"]["device"] == "cpu"
+    assert {"dfim", "commit", "torch", "threads", "cpu"} <= set(report["meta"]["environment"])
     s, (region,) = report["summary"], report["regions"]
     assert report["server"]["is_random"] is True
     assert s["regions"] == 1 and s["chars"] == region["chars"] == len(source.read_text())
