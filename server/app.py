@@ -8,11 +8,13 @@ until it is ready (or if it cannot load) requests are still answered, with no co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcInvalidRequest
@@ -268,33 +270,32 @@ class DfimServer(LanguageServer):
 
     # ---- transport -------------------------------------------------------------------------------------
 
-    def start_io(self, stdin=None, stdout=None) -> None:
-        """Serve on stdio through `FrameReader` (pygls's `run_async` loop is not used: see server/transport.py)."""
+    @contextlib.contextmanager
+    def _serving(self) -> Iterator[None]:
+        """One session's life: a lost client or an interrupt ends it quietly, and shutdown always runs."""
         self._stop_event = threading.Event()
-        self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
-        reader = FrameReader(ThreadSource(stdin or sys.stdin.buffer), self.max_message_bytes)
         try:
-            asyncio.run(self.serve_frames(reader))
+            yield
         except BrokenPipeError:
             log.error("the connection to the client is lost: shutting down")
         except (KeyboardInterrupt, SystemExit):
             pass
         finally:
             self.shutdown()
+
+    def start_io(self, stdin=None, stdout=None) -> None:
+        """Serve on stdio through `FrameReader` (pygls's `run_async` loop is not used: see server/transport.py)."""
+        with self._serving():
+            self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+            reader = FrameReader(ThreadSource(stdin or sys.stdin.buffer), self.max_message_bytes)
+            asyncio.run(self.serve_frames(reader))
 
     def start_tcp(self, host: str, port: int, token_file=None) -> None:
         """Serve one authenticated client on TCP (server/tcp.py)."""
         from dfim.server.tcp import serve_tcp
 
-        self._stop_event = threading.Event()
-        try:
+        with self._serving():
             serve_tcp(self, host, port, token_file)
-        except BrokenPipeError:
-            log.error("the connection to the client is lost: shutting down")
-        except (KeyboardInterrupt, SystemExit):
-            pass
-        finally:
-            self.shutdown()
 
     async def serve_frames(self, reader: FrameReader) -> None:
         """Read frames until the input ends or the server stops; a bad frame is answered or dropped."""
