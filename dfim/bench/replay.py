@@ -41,6 +41,7 @@ from typing import Any, TextIO
 
 from dfim.bench.lsp_client import Client, get_field, utf16_offset, utf16_position
 from dfim.engine.evaluation import metrics
+from dfim.engine.progress import Progress
 
 TRIGGERS = ("word", "line", "chars")
 IDENT = re.compile(r"\w")
@@ -391,15 +392,13 @@ async def replay(
             if get_field(ready, "state") != "ready":
                 raise RuntimeError(f"the server could not load the model: {get_field(ready, 'message')}")
             results = []
+            bar = Progress(len(regions), "replaying", unit="regions", stream=progress, enabled=bool(progress))
             for i, region in enumerate(regions):
                 uri = f"file:///dfim-replay/{i}/{region.path}"
                 results.append(await replay_region(client, region, uri, options))
-                if progress:
-                    s = results[-1]
-                    progress.write(
-                        f"[{i + 1}/{len(regions)}] {region.source}: {s.requests} requests, "
-                        f"{s.accepted} accepted, {s.accepted_chars}/{s.chars} chars\n"
-                    )
+                s = results[-1]
+                bar.update(1, f"{region.source}: {s.accepted}/{s.requests} accepted")
+            bar.close()
             server = await client.stats()
             await client.stop()
         finally:

@@ -62,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_seed(s, help="problem i is filled with seed N+i: the same seed gives the same fills")
     s.add_argument("--limit", type=int, default=None, metavar="N", help="score only the first N problems")
     options.add_out(s, "folder for results.json and summary.md (default: runs/realcode/<timestamp>)")
+    options.add_quiet(s)
     for p in (b, s):
         p.add_argument("--timeout", type=float, default=60.0, help="seconds per test-suite run")
         p.add_argument("--memory-mb", type=int, default=2048, help="address-space limit per test-suite run")
@@ -147,6 +148,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         stdout.write(json.dumps(info, indent=1) + f"\nwritten: {out}\n")
         return 0
 
+    progress = None if args.quiet else sys.stderr
     try:
         problems = read_problems(args.problems, args.limit)
         by_id = read_completions(args.completions) if args.completions else {}
@@ -177,7 +179,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         try:
             model = None if args.model == "default" else args.model
             completions, info, name = model_completions(
-                problems, model, args.device, args.max_tokens, args.seed
+                problems, model, args.device, args.max_tokens, args.seed, progress=progress
             )
         except EngineError as e:
             if made:  # nothing was written: no empty folder left behind
@@ -193,6 +195,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         workers=args.workers,
         problems_file=args.problems,
         extra_paths=extra,
+        progress=progress,
     )
     for record, extra_info in zip(records, info, strict=True):
         record.update(extra_info)

@@ -27,7 +27,6 @@ from dfim.engine.evaluation.fim import (
     SWEEP_FLOORS,
     SWEEP_KEYS,
     DataError,
-    Progress,
     build_configs,
     early_stop_checks,
     engine_filler,
@@ -221,7 +220,6 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         print(f"dfim eval: --out {out}: cannot create ({e.strerror or e})", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    progress = Progress(len(problems) * len(configs), enabled=not args.quiet)
 
     def log_fill(record: dict[str, Any]) -> None:
         fills_log.write(json.dumps(_finite(record), allow_nan=False) + "\n")
@@ -235,17 +233,15 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
             seed=args.seed,
             workers=args.workers,
             limits=limits,
-            progress=progress,
+            progress=None if args.quiet else sys.stderr,
             overlap=args.overlap_tests,
             on_fill=log_fill,
         )
     except KeyboardInterrupt:
-        progress.close()
         print("dfim eval: interrupted", file=sys.stderr)
         return 130
     finally:
         fills_log.close()
-    progress.close()
     wall_s = time.perf_counter() - started
 
     summary = summarize(records, configs)

@@ -21,19 +21,18 @@ import itertools
 import json
 import math
 import os
-import sys
-import threading
 import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from dfim.engine.api import EngineError, FillRequest, SamplerSettings, parse_draft_from, parse_rank
 from dfim.engine.evaluation import metrics, sandbox
+from dfim.engine.progress import Progress
 
 PROBLEM_FIELDS = ("task_id", "prompt", "suffix", "canonical_solution", "test", "entry_point")
 DEFAULT_MAX_TOKENS = (
@@ -219,58 +218,6 @@ def build_configs(
     return configs
 
 
-# ----------------------------------------------------------------------------- progress
-
-
-class Progress:
-    """A plain progress bar on stderr: redrawn in place on a terminal, a line every 10% or 30 s otherwise."""
-
-    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool = True) -> None:
-        self.total = max(total, 1)
-        self.stream = stream or sys.stderr
-        self.enabled = enabled
-        self.tty = self.stream.isatty()
-        self.start = time.perf_counter()
-        self._last_draw = 0.0
-        self._last_decile = -1
-
-    def update(self, done: int, tested: int, passed: int, label: str = "") -> None:
-        if not self.enabled:
-            return
-        now = time.perf_counter()
-        decile = 10 * done // self.total
-        final = done >= self.total and tested >= self.total
-        if self.tty and not final and now - self._last_draw < 0.1:
-            return
-        if not self.tty and not final and decile == self._last_decile and now - self._last_draw < 30:
-            return
-        self._last_draw, self._last_decile = now, decile
-        elapsed = now - self.start
-        eta = elapsed / done * (self.total - done) if done else 0.0
-        width = 24
-        filled = int(width * done / self.total)
-        rate = f"{100.0 * passed / tested:5.1f}%" if tested else "  -  "
-        line = (
-            f"[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} filled, {tested} tested, "
-            f"pass {rate}  {_fmt_time(elapsed)} elapsed, ETA {_fmt_time(eta)}  {label}"
-        )
-        if self.tty:
-            self.stream.write("\r\x1b[K" + line[:200])
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled and self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-def _fmt_time(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 60}m{seconds % 60:02d}s"
-
-
 # ----------------------------------------------------------------------------- the run
 
 # A filler returns the raw middle text and the engine's report for one problem under one config.
@@ -343,7 +290,7 @@ def evaluate(
     seed: int = 0,
     workers: int = 4,
     limits: sandbox.SandboxLimits | None = None,
-    progress: Progress | None = None,
+    progress: TextIO | None = None,
     overlap: bool = False,
     on_fill: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
@@ -357,19 +304,16 @@ def evaluate(
     latencies are clean. `overlap=True` starts each test as soon as its completion exists (faster wall time
     on a machine with cores to spare, noisier latencies). `on_fill` sees each record as soon as it is filled
     (before its test), so a run that is killed midway still leaves its fills behind.
+
+    `progress` (a stream, normally stderr) gets two phases, the fills and then the tests that are still
+    running, each with its own count and ETA (engine/progress.py: a bar on a terminal, a few lines in a log).
     """
     limits = limits or sandbox.SandboxLimits()
     records: list[dict[str, Any]] = []
     futures: list[Future[sandbox.SandboxResult]] = []
-    tested = passed = 0
-    lock = threading.Lock()  # done-callbacks run on the worker threads
-
-    def on_done(future: Future[sandbox.SandboxResult]) -> None:
-        nonlocal tested, passed
-        ok = not future.cancelled() and future.exception() is None and future.result().passed
-        with lock:
-            tested += 1
-            passed += ok
+    total = len(problems) * len(configs)
+    enabled = progress is not None
+    filling = Progress(total, "filling", unit="fills", stream=progress, enabled=enabled)
 
     pending: list[tuple[Problem, str]] = []
 
@@ -377,9 +321,7 @@ def evaluate(
 
         def submit_pending() -> None:
             for problem, completion in pending:
-                future = pool.submit(_execute, problem, completion, limits)
-                future.add_done_callback(on_done)
-                futures.append(future)
+                futures.append(pool.submit(_execute, problem, completion, limits))
             pending.clear()
 
         try:
@@ -404,9 +346,16 @@ def evaluate(
                     pending.append((problem, completion))
                     if overlap:
                         submit_pending()
-                    if progress:
-                        progress.update(len(records), tested, passed, config.name)
+                    filling.update(1, config.name)
             submit_pending()
+            filling.close()
+            testing = Progress(len(futures), "testing", unit="tests", stream=progress, enabled=enabled)
+            tested = passed = 0
+            for future in as_completed(futures):  # in the order they finish: the count moves as tests end
+                tested += 1
+                passed += future.result().passed
+                testing.update(1, f"pass {100.0 * passed / tested:.1f}%")
+            testing.close()
         except KeyboardInterrupt:
             for future in futures:
                 future.cancel()
@@ -419,10 +368,6 @@ def evaluate(
             record["exec_ms"] = round(result.duration_ms, 1)
             if not result.passed:
                 record["stderr"] = result.stderr[-500:]
-            if progress:
-                progress.update(len(records), tested, passed, "testing")
-    if progress:  # callbacks may lag behind result(); the last line counts from the records
-        progress.update(len(records), len(records), sum(r["passed"] for r in records), "done")
     return records
 
 

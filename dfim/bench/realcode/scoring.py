@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any, TextIO
 
 from dfim.bench.realcode.problems import project_dir
 from dfim.bench.realcode.spans import KINDS
 from dfim.bench.realcode.tracing import RealcodeError, run_tests
 from dfim.engine.evaluation import metrics, sandbox
+from dfim.engine.progress import Progress
 
 
 def postprocess(kind: str, raw: str) -> str:
@@ -67,13 +68,21 @@ def score(
     workers: int = 2,
     problems_file: str | os.PathLike | None = None,
     extra_paths: Sequence[str] = (),
+    progress: TextIO | None = None,
 ) -> list[dict[str, Any]]:
+    """Run every problem's tests with its completion; `progress` (a stream) counts the suites as they end."""
     limits = limits or sandbox.SandboxLimits(timeout_s=60.0)
+    bar = Progress(len(problems), "testing", unit="problems", stream=progress, enabled=progress is not None)
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dfim-realcode") as pool:
         futures = [
             pool.submit(score_one, p, c, limits, problems_file, extra_paths)
             for p, c in zip(problems, completions, strict=True)
         ]
+        passed = 0
+        for done, future in enumerate(as_completed(futures), 1):
+            passed += bool(future.result()["passed"])
+            bar.update(1, f"pass {100.0 * passed / done:.1f}%")
+        bar.close()
         return [f.result() for f in futures]
 
 
@@ -119,15 +128,23 @@ def markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 
 def model_completions(
-    problems: Sequence[dict[str, Any]], model: str | None, device: str, max_tokens: int, seed: int
+    problems: Sequence[dict[str, Any]],
+    model: str | None,
+    device: str,
+    max_tokens: int,
+    seed: int,
+    progress: TextIO | None = None,
 ):
-    """Fill every problem with the engine (one request at a time); returns (completions, per-problem info)."""
+    """Fill every problem with the engine (one request at a time); returns (completions, per-problem info).
+
+    `progress` (a stream, normally stderr) counts the fills: a bar on a terminal, a few lines in a log."""
     from dfim.engine.api import EngineError, FillRequest
     from dfim.engine.inference.fill import Engine
     from dfim.server.rules import remove_suffix_overlap
 
     engine = Engine.load(model or None, device=device)
     completions, info = [], []
+    bar = Progress(len(problems), "filling", unit="problems", stream=progress, enabled=progress is not None)
     for i, p in enumerate(problems):
         tokens = max_tokens * 4 if p["kind"] == "block" else max_tokens
         try:
@@ -150,6 +167,8 @@ def model_completions(
             raw, extra = "", {"latency_ms": None, "steps": 0, "error": str(e)}
         completions.append(postprocess(p["kind"], raw))
         info.append({"raw": raw, **extra})
+        bar.update(1, p["task_id"])
+    bar.close()
     name = {
         "name": getattr(engine, "model_name", model),
         "is_random": bool(getattr(engine, "is_random", False)),

@@ -1,6 +1,7 @@
 """`dfim eval`: data loading, sweeps, scoring of filled problems, and the command end to end."""
 
 import gzip
+import io
 import json
 import shutil
 from pathlib import Path
@@ -171,6 +172,25 @@ def test_reference_completions_all_pass():
     records = ev.evaluate(problems, configs, ev.reference_filler, workers=2)
     assert [r["passed"] for r in records] == [True, True, True]
     assert all(r["exact_match"] and r["edit_similarity"] == 100.0 for r in records)
+
+
+def test_progress_in_a_log_is_a_few_distinct_lines_for_fills_and_tests():
+    """issue 35: `dfim eval 2>log` wrote 34 identical "200/200 ... testing" lines and nothing while testing."""
+    problems = ev.load_problems(FIXTURE) * 7  # 21 fills, 21 tests
+    configs = ev.build_configs(SamplerSettings(), 32, {}, None)
+    log = io.StringIO()
+    records = ev.evaluate(problems, configs, ev.reference_filler, workers=2, progress=log)
+    assert all(r["passed"] for r in records)
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue()
+    assert len(lines) == len(set(lines)) <= 30
+    fills = [x for x in lines if x.startswith("filling: ")]
+    tests = [x for x in lines if x.startswith("testing: ")]
+    assert fills and tests and len(fills) + len(tests) == len(lines)
+    assert lines.index(fills[-1]) < lines.index(tests[0])  # the fills, then the tests
+    assert fills[-1].startswith("filling: 21/21") and tests[-1].startswith("testing: 21/21")
+    assert "pass 100.0%" in tests[-1]
+    assert len(tests) > 2  # the testing phase shows its own progress, not one line at the end
 
 
 def test_hanging_and_crashing_completions_fail_and_the_run_goes_on():
