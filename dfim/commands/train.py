@@ -169,6 +169,76 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="one device's bf16 dense peak for the logged MFU (default: a table by GPU name, e.g. H100 989)",
     )
+    parser.add_argument(
+        "--skip-memory-check",
+        action="store_true",
+        help="start even where the estimate of the memory a step needs exceeds the memory available",
+    )
+
+
+def available_memory(device: str | None) -> tuple[int, str] | None:
+    """(bytes free, what) on the device the run will use: GPU memory, else RAM; None when unknown."""
+    if (device or "cuda").startswith("cuda") and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(torch.device(device) if device else None)
+        return int(free), "free GPU memory"
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "available RAM"
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "available RAM"
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def step_memory(config, parameters: int, batch: int, context: int, canvas: int, gpu: bool) -> int:
+    """A rough upper estimate of the bytes one training step holds: weights, gradients and AdamW's two
+    moments in fp32, each layer's saved activations (about 17 values per hidden unit per token; on a CPU
+    in fp32 and with the attention scores of eager attention), and the logits with their softmax and
+    gradient over the canvas and the context (the context-LM and causal branches)."""
+    tokens = context + canvas
+    per_elem = 2 if gpu else 4
+    per_token_layer = 17 * config.hidden_size + (0 if gpu else 3 * config.num_attention_heads * tokens)
+    activations = batch * tokens * config.num_hidden_layers * per_token_layer * per_elem
+    logits = batch * tokens * config.vocab_size * 4 * 3
+    return 16 * parameters + activations + logits
+
+
+def check_memory(config, model: torch.nn.Module, args: argparse.Namespace, canvas: int) -> None:
+    """Refuse a batch whose step cannot fit the device (the OOM killer ends such a run without a word),
+    naming the largest --batch-size that fits."""
+    from dfim.commands.checks import InputError
+
+    free = available_memory(args.device)
+    if free is None or args.skip_memory_check:
+        return
+    have, what = free
+    gpu = what.startswith("free GPU")
+    parameters = sum(p.numel() for p in model.parameters())
+
+    def need(batch: int) -> int:
+        return step_memory(config, parameters, batch, args.context_tokens, canvas, gpu)
+
+    budget = int(have * 0.8)  # the data loader, the allocator and the rest of the machine
+    if need(args.batch_size) <= budget:
+        return
+    fits = args.batch_size
+    while fits > 1 and need(fits) > budget:
+        fits //= 2
+    gib = 1024**3
+    advice = (
+        f"try --batch-size {fits}"
+        if need(fits) <= budget
+        else "even one example does not fit: a smaller --model-config or --context-tokens"
+    )
+    raise InputError(
+        f"--batch-size {args.batch_size}: a training step needs about {need(args.batch_size) / gib:.1f} GiB, "
+        f"this machine has {have / gib:.1f} GiB of {what}; {advice} "
+        "(or --skip-memory-check to start anyway)"
+    )
 
 
 # The encoder input holds the 4 FIM tokens and, on short-context examples, a budget drawn from [16, rest].
@@ -317,9 +387,10 @@ def check_args(args: argparse.Namespace) -> None:
         )
     try:
         with torch.device("meta"):  # shapes only: no memory, no time
-            DiffusionGemma(config)
+            model = DiffusionGemma(config)
     except Exception as err:  # a config that names impossible shapes
         raise InputError(f"{what}: cannot build this model ({type(err).__name__}: {err})") from None
+    check_memory(config, model, args, max(buckets))
 
 
 def run(args: argparse.Namespace) -> int:

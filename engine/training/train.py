@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -87,9 +88,19 @@ def example_mix(args: argparse.Namespace, settings: ExampleSettings) -> dict[str
 
 def make_val_batches(args: argparse.Namespace, settings: ExampleSettings, tok_path: str) -> list[Batch]:
     """Fixed validation batches (same files, cuts and noise every time) from the val split."""
-    split = "val" if (Path(args.data) / "val_docs.npy").is_file() else "train"
-    if split == "val" and len(np.load(Path(args.data) / "val_docs.npy")) == 0:
+    val_docs = Path(args.data) / "val_docs.npy"
+    if not val_docs.is_file() or len(np.load(val_docs)) == 0:
+        # A small project gives no validation file: say so, or val_loss passes for held-out loss.
+        print(
+            f"dfim train: WARNING: --data {args.data} has no validation files, so val_loss is measured on "
+            "TRAINING files and shows no overfitting; rebuild the data with a larger `dfim data "
+            "--val-fraction` or from more files, or pass --val-batches 0",
+            file=sys.stderr,
+            flush=True,
+        )
         split = "train"
+    else:
+        split = "val"
     stream = iter(BatchStream(args.data, split, tok_path, settings, args.batch_size, seed=12345))
     return [next(stream) for _ in range(args.val_batches)]
 
