@@ -440,6 +440,10 @@ def markdown(report: dict[str, Any]) -> str:
         f"| {f(s['acceptance_rate'], 100)}% | {f(s['chars_saved'], 100)}% | {f(s['latency_p50_ms'])} "
         f"| {f(s['latency_p95_ms'])} | {f(s['model_latency_p50_ms'])} | {f(s['latency_per_accepted_ms'])} |",
         "",
+        "shown: requests that showed a completion; acceptance: accepted / shown; chars saved: accepted "
+        f"chars / typed chars; p50/p95 ms: request to answer as the editor waits (n = {s['requests']}); "
+        "model p50 ms: one model fill; model ms / accepted: all model time over the accepted completions.",
+        "",
         f"trigger: {report['options']['trigger']}; min partial accept: {report['options']['min_partial']} chars; "
         f"model fills: {s['model_fills']} ({f(s['model_ms_total'])} ms); errors: {s['errors']}",
         "",

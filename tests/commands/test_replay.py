@@ -143,3 +143,24 @@ def test_replay_against_the_real_server(checkpoint, tmp_path, monkeypatch):
     text = source.read_text()
     for r in log:  # the cursor's position in the document the request saw (typed from empty: its line)
         assert replay.utf16_position(text, r["offset"]) == (r["line"], r["character"])
+
+
+def test_the_summary_table_has_a_legend():
+    """issue 35: "model ms / accepted" and the other columns are explained under the table."""
+    summary = dict.fromkeys(
+        ["regions", "chars", "requests", "shown", "accepted", "full_accepts", "partial_accepts"], 4
+    )
+    summary.update(acceptance_rate=0.5, chars_saved=0.25, model_fills=4, model_ms_total=80.0, errors=0)
+    summary.update(latency_p50_ms=10.0, latency_p95_ms=20.0, model_latency_p50_ms=9.0)
+    summary["latency_per_accepted_ms"] = 20.0
+    report = {
+        "summary": summary,
+        "meta": {"command": "dfim replay x.py"},
+        "server": {"model": "m", "is_random": False},
+        "options": {"trigger": "line", "min_partial": 3},
+    }
+    text = replay.markdown(report)
+    table_end = text.index("| 4 | 4 |")
+    legend = text[table_end:].split("\n")[2]
+    assert "model ms / accepted: all model time over the accepted completions" in legend
+    assert "acceptance: accepted / shown" in legend and "(n = 4)" in legend
