@@ -321,7 +321,8 @@ def test_realcode_reference_below_100_is_a_warning_and_exit_1(files: dict[str, P
         cwd=files["tmp"],
     )  # fmt: skip
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    (line,) = proc.stderr.strip().splitlines()
+    *progress, line = proc.stderr.strip().splitlines()  # the suites' progress lines, then the warning
+    assert all(p.startswith("testing: ") for p in progress)
     assert "warning" in line and "0/1" in line and "harness" in line
     assert (out / "results.json").is_file()
 
