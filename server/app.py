@@ -252,7 +252,10 @@ class DfimServer(LanguageServer):
         self.shown: dict[str, ShownSuggestion] = {}  # uri -> last inline suggestion (typed-ahead reuse)
         self.inflight: dict[str, threading.Event] = {}  # uri -> cancel flag of the inline fill in flight
         self.actions_running: dict[str, set[threading.Event]] = {}  # uri -> cancel flags of its code actions
-        self.tracker = SuggestionTracker(Telemetry(data_dir(), enabled=True))
+        self.telemetry_warned = False  # a telemetry failure is shown to the user once per session
+        self.tracker = SuggestionTracker(
+            Telemetry(data_dir(), enabled=True, on_failure=self.telemetry_failed)
+        )
         self.counters = {
             "fills": 0,
             "completed": 0,
@@ -321,12 +324,16 @@ class DfimServer(LanguageServer):
         self.options, errors = merge_options(previous, raw)
         self.cache.size = self.options.inline.cache_size
         telemetry = self.options.telemetry
-        self.tracker.telemetry = Telemetry(data_dir(telemetry.data_dir), enabled=telemetry.enabled)
+        self.tracker.telemetry = Telemetry(
+            data_dir(telemetry.data_dir), enabled=telemetry.enabled, on_failure=self.telemetry_failed
+        )
         messages = []
-        # a directory the user chose: say so when it cannot be written (the default one fails in the log only)
+        # a directory the user chose: say so when it cannot be written (the default one is said at its first
+        # failed write, by telemetry_failed)
         if telemetry.data_dir and telemetry != previous.telemetry:
             problem = self.tracker.telemetry.problem()
             if problem:
+                self.telemetry_warned = True
                 messages.append(f"dfim: telemetry.dataDir {problem}: no telemetry is recorded")
         if self.options.sampling != previous.sampling or self.options.context != previous.context:
             self.cache.clear()
@@ -337,6 +344,16 @@ class DfimServer(LanguageServer):
         errors = [e if e.endswith("(ignored)") else f"{e}; keeping the previous value" for e in errors]
         head = "a setting was" if len(errors) == 1 else f"{len(errors)} settings were"
         return [f"dfim: {head} not applied ({source}): " + "; ".join(errors), *messages]
+
+    def telemetry_failed(self, message: str) -> None:
+        """A telemetry write failed (a full disk, no permission): tell the user once per session, as a
+        warning; completions go on without telemetry."""
+        if self.telemetry_warned:
+            return
+        self.telemetry_warned = True
+        self.window_show_message(
+            types.ShowMessageParams(type=types.MessageType.Warning, message=f"dfim: {message}")
+        )
 
     def show_errors(self, errors: list[str]) -> None:
         for message in errors:

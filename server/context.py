@@ -81,9 +81,11 @@ PARSE_MARGIN = 6000  # characters parsed beyond the windows: enough to see the e
 
 def region(text: str, start: int, end: int, before: int, after: int) -> tuple[int, int]:
     """Line-aligned [lo, hi) around [start, end): only this much of a big file is parsed per request (a full
-    parse of a 300 KB file costs ~200 ms; a region of a few KB, a few ms)."""
-    lo = 0 if start - before <= 0 else line_start(text, start - before)
-    hi = len(text) if end + after >= len(text) else line_end(text, end + after)
+    parse of a 300 KB file costs ~200 ms; a region of a few KB, a few ms). A line longer than the window is
+    cut by characters (at most twice `before`/`after` from the span): a 5 MB single line parsed whole kept the
+    message loop from reading anything, cancels included, for seconds (issue 34)."""
+    lo = 0 if start - before <= 0 else max(line_start(text, start - before), start - 2 * before)
+    hi = len(text) if end + after >= len(text) else min(line_end(text, end + after), end + 2 * after)
     return lo, hi
 
 

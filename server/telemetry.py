@@ -17,7 +17,9 @@ import json
 import logging
 import math
 import os
+import stat
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,23 +38,58 @@ def data_dir(configured: str = "") -> Path:
     return Path(base) / "dfim"
 
 
+DIR_MODE = 0o700  # telemetry is the user's own: no one else on the machine reads it
+FILE_MODE = 0o600
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a symlink planted as the file is not followed
+
+
+def _tighten(path: Path, mode: int) -> None:
+    """Take group and other permissions away from a folder or file of ours made before they were private.
+    A folder we do not own (a chosen dataDir) is left as it is."""
+    try:
+        info = os.stat(path)
+        if stat.S_IMODE(info.st_mode) & 0o077 and info.st_uid == getattr(os, "getuid", lambda: info.st_uid)():
+            os.chmod(path, stat.S_IMODE(info.st_mode) & mode)
+    except OSError:
+        pass
+
+
 class Telemetry:
-    def __init__(self, directory: Path | str, enabled: bool = True) -> None:
+    def __init__(
+        self, directory: Path | str, enabled: bool = True, on_failure: Callable[[str], None] | None = None
+    ) -> None:
         self.directory = Path(directory)
         self.enabled = enabled
-        self.failed = False  # a write failed: said once in the log, not for every event
+        self.failed = False  # a write failed: said once in the log (and to `on_failure`), not for every event
+        self.on_failure = on_failure  # the server shows the user the first failure (once per session)
+        self._tightened = False
 
     def problem(self) -> str | None:
         """Why events cannot be written to the directory (it cannot be created, or written to), or None."""
         if not self.enabled:
             return None
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8"):
-                pass
+            os.close(self._open())
         except OSError as exc:
             return f"{self.directory} cannot be written ({exc.strerror or exc})"
         return None
+
+    def _open(self) -> int:
+        """The telemetry file opened for appending: created 0600 in a folder created 0700 (both tightened
+        once if they already exist with wider permissions); a symlink in its place is refused."""
+        self.directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        if not self._tightened:
+            self._tightened = True
+            _tighten(self.directory, DIR_MODE)
+            _tighten(self.path.with_name(FILE_NAME + ".1"), FILE_MODE)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        try:
+            if stat.S_IMODE(os.fstat(fd).st_mode) != FILE_MODE:
+                os.fchmod(fd, FILE_MODE)  # an older file, or a umask that took bits away
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
 
     @property
     def path(self) -> Path:
@@ -63,15 +100,20 @@ class Telemetry:
             return
         line = json.dumps({"ts": round(time.time(), 3), "event": event, **fields}, separators=(",", ":"))
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
             if self.path.exists() and self.path.stat().st_size > MAX_BYTES:
                 self.path.replace(self.path.with_name(FILE_NAME + ".1"))
-            with self.path.open("a", encoding="utf-8") as f:
+            with os.fdopen(self._open(), "a", encoding="utf-8") as f:
                 f.write(line + "\n")
         except OSError as exc:  # telemetry must never break completions
             if not self.failed:
                 self.failed = True
-                log.warning("telemetry: cannot write %s (%s); events are dropped", self.path, exc)
+                message = f"telemetry: cannot write {self.path} ({exc.strerror or exc}); events are dropped"
+                log.warning("%s", message)
+                if self.on_failure is not None:
+                    try:
+                        self.on_failure(message)
+                    except Exception:  # noqa: BLE001 - telling the user must not break the fill either
+                        log.exception("telemetry: the failure could not be reported")
 
 
 @dataclass
@@ -169,8 +211,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def _number(value: object) -> bool:
-    """A finite JSON number (not a bool, not NaN or Infinity, which Python's json reads)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite JSON number (not a bool, not NaN or Infinity, which Python's json reads), and one a float
+    holds: `10**400` is a JSON int that `float()` and `math.isfinite` refuse with OverflowError."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def well_formed(event: dict) -> bool:
@@ -220,20 +268,43 @@ def summarize(events: list[dict]) -> dict:
     return summary
 
 
+class NotARegularFile(OSError):
+    pass
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The lines of a regular file. A FIFO, a device or a folder in its place is refused before a byte is
+    read (opened without blocking, then checked): reading a FIFO would wait for a writer forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotARegularFile(0, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, encoding="utf-8", errors="replace", newline=None) as f:
+        yield from f
+
+
 def read_events(path: Path) -> list[dict]:
     """The events of `path` and its rotated predecessor (missing files hold none). OSError when one cannot
-    be read (a folder in its place, no permission)."""
+    be read (a folder, a FIFO or a device in its place, no permission). Any line that is not a JSON object
+    is skipped: a torn line, garbage, a number too long for Python's int limit, nesting too deep."""
     events = []
     for candidate in (path.with_name(path.name + ".1"), path):
         try:
-            text = candidate.read_text(encoding="utf-8", errors="replace")
+            lines = _lines(candidate)
+            for line in lines:
+                try:
+                    event = json.loads(line)
+                except (
+                    ValueError,
+                    RecursionError,
+                ):  # JSONDecodeError is a ValueError, as is a 5000-digit int
+                    continue  # a torn last line must not hide the rest
+                if isinstance(event, dict):
+                    events.append(event)
         except FileNotFoundError:
             continue
-        for line in text.splitlines():
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line must not hide the rest
-            if isinstance(event, dict):
-                events.append(event)
     return events

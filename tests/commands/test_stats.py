@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import threading
 
 from dfim.commands import stats
 
@@ -39,3 +41,72 @@ def test_counts_add_up_and_percentiles_carry_n(tmp_path, capsys):
     assert summary["shown"] == (
         summary["accepted"] + summary["partial"] + summary["rejected"] + summary["no_outcome"]
     )
+
+
+def test_stats_survives_any_line(tmp_path, capsys):
+    good = {"event": "shown", "id": "a", "latencyMs": 10.0}
+    text = (
+        events(good)
+        + '{"event": "shown", "id": "b", "latencyMs": 1'
+        + "0" * 400
+        + "}\n"  # 10**400: OverflowError in float()
+        + '{"event": "accepted", "id": "b", "acceptedChars": 1'
+        + "0" * 400
+        + "}\n"  # skipped, not counted
+        + events({"event": "accepted", "id": "a", "acceptedChars": 2})
+        + '{"event": "shown", "id": "c", "latencyMs": 1'
+        + "0" * 5000
+        + "}\n"  # past Python's int digit limit
+        + '{"event": "shown", "id": "d", "x": '
+        + "[" * 100_000
+        + "]" * 100_000
+        + "}\n"  # RecursionError
+        + "[" * 100_000
+        + "\n"
+        + events(
+            {"event": "shown", "id": "e", "latencyMs": "12"},
+            {"event": "shown", "id": "f", "latencyMs": [1]},
+            {"event": {"nested": 1}, "id": "g"},
+            {"event": "partial", "id": 5, "acceptedChars": "x"},
+        )
+        + "\x00 garbage \ud800\n{]\n1e999\nnull\n"
+    )
+    (tmp_path / "telemetry.jsonl").write_bytes(
+        text.encode("utf-8", "surrogatepass") + b"\xff\xfe not UTF-8\n"
+    )
+    summary = json.loads(run_stats(tmp_path, capsys, "--json"))
+    assert summary["latency_n"] == 1 and summary["latency_p50"] == 10.0
+    # shown: a, b (its latency is dropped), e and f (theirs are not numbers); c, d and g are skipped
+    assert summary["shown"] == 4 and summary["accepted"] == 1 and summary["accepted_chars"] == 2
+    assert "shown 4 = accepted 1" in run_stats(tmp_path, capsys)
+
+
+def refused(tmp_path, capsys) -> str:
+    parser = argparse.ArgumentParser()
+    stats.add_arguments(parser)
+    assert stats.run(parser.parse_args(["--data-dir", str(tmp_path)])) not in (0, 1)
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    return err
+
+
+def test_stats_refuses_a_fifo_without_hanging(tmp_path, capsys):
+    os.mkfifo(tmp_path / "telemetry.jsonl")
+    done = []
+    thread = threading.Thread(target=lambda: done.append(refused(tmp_path, capsys)), daemon=True)
+    thread.start()
+    thread.join(10)
+    if not done:  # the old code waits for a writer forever: give it one, so the test ends
+        with open(tmp_path / "telemetry.jsonl", "w"):
+            pass
+        thread.join(10)
+        raise AssertionError("dfim stats hung on a FIFO")
+    assert "not a regular file" in done[0]
+
+
+def test_stats_refuses_a_folder_or_device_in_place_of_the_file(tmp_path, capsys):
+    (tmp_path / "telemetry.jsonl").mkdir()
+    assert "not a regular file" in refused(tmp_path, capsys)
+    (tmp_path / "telemetry.jsonl").rmdir()
+    (tmp_path / "telemetry.jsonl.1").symlink_to("/dev/zero")  # would be read forever
+    assert "not a regular file" in refused(tmp_path, capsys)

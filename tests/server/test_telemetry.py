@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 
 import pytest
 
@@ -78,3 +80,74 @@ def test_a_relative_telemetry_dir_is_refused_and_an_unwritable_one_is_named(tmp_
         broken.record("shown", id="1")
         broken.record("shown", id="2")
     assert len([r for r in caplog.records if "telemetry" in r.getMessage()]) == 1  # said once, never raised
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_telemetry_is_0600_in_a_0700_folder_whatever_the_umask(tmp_path):
+    previous = os.umask(0)  # the widest umask: only the modes given at creation hold
+    try:
+        t = telemetry.Telemetry(tmp_path / "new" / "dfim")
+        t.record("shown", id="1")
+    finally:
+        os.umask(previous)
+    assert _mode(t.directory) == 0o700 and _mode(t.path) == 0o600
+
+
+def test_an_existing_world_readable_folder_and_files_are_tightened(tmp_path):
+    folder = tmp_path / "dfim"
+    folder.mkdir(mode=0o755)
+    os.chmod(folder, 0o755)
+    (folder / "telemetry.jsonl").write_text("")
+    (folder / "telemetry.jsonl.1").write_text("")
+    os.chmod(folder / "telemetry.jsonl", 0o644)
+    os.chmod(folder / "telemetry.jsonl.1", 0o644)
+    t = telemetry.Telemetry(folder)
+    t.record("shown", id="1")
+    assert _mode(folder) == 0o700
+    assert _mode(folder / "telemetry.jsonl") == 0o600 and _mode(folder / "telemetry.jsonl.1") == 0o600
+
+
+def test_a_symlink_in_place_of_the_file_is_not_followed(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    (tmp_path / "dfim").mkdir()
+    (tmp_path / "dfim" / "telemetry.jsonl").symlink_to(target)
+    failures = []
+    telemetry.Telemetry(tmp_path / "dfim", on_failure=failures.append).record("shown", id="1")
+    assert target.read_text() == "" and len(failures) == 1
+
+
+def test_a_write_failure_is_shown_to_the_user_once_per_session(tmp_path, monkeypatch):
+    from lsprotocol import types
+
+    from dfim.server.app import DfimServer
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("DFIM_DATA_DIR", str(blocker / "dfim"))  # cannot be created: like a full disk
+    server = DfimServer()
+    shown = []
+    monkeypatch.setattr(server, "window_show_message", shown.append)
+    server.tracker.shown(telemetry.Shown("1", "u", "abc", "python"), latencyMs=1.0, source="model")
+    server.tracker.accepted("1")
+    # new settings make a new Telemetry: the failure is still said once per session
+    assert server.apply_settings({"telemetry": {"enabled": True}}, "test") == []
+    server.tracker.shown(telemetry.Shown("2", "u", "abc", "python"), latencyMs=1.0, source="model")
+    assert len(shown) == 1
+    assert shown[0].type == types.MessageType.Warning and "cannot write" in shown[0].message
+    assert "a-file" in shown[0].message
+
+
+def test_a_failing_report_does_not_break_the_record(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+
+    def broken(message):
+        raise RuntimeError("no client")
+
+    t = telemetry.Telemetry(blocker / "dir", on_failure=broken)
+    t.record("shown", id="1")  # never raises
+    assert t.failed
