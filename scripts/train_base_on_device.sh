@@ -16,7 +16,8 @@
 #   EXTRA_TRAIN_ARGS= more flags for both phases
 #   INIT_FROM=        a checkpoint folder to continue (no AR phase); `INIT_SRC=engine/weights/dfim-base
 #                     unpack` copies a carried one to $ROOT/init (the pipeline waits up to 10 min for it)
-#   PROBE=1           measure eager against compiled layers on spare GPUs during the data build
+#   COMPILE=layers    torch.compile of the layers (none: eager); PROBE=1 measures both on spare GPUs
+#                     during the data build and takes the faster (layers: 1.8x eager on an H200)
 #   DRY_RUN=1         start builds the shards and prints the torchrun commands without running them
 #   PY_ROOTS=         .py folders instead of this machine's stdlib + site-packages (tests use it)
 #   HEADER_ROOTS=     header folders (default: /usr/include, torch's and CUDA's include folders)
@@ -94,8 +95,8 @@ BATCH='${BATCH:-64}'
 LOADER_WORKERS=${LOADER_WORKERS:-12}
 EXTRA_TRAIN_ARGS='${EXTRA_TRAIN_ARGS:-}'
 INIT_FROM=${INIT_FROM:-}
-PROBE=${PROBE:-1}
-COMPILE=${COMPILE:-none}
+PROBE=${PROBE:-0}
+COMPILE=${COMPILE:-layers}
 DRY_RUN=${DRY_RUN:-0}
 PY_ROOTS='$(for r in ${PY_ROOTS:-}; do realpath "$r"; done | tr '\n' ' ')'
 HEADER_ROOTS='${HEADER_ROOTS-/usr/include $torch_include $cuda_include}'
