@@ -61,7 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     options.add_seed(s, help="problem i is filled with seed N+i: the same seed gives the same fills")
     s.add_argument("--limit", type=int, default=None, metavar="N", help="score only the first N problems")
-    options.add_out(s, "folder for results.json and summary.md (default: runs/realcode/<timestamp>)")
+    options.add_out(
+        s,
+        "folder for results.json and summary.md, and with --model completions.jsonl, written a line per "
+        "problem as it is filled (default: runs/realcode/<timestamp>)",
+    )
     options.add_quiet(s)
     for p in (b, s):
         p.add_argument("--timeout", type=float, default=60.0, help="seconds per test-suite run")
@@ -176,12 +180,17 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     else:
         from dfim.engine.api import EngineError
 
-        try:
-            model = None if args.model == "default" else args.model
-            completions, info, name = model_completions(
-                problems, model, args.device, args.max_tokens, args.seed, progress=progress
-            )
+        streamed = out / "completions.jsonl"
+        try:  # one line per filled problem, flushed: an interrupted run keeps its fills
+            with streamed.open("w", encoding="utf-8") as stream:
+                model = None if args.model == "default" else args.model
+                completions, info, name = model_completions(
+                    problems, model, args.device, args.max_tokens, args.seed, progress=progress, stream=stream
+                )
+        except OSError as e:
+            return fail(prog, f"--out {out}: cannot write ({e.strerror or e})")
         except EngineError as e:
+            streamed.unlink(missing_ok=True)
             if made:  # nothing was written: no empty folder left behind
                 out.rmdir()
             print(f"dfim bench-realcode: {e}", file=sys.stderr)
@@ -220,7 +229,10 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         (out / "summary.md").write_text(table, encoding="utf-8")
     except OSError as e:
         return fail(prog, f"--out {out}: cannot write ({e.strerror or e})")
-    stdout.write(table + f"\nwritten: {out / 'results.json'}, {out / 'summary.md'}\n")
+    written = [out / "results.json", out / "summary.md"]
+    if source.startswith("model"):
+        written.append(out / "completions.jsonl")
+    stdout.write(table + f"\nwritten: {', '.join(map(str, written))}\n")
     if args.reference:
         passed = sum(r["passed"] for r in records)
         causes = "sandbox limits, the test command, or problems built from another version of the project"

@@ -4,6 +4,7 @@ and getting the completions from the engine.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -134,10 +135,16 @@ def model_completions(
     max_tokens: int,
     seed: int,
     progress: TextIO | None = None,
+    stream: TextIO | None = None,
 ):
     """Fill every problem with the engine (one request at a time); returns (completions, per-problem info).
 
-    `progress` (a stream, normally stderr) counts the fills: a bar on a terminal, a few lines in a log."""
+    The model reads what the editor and `dfim fill` give it: the file cut around the hole to the checkpoint's
+    trained context (`dfim.commands.fill.window` and `fit_to_model`), not the whole file. `progress` (a
+    stream, normally stderr) counts the fills: a bar on a terminal, a few lines in a log. `stream` gets one
+    JSONL line per filled problem, flushed as it comes ({task_id, completion, ...}, which `--completions`
+    reads back), so an interrupted run keeps what it filled."""
+    from dfim.commands.fill import fit_to_model, window
     from dfim.engine.api import EngineError, FillRequest
     from dfim.engine.inference.fill import Engine
     from dfim.server.rules import remove_suffix_overlap
@@ -151,22 +158,33 @@ def model_completions(
             # the checkpoint's own sampler (dfim-small: the encoder's draft), as `dfim eval` and the editor
             # fill; one line for the kinds whose middle is one
             stop = () if p["kind"] == "block" else ("\n",)
+            prefix, suffix = fit_to_model(*window(p["prompt"], p["suffix"]), engine)
             request = FillRequest(
-                prefix=p["prompt"],
-                suffix=p["suffix"],
+                prefix=prefix,
+                suffix=suffix,
                 max_tokens=tokens,
                 settings=engine.settings,
                 seed=seed + i,
                 stop=stop,
             )
             result = engine.fill(request)
-            raw, extra = result.text, {"latency_ms": result.latency_ms, "steps": result.steps, "error": None}
+            raw = result.text
+            extra = {
+                "latency_ms": result.latency_ms,
+                "steps": result.steps,
+                "context_tokens": result.context_tokens,
+                "error": None,
+            }
             if p["kind"] in ("condition", "call"):  # the draft writes the line out: the editor cuts the rest
                 raw = remove_suffix_overlap(raw.split("\n", 1)[0], p["suffix"])
         except EngineError as e:
-            raw, extra = "", {"latency_ms": None, "steps": 0, "error": str(e)}
+            raw, extra = "", {"latency_ms": None, "steps": 0, "context_tokens": None, "error": str(e)}
         completions.append(postprocess(p["kind"], raw))
         info.append({"raw": raw, **extra})
+        if stream is not None:
+            line = {"task_id": p["task_id"], "kind": p["kind"], "completion": completions[-1], **info[-1]}
+            stream.write(json.dumps(line, ensure_ascii=False) + "\n")
+            stream.flush()
         bar.update(1, p["task_id"])
     bar.close()
     name = {
