@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sysconfig
 from pathlib import Path
@@ -12,22 +11,10 @@ import pytest
 
 from dfim.commands import train as train_command
 from dfim.commands.checks import InputError
-from dfim.commands.train import add_arguments
 from dfim.engine.training.data import Root, build
 from dfim.engine.training.examples import ExampleSettings
 from dfim.engine.training.train import make_val_batches
-
-REPO = Path(__file__).resolve().parents[3]
-TOKENIZER_JSON = REPO / "engine" / "weights" / "dfim-small" / "tokenizer.json"
-
-
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(["--tokenizer", str(TOKENIZER_JSON), *argv])
-    args.compile = False
-    return args
-
+from tests.engine.training.test_train_smoke import TOKENIZER_JSON, parse
 
 GIB = 1024**3
 
