@@ -94,7 +94,6 @@ class FastDiffusionGemma:
         for layer in self.layers:
             layer.experts.mode = self.moe
         self.use_graphs = (self.device.type == "cuda") if graphs is None else graphs
-        self.compiled = compile
         if compile:
             compile_layers(model)
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}

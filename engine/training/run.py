@@ -9,21 +9,18 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from dfim.engine.model.config import ModelConfig
-from dfim.engine.model.network import compile_layers
+from dfim.engine.model.network import DiffusionGemma, compile_layers
 from dfim.engine.model.tokenizer import Tokenizer
 from dfim.engine.training.distributed import World, broadcast_parameters
 from dfim.engine.training.examples import Batch
 from dfim.engine.training.objective import validate
 from dfim.engine.training.presets import context_tokens_for, model_config
 from dfim.engine.training.state import load_state
-
-if TYPE_CHECKING:
-    from dfim.engine.model.network import DiffusionGemma
 
 
 def resolve_context_tokens(args: argparse.Namespace) -> int:
@@ -141,7 +138,6 @@ def setup(
 ) -> Run:
     """The model and its AdamW: a fresh init (--model-config), a checkpoint's weights (--init-from), or,
     with --resume and a saved state in OUT/state, the saved run with its optimizer and counters."""
-    from dfim.engine.model.network import DiffusionGemma
 
     resuming = args.resume and (out / "state" / "trainer.json").is_file()
     origin = args.init_from
