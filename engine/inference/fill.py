@@ -44,12 +44,16 @@ from dfim.engine.inference.canvas import (
     middle_tokens,
 )
 from dfim.engine.inference.chat import load_tokenizer
+from dfim.engine.inference.fast_backend import FastBackend
 from dfim.engine.inference.sampler_state import DenoiseState, mean_free_entropy, plan_constraints
 from dfim.engine.inference.sampler_steps import build_chain
 from dfim.engine.model.checkpoint import load_model, read_info, resolve_checkpoint
 from dfim.engine.model.threads import AdaptiveThreads, limit_threads, usable_cores
 from dfim.engine.model.tokenizer import Tokenizer
 
+# Context tokens the fast path's static cache holds (beyond it a fill denoises on the plain network): the
+# server's largest context window (`context.prefix_tokens`) with the canvas and a continuation block after it.
+FAST_MAX_CONTEXT = 8192 + 512
 SUFFIX_HEAD_CHARS = 48  # suffix text a candidate's likelihood includes (the line break and code after it)
 MAX_CACHE_SLOTS = 4  # context caches an engine keeps (FillRequest.cache_slot); each holds one context's keys
 
@@ -101,6 +105,7 @@ class Engine:
         objective: str = "diffusion",
         trained_context: int | None = None,
         threads: AdaptiveThreads | None = None,
+        fast: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -124,13 +129,23 @@ class Engine:
         self._lock = threading.RLock()
         # CPU only, when nobody fixed a thread count: every core for a fill while the machine is quiet.
         self.threads = threads
+        # The fast path (`dfim.engine.inference.fast_backend`) denoises, built on the first diffusion fill:
+        # static KV cache, CUDA graphs, grouped experts; the same sampler chain runs on its logits.
+        self.fast = fast and objective == "diffusion"
+        self.fast_max_len = FAST_MAX_CONTEXT
+        self.fast_bucket = 256  # cache rows per graph: one captured decoder pass serves a bucket of lengths
+        self._fast_backend: FastBackend | None = None
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike | None = None, device: str = "cpu", threads: int | None = None
+        cls,
+        path: str | os.PathLike | None = None,
+        device: str = "cpu",
+        threads: int | None = None,
+        fast: bool | None = None,
     ) -> Engine:
         """`threads`: torch's CPU thread count (default: `dfim.engine.model.threads`: one core fewer than this process
-        may use, every core while the others are idle)."""
+        may use, every core while the others are idle). `fast`: denoise on the fast path (default: on CUDA)."""
         folder = resolve_checkpoint(path)
         dev = check_device(device)
         automatic = limit_threads(threads)
@@ -166,7 +181,19 @@ class Engine:
         cores, base = usable_cores(), torch.get_num_threads()
         if dev.type == "cpu" and automatic and cores > base:
             adaptive = AdaptiveThreads(base=base, wide=cores)
-        return cls(model, tokenizer, settings, name, is_random, folder, objective, trained_context, adaptive)
+        fast = dev.type == "cuda" if fast is None else fast
+        return cls(
+            model,
+            tokenizer,
+            settings,
+            name,
+            is_random,
+            folder,
+            objective,
+            trained_context,
+            adaptive,
+            fast=fast,
+        )
 
     def _banned_tokens(self) -> torch.Tensor:
         """Control tokens never belong on a canvas (pad and EOS do: they end the text), nor do ids the
@@ -319,6 +346,20 @@ class Engine:
                 threads=threads,
             )
 
+    def _denoiser(self, cache: ContextCache, length: int) -> sampler.Denoiser:
+        """The decoder pass the sampler runs over `cache`'s context: the fast path's where it is on and the
+        context fits its static cache, else the plain network's."""
+        if self.fast:
+            backend = self.fast_backend()
+            if backend.fits(len(cache.ids), length):
+                return backend.denoiser(cache)
+        return lambda canvas, self_cond: self.model.denoise(canvas, cache.kv, self_cond)
+
+    def fast_backend(self) -> FastBackend:
+        if self._fast_backend is None:
+            self._fast_backend = FastBackend(self.model, max_len=self.fast_max_len, bucket=self.fast_bucket)
+        return self._fast_backend
+
     def _score_likelihood(
         self, request: FillRequest, plan: CanvasPlan, candidates: list[_Candidate], cache: ContextCache
     ) -> None:
@@ -449,7 +490,7 @@ class Engine:
         committed = sampler.run(
             state,
             build_chain(settings),
-            lambda canvas, self_cond: self.model.denoise(canvas, cache.kv, self_cond),
+            self._denoiser(cache, plan.length),
             cancel=request.cancel,
             between_steps=request.between_steps,
             on_step=on_step,

@@ -12,20 +12,18 @@ what it adds is where keys and values live, how the experts run, and graphs:
   (`dfim.engine.model.experts.GPU_KERNELS`): token-expert pairs sorted by expert through
   `torch._grouped_mm` (one CUTLASS grouped GEMM for all 128 experts, empty groups cost nothing), or,
   where that is missing or fails its self-test, a padded batched matmul.
-- **CUDA graphs.** A whole denoising step (decoder, temperature, sampling, entropy-bound acceptance,
-  renoise, self-conditioning, the stable-and-confident test) is one graph replay; so is a whole
-  autoregressive token. The step loop launches replays only: no host syncs (fixed-step mode never
-  reads the device; adaptive mode reads one flag every `check_every` steps).
+- **CUDA graphs.** A whole decoder pass (self-conditioning input, every layer, the LM head) is one
+  graph replay per (cache bucket, canvas length); so is a whole greedy autoregressive token. A decoder
+  pass never reads the device from the host.
 - **torch.compile** (optional, `compile_layers`) of each layer's projections and feed-forward fuses
   norms, RoPE and activations.
 
-Sampler semantics are transformers' `DiffusionGemmaForBlockDiffusion.generate` (uniform noise,
-linear temperature over remaining steps, entropy-bound acceptance, self-conditioning on the
-processed logits, stable-and-confident stop, argmax canvas committed, pad after the first EOS).
-Sampling uses the exponential race (argmax p/E, E ~ Exp(1)), which draws from the same categorical
-distribution as `torch.multinomial` without its host-side checks.
+There is no sampler here: `denoise` is a `dfim.engine.inference.sampler.Denoiser`, and the engine's one
+sampler chain (pins, banned tokens, healing, window, stop tokens) runs on its logits
+(`dfim.engine.inference.fast_backend`, which also keeps this cache in step with the engine's context
+cache by copying the keys and values the plain encoder wrote).
 
-Batch 1 only (one user, one canvas): the canvas keys/values live in the cache's scratch rows.
+Batch 1 only (one canvas at a time): the canvas keys/values live in the cache's scratch rows.
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ from torch import Tensor
 from dfim.engine.model.attention import Attention, rope_inv_freq
 from dfim.engine.model.config import FULL
 from dfim.engine.model.experts import pick_gpu_kernel
+from dfim.engine.model.kv_cache import KVCache
 from dfim.engine.model.network import DiffusionGemma, compile_layers
 
 
@@ -64,8 +63,6 @@ class FastDiffusionGemma:
         self.canvas_length = c.canvas_length
         self.window = c.sliding_window
         self.vocab = c.vocab_size
-        # sqrt(H) rounded to the weight dtype first, as the reference does
-        self.embed_scale = float(torch.tensor(c.hidden_size**0.5, dtype=self.dtype))
         self.layers = model.decoder.layers
         self.encoder_scalars = [layer.layer_scalar for layer in model.model.encoder.language_model.layers]
         self.cache_k = [
@@ -105,14 +102,6 @@ class FastDiffusionGemma:
         self.canvas = torch.zeros(1, length, dtype=torch.long, device=d)
         self.probs = torch.zeros(1, length, v, dtype=self.dtype, device=d)  # self-conditioning input
         self.logits_out = torch.zeros(1, length, v, dtype=torch.float32, device=d)
-        self.argmax = torch.full((1, length), -1, dtype=torch.long, device=d)
-        self.entropy = torch.zeros(1, length, dtype=torch.float32, device=d)
-        self.finished = torch.zeros(1, dtype=torch.bool, device=d)
-        self.steps_used = torch.zeros(1, dtype=torch.long, device=d)
-        self.step_idx = torch.zeros(1, dtype=torch.long, device=d)
-        self.temps = torch.ones(4096, dtype=torch.float32, device=d)
-        self.entropy_bound = torch.full((1,), 0.1, dtype=torch.float32, device=d)
-        self.confidence = torch.full((1,), 0.005, dtype=torch.float32, device=d)
         self.ar_token = torch.zeros(1, 1, dtype=torch.long, device=d)
         self.ar_pos = torch.zeros(1, dtype=torch.long, device=d)
         self.ar_idx = torch.zeros(1, dtype=torch.long, device=d)
@@ -127,6 +116,24 @@ class FastDiffusionGemma:
         """Forget context rows from `length` on (the rows stay allocated; masks hide them)."""
         self.length = min(self.length, length)
         self.length_t.fill_(self.length)
+
+    @torch.no_grad()
+    def copy_context(self, kv: KVCache, start: int) -> None:
+        """Hold the context `kv` holds: its rows from `start` on are copied in, the rows before `start` must
+        already be the same (the caller compares token ids). The keys and values are the plain encoder's,
+        so the decoder reads exactly what `DiffusionGemma.denoise` reads from `kv`."""
+        end = kv.length
+        if end > self.max_len:
+            raise ValueError(f"context of {end} tokens exceeds the static cache ({self.max_len})")
+        start = min(start, self.length, end)
+        if end > start:
+            for i in range(len(self.layers)):
+                k, v = kv.get(i)
+                assert k is not None and v is not None and k.shape[0] == 1, "a batch-1 context cache"
+                self.cache_k[i][:, :, start:end].copy_(k[:, :, start:end])
+                self.cache_v[i][:, :, start:end].copy_(v[:, :, start:end])
+        self.length = end
+        self.length_t.fill_(end)
 
     def _roundup(self, n: int) -> int:
         hi = -(-n // self.bucket) * self.bucket
@@ -219,18 +226,17 @@ class FastDiffusionGemma:
 
     # --- diffusion --------------------------------------------------------------------------------
 
-    def _diffusion_window(self) -> tuple[int, dict[bool, tuple[int, int]]]:
-        length = self.canvas_length
+    def _diffusion_window(self, length: int) -> tuple[int, dict[bool, tuple[int, int]]]:
         hi = self._roundup(self.length + length)
         sliding_lo = max(0, hi - length - self.bucket - self.window + 1)
         return hi, {False: (0, hi), True: (sliding_lo, hi)}
 
-    def _decoder_logits(self, hi: int, lo_hi: dict[bool, tuple[int, int]]) -> Tensor:
-        """Decoder over [cache ; canvas] from the static `canvas` and `probs` buffers -> logits [1, L, V]."""
-        length = self.canvas_length
+    def _decoder_logits(self, hi: int, lo_hi: dict[bool, tuple[int, int]], length: int) -> Tensor:
+        """Decoder over [cache ; canvas] from the static `canvas` and `probs` buffers' first `length`
+        positions -> logits [1, length, V]."""
         decoder = self.model.decoder
-        soft = (self.probs @ decoder.embed_tokens.weight) * self.embed_scale
-        x = decoder.self_conditioning(self.embed(self.canvas), soft)
+        soft = self.model.soft_embeddings(self.probs[:, :length])
+        x = decoder.self_conditioning(self.embed(self.canvas[:, :length]), soft)
         positions = self.length_t + torch.arange(length, device=self.device)
         masks = {}
         for sliding, (lo, _) in lo_hi.items():
@@ -242,85 +248,27 @@ class FastDiffusionGemma:
         return self.logits(self._run_layers(x, positions, lo_hi, masks, encoder=False))
 
     @torch.no_grad()
-    def denoise(self, canvas_ids: Tensor, self_cond_logits: Tensor | None = None) -> Tensor:
-        """Drop-in for `DiffusionGemma.denoise` over this cache: canvas [1, L] -> logits [1, L, V] fp32."""
-        if canvas_ids.shape != self.canvas.shape:
+    def denoise(
+        self, canvas_ids: Tensor, self_cond_logits: Tensor | None = None, *, clone: bool = True
+    ) -> Tensor:
+        """Drop-in for `DiffusionGemma.denoise` over this cache: canvas [1, L] (L up to `canvas_length`) ->
+        logits [1, L, V] fp32. One graph replay per (cache bucket, L). clone=False returns the static output
+        buffer itself, which the next call overwrites (for a caller that copies it at once)."""
+        length = canvas_ids.shape[-1]
+        if canvas_ids.dim() != 2 or canvas_ids.shape[0] != 1 or not 0 < length <= self.canvas_length:
             raise ValueError(
-                f"canvas of shape {tuple(canvas_ids.shape)}; the fast path runs {tuple(self.canvas.shape)}"
+                f"canvas of shape {tuple(canvas_ids.shape)}; the fast path runs [1, L <= {self.canvas_length}]"
             )
-        self.canvas.copy_(canvas_ids)
+        self.canvas[:, :length].copy_(canvas_ids)
+        probs = self.probs[:, :length]
         if self_cond_logits is None:
-            self.probs.zero_()  # zero soft embeddings: exactly the reference's first step
+            probs.zero_()  # zero soft embeddings: exactly the reference's first step
         else:
-            self.probs.copy_(self_cond_logits.softmax(dim=-1, dtype=torch.float32).to(self.dtype))
-        hi, lo_hi = self._diffusion_window()
-        self._run(("denoise", hi), lambda: self.logits_out.copy_(self._decoder_logits(hi, lo_hi)))
-        return self.logits_out.clone()
-
-    def _sampler_step(self, hi: int, lo_hi: dict[bool, tuple[int, int]]) -> None:
-        """One whole denoising step on the static buffers (transformers' generate semantics)."""
-        logits = self._decoder_logits(hi, lo_hi) / self.temps[self.step_idx]
-        logp = torch.log_softmax(logits, dim=-1)
-        p = logp.exp()
-        entropy = -(p * logp).sum(dim=-1)  # [1, L]; logits are soft-capped, so logp is finite
-        argmax = logits.argmax(dim=-1)
-        sampled = (p / torch.empty_like(p).exponential_()).argmax(dim=-1)  # exponential race
-        sorted_h, order = torch.sort(entropy, dim=-1)
-        select = torch.cumsum(sorted_h, dim=-1) - sorted_h <= self.entropy_bound
-        accepted = torch.zeros_like(select).scatter(-1, order, select)
-        noise = torch.randint(0, self.vocab, self.canvas.shape, device=self.device)
-        done = self.finished.clone()
-        stable = (argmax == self.argmax).all(dim=-1)
-        confident = entropy.mean(dim=-1) < self.confidence
-        self.canvas.copy_(torch.where(accepted, sampled, noise))
-        self.probs.copy_(p.to(self.dtype))
-        self.entropy.copy_(torch.where(done[:, None], self.entropy, entropy))
-        self.argmax.copy_(torch.where(done[:, None], self.argmax, argmax))  # the committed canvas
-        self.steps_used.add_((~done).long())
-        self.finished.copy_(done | (stable & confident))
-        self.step_idx.add_(1)
-
-    @torch.no_grad()
-    def generate_block(
-        self,
-        steps: int = 48,
-        *,
-        fixed: bool = False,
-        t_min: float = 0.4,
-        t_max: float = 0.8,
-        entropy_bound: float = 0.1,
-        confidence_threshold: float = 0.005,
-        check_every: int = 4,
-        eos_id: int | None = None,
-        pad_id: int | None = None,
-    ) -> tuple[Tensor, int]:
-        """Denoise one canvas after the cached context -> (committed ids [1, L], decoder passes used).
-
-        fixed=True runs exactly `steps` steps (benchmarks); otherwise stops on stable-and-confident,
-        looking at the device flag every `check_every` steps (the only host syncs of the loop)."""
-        hi, lo_hi = self._diffusion_window()
-        key = ("step", hi)
-        self._ensure_graph(key, lambda: self._sampler_step(hi, lo_hi))
-        k = torch.arange(steps, 0, -1, dtype=torch.float32)  # remaining steps N..1
-        self.temps[:steps].copy_(t_min + (t_max - t_min) * k / steps)
-        self.entropy_bound.fill_(entropy_bound)
-        self.confidence.fill_(-1.0 if fixed else confidence_threshold)  # fixed: never confident
-        self.canvas.random_(0, self.vocab)
-        self.probs.zero_()
-        self.argmax.fill_(-1)
-        self.finished.zero_()
-        self.steps_used.zero_()
-        self.step_idx.zero_()
-        for i in range(steps):
-            self._replay(key, lambda: self._sampler_step(hi, lo_hi))
-            if not fixed and (i + 1) % check_every == 0 and bool(self.finished.all()):
-                break
-        ids = self.argmax.clone()
-        eos = self.config.eos_token_id if eos_id is None else eos_id
-        pad = self.config.pad_token_id if pad_id is None else pad_id
-        is_eos = (ids == eos).long().cumsum(dim=-1)
-        ids = ids.masked_fill((is_eos > 0) & ~((is_eos == 1) & (ids == eos)), pad)
-        return ids, int(self.steps_used.item())
+            probs.copy_(self_cond_logits.softmax(dim=-1, dtype=torch.float32).to(self.dtype))
+        hi, lo_hi = self._diffusion_window(length)
+        out = self.logits_out[:, :length]
+        self._run(("denoise", hi, length), lambda: out.copy_(self._decoder_logits(hi, lo_hi, length)))
+        return out.clone() if clone else out
 
     # --- autoregressive decode --------------------------------------------------------------------
 

@@ -287,11 +287,18 @@ class DiffusionGemma(nn.Module):
             soft = torch.zeros_like(x)
         else:
             weight = decoder.embed_tokens.weight
-            probs = self_cond_logits.softmax(dim=-1, dtype=torch.float32).to(weight.dtype)
-            soft = linear(probs, weight.t(), self.soft_packed) * torch.tensor(
-                decoder.embed_scale, dtype=x.dtype
+            soft = self.soft_embeddings(
+                self_cond_logits.softmax(dim=-1, dtype=torch.float32).to(weight.dtype)
             )
         return decoder.self_conditioning(x, soft)
+
+    def soft_embeddings(self, probs: Tensor) -> Tensor:
+        """The self-conditioning's input: probabilities [B, L, V] (in the weight dtype) @ E * sqrt(H), the
+        scale rounded to the weight dtype as `Decoder.embed` rounds it (the fast path calls this too)."""
+        weight = self.decoder.embed_tokens.weight
+        return linear(probs, weight.t(), self.soft_packed) * torch.tensor(
+            self.decoder.embed_scale, dtype=weight.dtype
+        )
 
     # --- inference --------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dfim.engine.api import CheckpointError
+from dfim.engine.inference.fast_backend import fixed_step_block
 from dfim.engine.model.checkpoint import write_random_checkpoint
 from dfim.engine.model.config import ModelConfig
 from dfim.engine.model.experts import moe_gathered, moe_grouped, moe_padded, pick_gpu_kernel
@@ -153,34 +154,54 @@ def test_greedy_decode_follows_the_causal_argmax():
 
 
 @torch.no_grad()
-def test_fixed_step_block_runs_every_step_and_commits_valid_ids():
+def test_shorter_canvases_and_a_copied_context_match_reference():
+    """The engine's canvases are often shorter than the model's largest, and its context comes from the
+    plain encoder's KV cache (`copy_context`), not from the fast path's own prefill."""
+    model = make_model()
+    fast = fast_of(model)
+    g = torch.Generator().manual_seed(6)
+    context = torch.randint(0, 96, (1, 11), generator=g)
+    cache = model.new_cache()
+    model.encode(context, cache)
+    fast.copy_context(cache, 0)
+    assert fast.length == 11
+    for length in (3, 8, 5):  # three graphs' worth of shapes, one buffer
+        canvas = torch.randint(0, 96, (1, length), generator=g)
+        self_cond = torch.randn(1, length, 96, generator=g) * 3
+        got = fast.denoise(canvas, self_cond)
+        assert got.shape == (1, length, 96)
+        assert (got - model.denoise(canvas, cache, self_cond)).abs().max().item() <= TOLERANCE
+    # the user edits the end of the context: rows up to the edit stay, the rest is copied again
+    cache.truncate(7)
+    model.encode(torch.randint(0, 96, (1, 9), generator=g), cache)
+    fast.truncate(7)
+    fast.copy_context(cache, 7)
+    canvas = torch.randint(0, 96, (1, 8), generator=g)
+    assert (fast.denoise(canvas) - model.denoise(canvas, cache)).abs().max().item() <= TOLERANCE
+    with pytest.raises(ValueError, match="the fast path runs"):
+        fast.denoise(torch.zeros(1, 9, dtype=torch.long))
+
+
+@torch.no_grad()
+def test_fixed_step_block_runs_the_shared_chain_for_every_step():
     model = make_model()
     fast = fast_of(model)
     fast.encode(torch.randint(0, 96, (1, 12)))
-    torch.manual_seed(5)
-    ids, used = fast.generate_block(16, fixed=True)
-    assert used == 16
+    ids, state = fixed_step_block(
+        fast.denoise,
+        length=8,
+        vocab_size=96,
+        eos_id=model.config.eos_token_id,
+        pad_id=model.config.pad_token_id,
+        steps=16,
+        generator=torch.Generator().manual_seed(5),
+    )
+    assert state.step == 16 and int(state.steps[0]) == 16 and state.stop_reason == ["max_steps"]
     assert ids.shape == (1, 8) and int(ids.min()) >= 0 and int(ids.max()) < 96
     eos = (ids[0] == model.config.eos_token_id).nonzero().flatten()
     if len(eos):  # everything after the first EOS is pad
         assert bool((ids[0, int(eos[0]) + 1 :] == model.config.pad_token_id).all())
     assert fast.length == 12  # denoising never moves the context
-
-
-@torch.no_grad()
-def test_adaptive_block_stops_once_stable_and_confident():
-    model = make_model()
-    fast = fast_of(model)
-    fast.encode(torch.randint(0, 96, (1, 12)))
-    _, used = fast.generate_block(48, confidence_threshold=1e-30, check_every=1)
-    assert used == 48  # unreachable confidence: every step runs
-    # a denoiser that always says the same confident thing: the argmax canvas repeats at step 2
-    peaked = torch.full((1, 8, 96), -30.0)
-    peaked[0, torch.arange(8), torch.arange(8) + 20] = 30.0
-    fast._decoder_logits = lambda hi, lo_hi: peaked.clone()
-    ids, used = fast.generate_block(48, check_every=1)
-    assert used == 2
-    assert torch.equal(ids[0], torch.arange(8) + 20)
 
 
 def test_expected_experts_touched():

@@ -1,0 +1,120 @@
+"""The fast GPU path (`dfim.engine.model.fast`) as a backend of the one sampler.
+
+The engine's sampler chain (`sampler.run`, the steps of `sampler_steps`) only needs a
+`Denoiser(canvas, self_cond) -> logits`. `FastBackend.denoiser(cache)` gives it the fast path's decoder
+pass (static KV cache, one CUDA graph replay per pass) over the context a `ContextCache` holds, so
+pins, banned tokens, token healing, the window and stop tokens apply unchanged on the GPU.
+
+What stays on the plain network, because the fast path has no equivalent of it:
+- encoding the context: the `ContextCache` runs the plain encoder (prefill varies in length and the
+  fast path never graphs it anyway); `sync` copies the keys and values it wrote into the static cache,
+  only the rows the static cache does not hold yet (the token ids decide, as `ContextCache` does);
+- the encoder's draft, the greedy decode of a causal checkpoint and the likelihood ranking of
+  candidates: each runs through `ContextCache` (its next-token passes read the dynamic cache).
+
+One backend serves every cache slot of an engine: its static cache follows whichever context the
+current fill reads (copying only what differs), so a second slot costs no second static cache and no
+second set of graphs.
+
+Host syncs: the decoder pass has none. The sampler chain still reads the device each step (whether
+rows finished, `Constraints.no_end`, stop reasons); see `dfim.engine.inference.sampler`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from dfim.engine.api import SamplerSettings
+from dfim.engine.inference import sampler
+from dfim.engine.inference.cache import ContextCache, common_prefix_length
+from dfim.engine.inference.sampler_state import Constraints, DenoiseState
+from dfim.engine.inference.sampler_steps import build_chain
+from dfim.engine.model.fast import FastDiffusionGemma
+from dfim.engine.model.network import DiffusionGemma
+
+
+class FastBackend:
+    """A `FastDiffusionGemma` over an engine's network, kept in step with the engine's context caches."""
+
+    def __init__(
+        self,
+        model: DiffusionGemma,
+        *,
+        max_len: int,
+        bucket: int = 256,
+        graphs: bool | None = None,
+        compile: bool = False,
+    ) -> None:
+        # prefill_chunk is unused: the context comes from the ContextCache (see the module docstring)
+        self.fast = FastDiffusionGemma(model, max_len=max_len, bucket=bucket, graphs=graphs, compile=compile)
+        self.held: list[int] = []  # the token ids whose keys/values the static cache holds
+        self.owner: ContextCache | None = None  # the context cache it was last synced with
+
+    def fits(self, context: int, canvas: int) -> bool:
+        """Whether a canvas of `canvas` tokens after `context` cached tokens fits the static cache."""
+        fast = self.fast
+        return (
+            canvas <= fast.canvas_length and context + canvas <= (fast.max_len // fast.bucket) * fast.bucket
+        )
+
+    def sync(self, cache: ContextCache) -> None:
+        """Make the static cache hold what `cache` holds: keep the rows of the longest common run of token
+        ids, copy the rest from `cache.kv` (the plain encoder's keys and values)."""
+        ids = cache.ids
+        if cache.kv.length != len(ids):
+            raise RuntimeError(f"context cache holds {cache.kv.length} rows for {len(ids)} ids")
+        shared = common_prefix_length(self.held, ids)
+        self.fast.truncate(shared)
+        self.held = self.held[:shared]
+        self.fast.copy_context(cache.kv, shared)
+        self.held = list(ids)
+        self.owner = cache
+
+    def denoiser(self, cache: ContextCache) -> sampler.Denoiser:
+        """The sampler's decoder pass over `cache`'s context, on the fast path. Rows of a candidate batch run
+        one after another (the canvas keys/values live in the static cache's rows after the context)."""
+        self.sync(cache)
+        fast = self.fast
+
+        def denoise(canvas: Tensor, self_cond: Tensor | None) -> Tensor:
+            if self.owner is not cache:  # a fill run from `between_steps` synced another slot meanwhile
+                self.sync(cache)
+            if canvas.shape[0] == 1:
+                # the chain copies the logits at once (`sampler.denoise_step`): no copy of our own
+                return fast.denoise(canvas, self_cond, clone=False)
+            out = torch.empty((*canvas.shape, fast.vocab), dtype=torch.float32, device=canvas.device)
+            for row in range(canvas.shape[0]):
+                row_cond = None if self_cond is None else self_cond[row : row + 1]
+                out[row] = fast.denoise(canvas[row : row + 1], row_cond, clone=False)[0]
+            return out
+
+        return denoise
+
+
+def fixed_step_block(
+    denoiser: sampler.Denoiser,
+    *,
+    length: int,
+    vocab_size: int,
+    eos_id: int,
+    pad_id: int,
+    steps: int,
+    generator: torch.Generator,
+    settings: SamplerSettings | None = None,
+) -> tuple[Tensor, DenoiseState]:
+    """One canvas from noise, no pins, denoised for exactly `steps` steps by the engine's own chain with the
+    stop steps off (`early_stop=False`): the benchmark's fixed-step mode -> (committed ids [1, L], state)."""
+    device = generator.device
+    rules = Constraints.build(
+        torch.zeros(length, dtype=torch.bool, device=device),
+        torch.zeros(length, dtype=torch.long, device=device),
+        vocab_size=vocab_size,
+        eos_id=eos_id,
+        pad_id=pad_id,
+    )
+    chain = build_chain(replace(settings or SamplerSettings(), max_steps=steps, early_stop=False))
+    state = sampler.new_state(1, rules, generator=generator)
+    return sampler.run(state, chain, denoiser), state
