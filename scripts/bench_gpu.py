@@ -1,9 +1,13 @@
 """One-run GPU benchmark of issue 7: the DiffusionGemma 26B-A4B shape, random bf16 weights, batch 1.
 
 Sections (each guarded: a failure is printed and the run goes on):
-  env / copy bandwidth / build the model on the GPU (parameter count and bytes against DESIGN §2)
-  check  : fast path logits against dfim.engine.model.network (and transformers against ours) on a short context
-  (a)    : our engine, 16 and 48 fixed denoising steps (CUDA graphs; then again with torch.compile)
+  env / copy bandwidth
+  check  : the fast path against our network and transformers against ours, layer by layer, fp32, on a
+           four-layer model of the same shape with a well-conditioned init (dfim.engine.model.fast_check,
+           which states the tolerances). A failed (or crashed) check makes the run exit with status 1.
+  build the model on the GPU (parameter count and bytes against DESIGN §2)
+  (a)    : our engine, 16 and 48 fixed denoising steps: the engine's own sampler chain with the stop steps
+           off over the fast path's graph-replayed decoder pass (then again with torch.compile)
   (c)    : our autoregressive decode of the same network (same kernels, its own graphs)
   (b)    : transformers' `generate` on the same weight tensors (no second copy)
   summary: tokens/s, ms per step / token, bandwidth floors and the share of them reached, diffusion/AR.
@@ -26,12 +30,14 @@ import traceback
 from pathlib import Path
 
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dfim.engine.inference.fast_backend import fixed_step_block  # noqa: E402
+from dfim.engine.model import fast_check  # noqa: E402
 from dfim.engine.model.config import ModelConfig  # noqa: E402
 from dfim.engine.model.fast import FastDiffusionGemma, expected_experts_touched, weight_bytes  # noqa: E402
+from dfim.engine.model.fast_check import transformers_view  # noqa: E402
 from dfim.engine.model.network import DiffusionGemma  # noqa: E402
 
 # The released google/diffusiongemma-26B-A4B-it text stack (Gemma-4 26B-A4B): 25.25 B parameters.
@@ -147,52 +153,6 @@ def build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -
     return model
 
 
-@contextlib.contextmanager
-def parameters_on_meta():
-    """Modules built inside get their parameters on the meta device (buffers stay real)."""
-    register = nn.Module.register_parameter
-
-    def on_meta(module, name, param):
-        if param is not None:
-            param = nn.Parameter(param.to("meta"), requires_grad=False)
-        register(module, name, param)
-
-    nn.Module.register_parameter = on_meta
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = register
-
-
-def transformers_view(model: DiffusionGemma):
-    """transformers' DiffusionGemmaForBlockDiffusion whose weights ARE our tensors (no copy)."""
-    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
-
-    weight = model.decoder.embed_tokens.weight
-    device, dtype = weight.device, weight.dtype
-    hf_config = DiffusionGemmaConfig.from_dict(model.config.to_hf(str(dtype).removeprefix("torch.")))
-    with parameters_on_meta():
-        hf = DiffusionGemmaForBlockDiffusion(hf_config)
-    ours = model.state_dict()
-    enc = "model.encoder.language_model."
-    state = {}
-    for key, t in hf.state_dict().items():
-        if key in ours:
-            state[key] = ours[key]
-        elif key == "lm_head.weight":
-            state[key] = ours["model.decoder.embed_tokens.weight"]
-        elif key.startswith(enc) and "model.decoder." + key[len(enc) :] in ours:
-            state[key] = ours["model.decoder." + key[len(enc) :]]
-        else:  # the tiny vision tower that transformers insists on building
-            state[key] = (
-                torch.randn(t.shape, device=device).to(t.dtype if t.is_floating_point() else dtype) * 0.02
-            )
-    hf.load_state_dict(state, strict=True, assign=True)
-    hf = hf.to(device).eval()  # non-persistent buffers (RoPE tables, embed scale); params already there
-    shared = weight.data_ptr() == hf.model.decoder.embed_tokens.weight.data_ptr()
-    return hf, shared
-
-
 def hf_generate(hf, context: torch.Tensor, steps: int):
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
         DiffusionGemmaGenerationConfig,
@@ -258,6 +218,22 @@ def copy_bandwidth(device: torch.device, nbytes: int) -> float:
     return 2 * nbytes / med(times)  # bytes read + bytes written
 
 
+def fixed_block(fast: FastDiffusionGemma, steps: int) -> torch.Tensor:
+    """One canvas denoised for exactly `steps` steps by the engine's sampler chain (stop steps off) over the
+    fast path's decoder pass, as the server runs it (same seed every call)."""
+    c = fast.config
+    ids, _ = fixed_step_block(
+        lambda canvas, self_cond: fast.denoise(canvas, self_cond, clone=False),
+        length=fast.canvas_length,
+        vocab_size=fast.vocab,
+        eos_id=c.eos_token_id,
+        pad_id=c.pad_token_id,
+        steps=steps,
+        generator=torch.Generator(device=fast.device).manual_seed(0),
+    )
+    return ids
+
+
 def run_diffusion(fast: FastDiffusionGemma, context: torch.Tensor, steps_list, reps: int, tag: str) -> None:
     device = fast.device
     fast.reset()
@@ -265,10 +241,10 @@ def run_diffusion(fast: FastDiffusionGemma, context: torch.Tensor, steps_list, r
     log(f"[{tag}] prefill {context.shape[1]} tokens: {med(prefill) * 1e3:.1f} ms (eager, chunked)")
     for steps in steps_list:
         t0 = time.perf_counter()
-        fast.generate_block(steps, fixed=True)  # first call captures the graph
+        fixed_block(fast, steps)  # first call captures the graph
         sync(device)
         log(f"[{tag}] {steps} steps: warm-up/capture {time.perf_counter() - t0:.2f} s")
-        times = timed(lambda steps=steps: fast.generate_block(steps, fixed=True), device, reps=reps, warmup=0)
+        times = timed(lambda steps=steps: fixed_block(fast, steps), device, reps=reps, warmup=0)
         ms = med(times) * 1e3
         RESULTS[f"{tag}_ms_step_{steps}"] = ms / steps
         RESULTS[f"{tag}_tok_s_{steps}"] = fast.canvas_length / (ms / 1e3)
@@ -276,10 +252,10 @@ def run_diffusion(fast: FastDiffusionGemma, context: torch.Tensor, steps_list, r
             f"[{tag}] {steps} fixed steps: {ms:.1f} ms/block (median of {reps}), {ms / steps:.2f} ms/step, "
             f"{fast.canvas_length / (ms / 1e3):.0f} tok/s   all: {[round(t * 1e3, 1) for t in times]}"
         )
-    # the decoder alone (no sampler), one graph replay: shows what the sampler costs
+    # the decoder alone (no sampler), one graph replay: shows what the sampler chain costs
     canvas = torch.randint(0, fast.vocab, (1, fast.canvas_length), device=device)
     fast.denoise(canvas)
-    key = ("denoise", fast._diffusion_window()[0])
+    key = ("denoise", fast._diffusion_window(fast.canvas_length)[0], fast.canvas_length)
     if fast.use_graphs and key in fast._graphs:
         graph = fast._graphs[key]
         times = timed(graph.replay, device, reps=10, warmup=2)
@@ -308,37 +284,32 @@ def run_ar(fast: FastDiffusionGemma, context: torch.Tensor, n: int, reps: int, t
     log(f"[{tag}] AR decode {n} tokens: {ms:.3f} ms/token, {1e3 / ms:.1f} tok/s (median of {reps})")
 
 
-def check_fast(model: DiffusionGemma, fast: FastDiffusionGemma, n_ctx: int) -> None:
-    device = model.decoder.embed_tokens.weight.device
-    g = torch.Generator(device="cpu").manual_seed(7)
-    ctx = torch.randint(0, fast.vocab, (1, n_ctx), generator=g).to(device)
-    canvas = torch.randint(0, fast.vocab, (1, fast.canvas_length), generator=g).to(device)
-    with torch.no_grad():
-        cache = model.new_cache()
-        model.encode(ctx, cache)
-        want = model.denoise(canvas, cache, None)
-        fast.reset()
-        fast.encode(ctx)
-        got = fast.denoise(canvas, None)
-        sc = want * 2.0
-        want_sc = model.denoise(canvas, cache, sc)
-        got_sc = fast.denoise(canvas, sc)
-    for name, a, b in (("no self-cond", got, want), ("self-cond", got_sc, want_sc)):
-        rel = ((a - b).norm() / b.norm()).item()
-        agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
-        log(f"fast vs dfim.engine.model.network ({name}): rel err {rel:.2e}, argmax agreement {agree:.3f}")
-    return ctx, canvas, want
-
-
-def check_hf(hf, model: DiffusionGemma, ctx: torch.Tensor, canvas: torch.Tensor, want: torch.Tensor) -> None:
-    from transformers import DynamicCache
-
-    with torch.no_grad():
-        cache = DynamicCache(config=hf.config.text_config)
-        out = hf(input_ids=ctx, past_key_values=cache, decoder_input_ids=canvas).logits
-    rel = ((out - want).norm() / want.norm()).item()
-    agree = (out.argmax(-1) == want.argmax(-1)).float().mean().item()
-    log(f"transformers vs dfim.engine.model.network: rel err {rel:.2e}, argmax agreement {agree:.3f}")
+def run_check(shape: dict, device: torch.device, small: bool, skip_hf: bool) -> bool:
+    """dfim.engine.model.fast_check on a four-layer fp32 model of `shape`; True when every comparison is
+    within its tolerance. Its own model and fast path: the check's graphs record every layer's output."""
+    model = fast_check.check_model(shape, device)
+    window = model.config.sliding_window
+    context = window + (8 if small else 100)  # past the window, and (below) past a prefill chunk
+    chunk = 24 if small else 1024
+    bucket = 16 if small else 256
+    max_len = context + 2 * model.config.canvas_length + 2 * bucket
+    fast = FastDiffusionGemma(model, max_len=max_len, bucket=bucket, prefill_chunk=chunk)
+    log(
+        f"check model: 4 layers {fast_check.CHECK_LAYER_TYPES}, fp32, experts {fast.moe}, graphs {fast.use_graphs}"
+    )
+    hf = None
+    if not skip_hf:
+        try:
+            hf, _ = transformers_view(model)
+        except ImportError:
+            log("transformers not installed: the check compares the fast path with our network only")
+    result = fast_check.check_fast(model, fast, context, hf)
+    for line in result.lines:
+        log(line)
+    log(
+        f"check {'PASSED' if result.ok else 'FAILED'}: {len(result.failures)} of {len(result.lines)} over tolerance"
+    )
+    return result.ok
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -395,6 +366,13 @@ def main() -> int:
         bandwidth = copy_bandwidth(device, (1 << 24) if small else (4 << 30))
         log(f"device-to-device copy: {bandwidth / 1e12:.3f} TB/s (bytes read + written)")
 
+    check_ok = False
+    with section("check: fast path vs our network vs transformers, layer by layer, fp32"):
+        check_ok = run_check(SMALL if small else BIG, device, small, args.skip_hf)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
     model = None
     with section("build model (random weights on the device)"):
         t0 = time.time()
@@ -415,11 +393,9 @@ def main() -> int:
     max_len = context_len + 2 * config.canvas_length + args.ar_tokens + 256
 
     fast = None
-    check = None
-    with section("check: fast path against dfim.engine.model.network (short context)"):
+    with section("fast path over the benchmark model"):
         fast = FastDiffusionGemma(model, max_len=max_len, bucket=256 if not small else 16, compile=False)
         log(f"expert implementation: {fast.moe}; CUDA graphs: {fast.use_graphs}")
-        check = check_fast(model, fast, 64 if not small else 40)
 
     if fast is not None:
         with section("(a) our engine: fixed-step denoising, CUDA graphs, eager kernels"):
@@ -433,8 +409,6 @@ def main() -> int:
         with section("(b) transformers generate on the same weights"):
             hf, shared = transformers_view(model)
             log(f"transformers model shares our tensors: {shared}")
-            if check is not None:
-                check_hf(hf, model, *check)
             hf_generate(hf, context, 2)  # warm-up
             times = {}
             for steps in sorted(set(args.steps)):
@@ -480,8 +454,12 @@ def main() -> int:
 
     signal.alarm(0)
     with section("summary"):
+        log(f"correctness check (fp32, layer by layer): {'passed' if check_ok else 'FAILED'}")
         summarize(counts, bandwidth, config, args.steps)
     log(f"\ntotal wall time {time.time() - START:.0f} s")
+    if not check_ok:
+        log("the correctness check FAILED (see the check section): exit status 1")
+        return 1
     return 0
 
 

@@ -1,0 +1,241 @@
+"""A correctness check of the fast path that can fail: layer by layer, fp32, a well-conditioned model.
+
+The fast path (`dfim.engine.model.fast`) runs our network's own modules, so its bugs live in what it adds:
+the static KV cache, its slices and masks, its RoPE tables, the expert kernels, CUDA graphs. The check runs
+one context and canvas through the fast path, through our plain network (`DiffusionGemma.encode` +
+`denoise`) and, where transformers is installed, through transformers' `DiffusionGemmaForBlockDiffusion`
+(the reference our tests compare against) on the same weight tensors, and compares the canvas hidden states
+after every decoder layer and the logits, with and without self-conditioning, plus one autoregressive
+token's logits (fast path against the plain network's context LM).
+
+Why fp32 and this init: in bf16 with random weights the paths drift apart by design (rounding in different
+orders, amplified over 30 random layers: the old check saw a relative error of 1.23 and could not fail). In
+fp32 with small matrices (std 0.02), unit norms and unit layer scalars, every activation stays O(1), so
+agreeing paths differ by float rounding alone (~1e-6 relative) and a real bug (a wrong mask row, a stale
+cache row, a mis-rotated key, a wrong expert) shows as 1e-3 or more.
+
+Tolerances (relative error ||a - b|| / ||b|| over the whole [1, L, H] or [1, L, V] tensor):
+- FAST_TOLERANCE = 1e-4: fast path against our network (the same modules; other attention and expert
+  kernels, graph replays);
+- HF_TOLERANCE = 1e-4: transformers against our network (another implementation of the same function).
+Both leave two orders of magnitude above fp32 rounding; the only way agreeing paths could exceed them is a
+router near-tie (two experts' scores within rounding of each other) flipping a token's expert choice, which
+the fixed seed makes repeatable (a failure names the layer, so it can be told apart).
+
+TF32 is switched off for the check: it would add 1e-3 errors of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from dfim.engine.model.config import FULL, SLIDING, ModelConfig
+from dfim.engine.model.fast import FastDiffusionGemma
+from dfim.engine.model.network import DiffusionGemma
+
+FAST_TOLERANCE = 1e-4
+HF_TOLERANCE = 1e-4
+# Both layer kinds twice (the full layers use the wider heads: head_dim 512 in the 26B shape).
+CHECK_LAYER_TYPES = [SLIDING, FULL, SLIDING, FULL]
+
+
+def check_model(shape: dict, device: torch.device | str, std: float = 0.02, seed: int = 0) -> DiffusionGemma:
+    """`shape` (ModelConfig fields) with CHECK_LAYER_TYPES' four layers, fp32, created on `device`:
+    matrices normal(0, std), norms and layer scalars exactly one (see the module docstring)."""
+    config = ModelConfig(
+        **{**shape, "num_hidden_layers": len(CHECK_LAYER_TYPES), "layer_types": CHECK_LAYER_TYPES}
+    )
+    with torch.device("meta"):
+        model = DiffusionGemma(config)
+    model = model.to_empty(device=device).float().eval()
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim >= 2:
+                p.normal_(0.0, std, generator=g)
+            else:
+                p.fill_(1.0)
+        for b in model.buffers():
+            b.fill_(1.0)
+    model.requires_grad_(False)
+    return model
+
+
+class LayerRecorder:
+    """The output of each of `layers` for the latest pass over `length` tokens, copied into buffers made once.
+    The copies run inside a forward hook, so a CUDA graph captures them with the pass and a replay records as
+    an eager pass does. Passes over another number of tokens (an encoder chunk, an AR token) are ignored."""
+
+    def __init__(self, layers: Sequence[nn.Module], length: int, hidden: int, device: torch.device) -> None:
+        self.length = length
+        self.outputs = [torch.zeros(1, length, hidden, device=device) for _ in layers]
+        self._handles = [layer.register_forward_hook(self._hook(i)) for i, layer in enumerate(layers)]
+
+    def _hook(self, i: int) -> Callable:
+        def record(module: nn.Module, args: tuple, output: Tensor) -> None:
+            out = output[0] if isinstance(output, tuple) else output
+            if out.shape[-2] == self.length and out.shape[0] == 1:
+                self.outputs[i].copy_(out.float())
+
+        return record
+
+    def snapshot(self) -> list[Tensor]:
+        return [out.clone() for out in self.outputs]
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+@dataclass
+class CheckResult:
+    lines: list[str] = field(default_factory=list)  # one per comparison, for the log
+    failures: list[str] = field(default_factory=list)  # comparisons over their tolerance
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def compare(self, what: str, got: Tensor, want: Tensor, tolerance: float) -> None:
+        rel = ((got.float() - want.float()).norm() / want.float().norm().clamp(min=1e-30)).item()
+        bad = not rel <= tolerance  # NaN fails too
+        line = f"{what}: rel err {rel:.2e} (tolerance {tolerance:.0e}){'  FAIL' if bad else ''}"
+        self.lines.append(line)
+        if bad:
+            self.failures.append(line)
+
+
+@contextlib.contextmanager
+def exact_fp32() -> Iterator[None]:
+    """fp32 products in full precision (no TF32) for the duration."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+def hf_decoder_layers(hf: nn.Module) -> list[nn.Module]:
+    return [m for m in hf.modules() if type(m).__name__ == "DiffusionGemmaDecoderTextLayer"]
+
+
+@torch.no_grad()
+def check_fast(
+    model: DiffusionGemma,
+    fast: FastDiffusionGemma,
+    context_tokens: int,
+    hf: nn.Module | None = None,
+    seed: int = 7,
+) -> CheckResult:
+    """Compare `fast` (over `model`'s weights, or a copy of them) with `model` and, if given, with `hf`
+    (transformers' model on the same weights), layer by layer. `context_tokens` should exceed the sliding
+    window and the fast path's prefill chunk, so every static-cache slice and mask is exercised.
+
+    Give it a fast path made for the check, never used afterwards: the graphs it captures here hold the
+    recorder's copies, whose buffers are gone once the check returns."""
+    config = model.config
+    device = model.decoder.embed_tokens.weight.device
+    length, hidden, vocab = config.canvas_length, config.hidden_size, config.vocab_size
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    ctx = torch.randint(0, vocab, (1, context_tokens + 1), generator=g).to(device)
+    canvas = torch.randint(0, vocab, (1, length), generator=g).to(device)
+    ours = LayerRecorder(model.decoder.layers, length, hidden, device)
+    theirs = (
+        LayerRecorder(fast.model.decoder.layers, length, hidden, device) if fast.model is not model else ours
+    )
+    reference = LayerRecorder(hf_decoder_layers(hf), length, hidden, device) if hf is not None else None
+    result = CheckResult()
+    try:
+        with exact_fp32():
+            cache = model.new_cache()
+            model.encode(ctx[:, :-1], cache)
+            fast.reset()
+            fast.encode(ctx[:, :-1])
+            self_cond = None
+            for name in ("no self-cond", "self-cond"):
+                want = model.denoise(canvas, cache, self_cond)
+                want_layers = ours.snapshot()
+                got = fast.denoise(canvas, self_cond)
+                for i, (a, b) in enumerate(zip(theirs.snapshot(), want_layers, strict=True)):
+                    result.compare(f"fast vs ours, {name}, layer {i}", a, b, FAST_TOLERANCE)
+                result.compare(f"fast vs ours, {name}, logits", got, want, FAST_TOLERANCE)
+                if hf is not None and reference is not None:
+                    hf_logits = hf_forward(hf, ctx[:, :-1], canvas, self_cond)
+                    for i, (a, b) in enumerate(zip(reference.snapshot(), want_layers, strict=True)):
+                        result.compare(f"transformers vs ours, {name}, layer {i}", a, b, HF_TOLERANCE)
+                    result.compare(f"transformers vs ours, {name}, logits", hf_logits, want, HF_TOLERANCE)
+                self_cond = want * 3.0  # a peaked distribution: the self-conditioning path carries signal
+            # one autoregressive token: the fast path's causal pass against the encoder read as a causal LM
+            want_ar = model.context_lm(ctx[:, -1:], cache)[:, -1]
+            got_ar = fast.ar_logits(int(ctx[0, -1]))
+            result.compare("fast vs ours, autoregressive token, logits", got_ar, want_ar, FAST_TOLERANCE)
+    finally:
+        for recorder in {id(r): r for r in (ours, theirs, reference) if r is not None}.values():
+            recorder.close()
+    return result
+
+
+def hf_forward(hf: nn.Module, context: Tensor, canvas: Tensor, self_cond: Tensor | None) -> Tensor:
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=hf.config.text_config)
+    out = hf(
+        input_ids=context, past_key_values=cache, decoder_input_ids=canvas, self_conditioning_logits=self_cond
+    )
+    return out.logits
+
+
+# --- transformers on our tensors --------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (buffers stay real)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        if param is not None:
+            param = nn.Parameter(param.to("meta"), requires_grad=False)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def transformers_view(model: DiffusionGemma) -> tuple[nn.Module, bool]:
+    """transformers' DiffusionGemmaForBlockDiffusion whose weights ARE our tensors (no copy) -> (model,
+    whether the embedding is shared)."""
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+    weight = model.decoder.embed_tokens.weight
+    device, dtype = weight.device, weight.dtype
+    hf_config = DiffusionGemmaConfig.from_dict(model.config.to_hf(str(dtype).removeprefix("torch.")))
+    with parameters_on_meta():
+        hf = DiffusionGemmaForBlockDiffusion(hf_config)
+    ours = model.state_dict()
+    enc = "model.encoder.language_model."
+    state = {}
+    for key, t in hf.state_dict().items():
+        if key in ours:
+            state[key] = ours[key]
+        elif key == "lm_head.weight":
+            state[key] = ours["model.decoder.embed_tokens.weight"]
+        elif key.startswith(enc) and "model.decoder." + key[len(enc) :] in ours:
+            state[key] = ours["model.decoder." + key[len(enc) :]]
+        else:  # the tiny vision tower that transformers insists on building
+            state[key] = (
+                torch.randn(t.shape, device=device).to(t.dtype if t.is_floating_point() else dtype) * 0.02
+            )
+    hf.load_state_dict(state, strict=True, assign=True)
+    hf = hf.to(device).eval()  # non-persistent buffers (RoPE tables, embed scale); params already there
+    shared = weight.data_ptr() == hf.model.decoder.embed_tokens.weight.data_ptr()
+    return hf, shared
