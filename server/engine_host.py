@@ -83,13 +83,16 @@ class EngineHost:
         """Queued fills that will really run (not cancelled or superseded): a backlog shows here."""
         return sum(not flag.is_set() for flag in list(self._queue.values()))
 
-    async def load(self, path: str | None, device: str) -> None:
-        """Load a checkpoint in the worker; on failure `error` holds the message and `engine` stays None."""
+    async def load(self, path: str | None, device: str, fast: bool = True) -> None:
+        """Load a checkpoint in the worker; on failure `error` holds the message and `engine` stays None.
+        `fast`: denoise on the fast path where the device is CUDA (`dfim.engine.inference.fast_backend`)."""
         self.generation += 1
         generation = self.generation
         self.loading = True
         try:
-            engine = await asyncio.get_running_loop().run_in_executor(self._executor, _load, path, device)
+            engine = await asyncio.get_running_loop().run_in_executor(
+                self._executor, _load, path, device, fast
+            )
         except Exception as exc:  # CheckpointError, missing torch device, a broken file: report, keep serving
             if generation == self.generation:  # with the model loaded before, if there was one
                 self.error, self.loading = _one_line(exc), False
@@ -259,12 +262,12 @@ class EngineHost:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _load(path: str | None, device: str):
+def _load(path: str | None, device: str, fast: bool = True):
     from dfim.engine.inference.fill import (
         Engine,  # imported here: torch takes a second, initialize must not wait
     )
 
-    return Engine.load(path or None, device=device)
+    return Engine.load(path or None, device=device, fast=fast and device.startswith("cuda"))
 
 
 def _find_malloc_trim():

@@ -23,6 +23,9 @@ def _bounds(lo: float | None = None, hi: float | None = None, choices: tuple = (
 class ModelOptions:
     path: str = ""  # "" = the shipped model (engine/weights/dfim-base)
     device: str = field(default="cpu", metadata=_bounds(choices=("cpu", "cuda")))
+    # On CUDA, denoise on the fast path (static KV cache, CUDA graphs, grouped experts; the same sampler
+    # rules). Read when the model loads. Off: the plain network, to rule the fast path out of a problem.
+    fast: bool = True
 
 
 @dataclass

@@ -153,3 +153,15 @@ def test_a_context_beyond_the_static_cache_falls_back_to_the_plain_network(tiny)
     _, fast = tiny
     backend = fast.fast_backend()
     assert backend.fits(1024 - 32, 32) and not backend.fits(1024 - 31, 32) and not backend.fits(0, 33)
+
+
+def test_engine_load_turns_the_fast_path_on_for_cuda_only(tiny):
+    """Engine.load's default is the device's (CUDA: on); asked for on the CPU it runs there too, over the
+    CPU re-layout of the weights."""
+    path = tiny[0].path
+    assert not Engine.load(path).fast
+    engine = Engine.load(path, fast=True)
+    assert engine.fast
+    result = engine.fill(FillRequest(prefix="x = ", suffix="\n", max_tokens=8, seed=0, stop=("\n",)))
+    assert engine._fast_backend is not None and engine._fast_backend.held == engine.cache.ids
+    assert 1 <= result.steps
