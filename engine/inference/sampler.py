@@ -76,7 +76,8 @@ def denoise_step(state: DenoiseState, chain: Chain, logits: Tensor) -> None:
     if state.step == 0:
         chain.reset(state)
     done = state.finished.clone()
-    before = {name: getattr(state, name) for name in _ROW_FIELDS} if bool(done.any()) else None
+    some_done = len(state.running) < len(state.stop_reason)
+    before = {name: getattr(state, name) for name in _ROW_FIELDS} if some_done else None
     state.step += 1
     state.steps += (~done).long()
     state.logits = logits.float().clone()
@@ -110,7 +111,9 @@ def run(
     """Denoise until every row has stopped; returns the committed canvas [B, L]. `between_steps` runs
     before each decoder pass but the first (other work may run there: see FillRequest.between_steps)."""
     assert state.finished is not None
-    while not bool(state.finished.all()):
+    # Which rows run is read from the host (`DenoiseState.running`): with the stop steps off and no stop
+    # strings a step reads nothing back from the device; the stop steps read one flag each when they run.
+    while state.running:
         if between_steps is not None and state.step > 0:
             between_steps()
         if cancel is not None and cancel():
@@ -125,10 +128,10 @@ def run(
 def active_rows_logits(state: DenoiseState, denoiser: Denoiser) -> Tensor:
     """The decoder's logits [B, L, V] for the rows still denoising; a finished row (a candidate that stopped
     before the others) costs no decoder pass and gets zeros, which `denoise_step` never keeps."""
-    assert state.finished is not None
-    if not bool(state.finished.any()):
+    running = state.running
+    if len(running) == len(state.stop_reason):
         return denoiser(state.canvas, state.self_cond)
-    rows = (~state.finished).nonzero().squeeze(1)
+    rows = torch.tensor(running, dtype=torch.long, device=state.canvas.device)
     self_cond = None if state.self_cond is None else state.self_cond[rows]
     out = denoiser(state.canvas[rows], self_cond)
     logits = out.new_zeros((state.canvas.shape[0], *out.shape[1:]))

@@ -84,6 +84,19 @@ class Constraints:
         return ~self.pinned
 
     @cached_property
+    def no_end_positions(self) -> Tensor | None:
+        """[N] the positions where EOS and pad are banned, None where there are none: read from the device
+        once per canvas, not once per step."""
+        if self.no_end is None or not bool(self.no_end.any()):
+            return None
+        return self.no_end.nonzero().squeeze(-1)
+
+    @cached_property
+    def end_ids(self) -> Tensor:
+        """[2] EOS and pad, on the constraints' device (made once: a copy to the GPU waits for it)."""
+        return torch.tensor([self.eos_id, self.pad_id], device=self.pinned.device)
+
+    @cached_property
     def ends(self) -> Tensor | None:
         """[V] bool: EOS and the stop tokens that begin with a stop string (the text ends there with nothing
         of their own); None without stop strings."""
@@ -184,8 +197,10 @@ class DenoiseState:
     sampled: Tensor | None = None  # [B, L] a token drawn per position
     eligible: Tensor | None = None  # [B, L] bool: positions this step may accept (None: all)
     accepted: Tensor | None = None  # [B, L] bool: kept this step (pins included)
-    finished: Tensor | None = None  # [B] bool
-    stop_reason: list[str | None] = field(default_factory=list)  # per row, once finished
+    finished: Tensor | None = None  # [B] bool, all False at the start: rows finish through `finish`
+    # per row, once finished: also the host's copy of `finished`, so the loop needs no device read to know
+    # which rows still run (`finish` is the one place both change)
+    stop_reason: list[str | None] = field(default_factory=list)
     steps: Tensor | None = None  # [B] long: decoder passes each row used
 
     def __post_init__(self) -> None:
@@ -237,6 +252,11 @@ class DenoiseState:
         for b in newly.nonzero().flatten().tolist():
             self.stop_reason[b] = reason
         self.finished |= newly
+
+    @property
+    def running(self) -> list[int]:
+        """The rows not finished, read from the host (`stop_reason`): no device sync."""
+        return [b for b, reason in enumerate(self.stop_reason) if reason is None]
 
 
 # --- pure helpers -------------------------------------------------------------------------------

@@ -82,10 +82,13 @@ def mask_logits(x: Tensor, rules: Constraints, start: int = 0) -> None:
     EOS/pad inside inner holes, and everything outside a position's allowed set (token healing)."""
     if rules.banned is not None:
         x.masked_fill_(rules.banned, NEG_INF)
-    no_end = rules.no_end[start : start + x.shape[1]] if rules.no_end is not None else None
-    if no_end is not None and bool(no_end.any()):
-        positions = no_end.nonzero().squeeze(-1)
-        ends = torch.tensor([rules.eos_id, rules.pad_id], device=x.device)
+    if start == 0 and x.shape[1] == rules.length:
+        positions = rules.no_end_positions  # the whole canvas (every denoising step): found once
+    else:
+        no_end = rules.no_end[start : start + x.shape[1]] if rules.no_end is not None else None
+        positions = no_end.nonzero().squeeze(-1) if no_end is not None and bool(no_end.any()) else None
+    if positions is not None:
+        ends = rules.end_ids
         x[:, positions[:, None], ends[None, :]] = NEG_INF
     for position, allowed in rules.allowed_at.items():
         if start <= position < start + x.shape[1]:
