@@ -16,8 +16,12 @@ One backend serves every cache slot of an engine: its static cache follows which
 current fill reads (copying only what differs), so a second slot costs no second static cache and no
 second set of graphs.
 
-Host syncs: the decoder pass has none. The sampler chain still reads the device each step (whether
-rows finished, `Constraints.no_end`, stop reasons); see `dfim.engine.inference.sampler`.
+Host syncs: the decoder pass has none, and the loop reads which rows still run from the host
+(`DenoiseState.running`), so a fixed-step block (stop steps off, no stop strings) reads nothing back per
+step. What remains, per step, in the engine's chain: each stop step's `DenoiseState.finish` (one read
+of the rows it stops: StableAndConfident once, EosConfident twice), `read_entropy`'s check for ended
+positions when the request has stop strings, and a candidate batch whose rows finished at different
+steps (the rows still running are gathered by index). Rows of a batch run one graph replay each.
 """
 
 from __future__ import annotations
