@@ -133,8 +133,8 @@ def test_inline_completion_accepted_in_neovim(tmp_path, checkpoint):
 
 def test_the_first_keystroke_of_a_session_gets_a_suggestion(tmp_path, checkpoint):
     """Straight into insert mode after opening the file, while the server still starts and loads the model:
-    a suggestion appears with no other key. Then a cursor move in insert mode, a keystroke, and entering insert
-    mode each ask again (the plugin's own ghost text, as Neovim 0.12's built-in client does)."""
+    a suggestion appears with no other key. Then a cursor move in insert mode, a keystroke, entering insert
+    mode and an accept each ask again (the plugin's own ghost text, as Neovim 0.12's built-in client does)."""
     row, col = 2, len("    return ")
     out = run_nvim(tmp_path, checkpoint, row, col, driver=FIRST_KEYSTROKE)
     assert out["state_at_insert"] in ("not started", "loading"), out  # the model was not ready yet
@@ -142,5 +142,9 @@ def test_the_first_keystroke_of_a_session_gets_a_suggestion(tmp_path, checkpoint
     assert out["moved"]["requests"] >= 2  # one per move
     assert out["typed"]["requests"] >= 1 and out["typed"]["mode"] == "i"
     assert out["entered"]["requests"] >= 1 and out["entered"]["mode"] == "i"
+    # <Tab> put the suggestion into the line and the plugin asked at the new cursor (whether the answer is
+    # worth showing is the model's and the server's business: speculation, the quality gate)
+    assert out["accepted"]["line"] == "    return " + out["first"]["text"].split("\n")[0]
+    assert out["accepted"]["requests"] >= 1
     # the request made during the load was held by the server, or made again when the status turned ready
     assert out["stats"]["held_for_model"] >= 1 or out["first"]["requests"] >= 2, out

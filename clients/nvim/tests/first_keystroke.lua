@@ -3,8 +3,8 @@
 --
 -- Neovim opens the file and goes straight into insert mode while the server is still starting and loading
 -- its model: a suggestion must appear with no other key (asked on InsertEnter; held by the server, or asked
--- again when the status turns ready). Then a cursor move in insert mode (no edit), a keystroke, and entering
--- insert mode without a cursor move must each ask again. Keys go through the typeahead and the main loop (not `feedkeys(..., 'x')`, which would leave
+-- again when the status turns ready). Then a cursor move in insert mode (no edit), a keystroke, entering
+-- insert mode without a cursor move, and an accept with <Tab> must each ask again. Keys go through the typeahead and the main loop (not `feedkeys(..., 'x')`, which would leave
 -- insert mode), so each step is a callback run when the condition before it holds.
 local cfg = vim.fn.json_decode(os.getenv('DFIM_E2E'))
 local out = { steps = {} }
@@ -43,8 +43,9 @@ local function when(name, cond, timeout_ms, next)
   poll()
 end
 
+--- Type `k` as a user would: through mappings (the plugin's <Tab>), unlike feedkeys' 'n' mode.
 local function keys(k)
-  vim.api.nvim_feedkeys(vim.api.nvim_replace_termcodes(k, true, false, true), 'n', false)
+  vim.api.nvim_feedkeys(vim.api.nvim_replace_termcodes(k, true, false, true), 'm', false)
 end
 
 local ok, err = pcall(function()
@@ -109,12 +110,25 @@ local ok, err = pcall(function()
 
             when('asked on entering insert mode', function() return requests > before end, cfg.wait_ms, function()
               out.entered = { requests = requests - before, mode = vim.fn.mode() }
-              local stats_done = false
-              dfim.stats(function(result)
-                out.stats = result
-                stats_done = true
+              keys('<End>') -- back to the end of the line, where the suggestion shows
+
+              when('shown again', function() return shown_at(cfg.row, cfg.col) end, cfg.wait_ms, function()
+                local line = vim.api.nvim_get_current_line()
+                before = requests
+                keys('<Tab>') -- accept: the next suggestion is asked at the new cursor, with no other key
+
+                when('asked after the accept', function()
+                  return vim.api.nvim_get_current_line() ~= line and requests > before
+                end, cfg.wait_ms, function()
+                  out.accepted = { line = vim.api.nvim_get_current_line(), requests = requests - before }
+                  local stats_done = false
+                  dfim.stats(function(result)
+                    out.stats = result
+                    stats_done = true
+                  end)
+                  when('stats', function() return stats_done end, 10000, function() finish() end)
+                end)
               end)
-              when('stats', function() return stats_done end, 10000, function() finish() end)
             end)
           end)
         end)
