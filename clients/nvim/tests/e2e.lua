@@ -247,9 +247,22 @@ more_checks = function(dfim, ghost)
   check('checkhealth: model', report:match('OK:? model [^\n]+ on cpu') ~= nil, report)
   check('checkhealth: no error', not report:match('ERROR'), report)
 
-  -- 13. one `dfim: ` in front of a server message that has its own
+  -- 13. one `dfim: ` in front of a server message that has its own: an action the server refuses (no hole in
+  -- the line) is reported as `dfim: ...`, never `dfim: dfim: ...`
   check('one prefix', dfim.prefixed('dfim: the model is not ready') == 'dfim: the model is not ready')
   check('prefix added', dfim.prefixed('oops') == 'dfim: oops')
+  local first_note = #notes + 1
+  local refused
+  dfim.action('fillSelectionHoles', 0, 0)
+  check('refused action reported', vim.wait(20000, function()
+    for i = first_note, #notes do
+      if notes[i].level == vim.log.levels.ERROR then
+        refused = tostring(notes[i].msg)
+      end
+    end
+    return refused ~= nil
+  end, 50), notes)
+  check('refused action: one prefix', refused:match('^dfim: ') and not refused:match('^dfim: dfim:'), refused)
   check('no deprecated API used', #deprecated == 0, deprecated)
   vim.notify = notify
 end
