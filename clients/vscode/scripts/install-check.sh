@@ -116,6 +116,10 @@ fi
 # CHECK_MODEL=engine/weights/dfim-small (and CHECK_STEPS=16) drives the shipped model, e.g. for screenshots;
 # the default random tiny checkpoint keeps the check fast.
 steps=${CHECK_STEPS:-4}
+# CHECK_WAIT_MS=0 answers a request made during the model's load at once, empty: the ghost text can then only
+# come from the extension asking again when the status turns ready (with the shipped model, whose load is
+# still running when the first key is typed)
+wait_ms=${CHECK_WAIT_MS:-10000}
 if [[ -n ${CHECK_MODEL:-} ]]; then
   ckpt=$(realpath "$CHECK_MODEL")
 else
@@ -127,6 +131,7 @@ printf 'def add(a, b):\n    pass\n\n\ndef main():\n    print(add(1, 2))\n\n\ndef
 # as dfim.serverPath come from there). Trust off: in Restricted Mode VS Code does not start the extension.
 cat >"$tmp/data/User/settings.json" <<JSON
 {"dfim.serverPath": "$DFIM", "dfim.model.path": "$ckpt", "dfim.sampling.maxSteps": $steps,
+ "dfim.inline.waitForModelMs": $wait_ms,
  "dfim.sampling.actionMaxSteps": $steps, "dfim.telemetry.dataDir": "$tmp/telemetry",
  "workbench.startupEditor": "none", "security.workspace.trust.enabled": false}
 JSON
