@@ -70,6 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Default as the editor asks: 1 for a line the model drafts (dfim-small), else 2",
     )
     options.add_json(parser, help="print text, steps, tokens, latency, seed ... as one JSON object")
+    options.add_quiet(parser, help="no progress on stderr (a --multiline fill shows its denoising steps)")
 
 
 def read_source(path: Path) -> str:
@@ -196,6 +197,32 @@ def cut_as_the_server(text: str, prefix: str, suffix: str, language: str, max_to
     return clean(text, ctx) or ""
 
 
+class StepProgress:
+    """A multiline fill's denoising steps as `dfim.engine.progress.Progress`, one phase per canvas (block):
+    such a fill can take seconds on a CPU. Single-line fills are too quick to need it."""
+
+    def __init__(self, max_steps: int, enabled: bool) -> None:
+        self.max_steps, self.enabled = max_steps, enabled
+        self.block = -1
+        self.bar = None
+
+    def on_step(self, info) -> None:  # StepInfo; step 0 is the draft, before any denoising
+        if not self.enabled or info.step == 0:
+            return
+        from dfim.engine.progress import Progress
+
+        if info.block != self.block or self.bar is None:
+            self.close()
+            self.block = info.block
+            self.bar = Progress(self.max_steps, f"dfim fill: canvas {info.block + 1}", unit="steps")
+        self.bar.update(info.step - self.bar.done, f"{info.accepted}/{info.canvas_length} accepted")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
 def fail(message: str) -> int:
     print(f"dfim fill: {message}", file=sys.stderr)
     return 2
@@ -242,7 +269,12 @@ def run(args: argparse.Namespace) -> int:
             )
         prefix, suffix = fit_to_model(prefix, suffix, engine)
         lead = "" if args.multiline else block_lead(prefix, suffix, language)
-        result = engine.fill(fill_request(prefix + lead, suffix, args, engine.settings))
+        request = fill_request(prefix + lead, suffix, args, engine.settings)
+        steps = StepProgress(request.settings.max_steps, enabled=args.multiline and not args.quiet)
+        try:
+            result = engine.fill(replace(request, on_step=steps.on_step))
+        finally:
+            steps.close()
         if lead and result.text.strip():  # the fill starts on the new line: the break comes with it
             result = replace(result, text=lead + result.text.lstrip(" \t"))
         raw = result.text
