@@ -369,7 +369,7 @@ def test_a_crlf_file_fills_without_a_stray_carriage_return(capsys, tmp_path, che
 
 
 def test_the_windows_fit_the_context_the_model_was_trained_with():
-    from dfim.commands.fill import fit_to_model
+    from dfim.cursor_fill import fit_to_model
     from dfim.engine.inference.fill import Engine
 
     engine = Engine.load(None)  # the shipped model: its dfim.json says how many context tokens it read
