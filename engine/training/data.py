@@ -51,7 +51,7 @@ from dfim.engine.training.provenance import (
     iter_files,
 )
 from dfim.engine.training.shards import ShardWriter, file_sha256
-from dfim.engine.training.sources import corpus_record, header_language, is_permissive, iter_corpus_lines
+from dfim.engine.training.sources import corpus_record, is_permissive, iter_corpus_lines, source_language
 
 MAX_FILE_BYTES = 500_000
 MAX_LINE_CHARS = 1000
@@ -140,7 +140,7 @@ def process_task(task: Task) -> dict:
         except UnicodeDecodeError:
             rec["drop"] = "not_utf8"
             return rec
-        rec["lang"] = "python" if path.endswith(".py") else header_language(path, text)
+        rec["lang"] = source_language(path, text)
     return _filter_and_tokenize(rec, text, raw)
 
 

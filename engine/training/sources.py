@@ -97,6 +97,34 @@ def _normalise(name: str) -> str:
     return re.sub(r"\s+license$", "", name).strip()
 
 
+# A folder of the user's own code (`dfim data --roots DIR`) is read in every language the server serves; the
+# standard library and site-packages stay .py only (their other files are mostly generated or vendored).
+SOURCE_SUFFIXES = {
+    ".py": "python",
+    ".ts": "typescript",
+    ".tsx": "typescript",
+    ".mts": "typescript",
+    ".js": "javascript",
+    ".jsx": "javascript",
+    ".mjs": "javascript",
+    ".go": "go",
+    ".rs": "rust",
+    ".java": "java",
+    ".c": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".cxx": "cpp",
+}
+
+
+def source_language(path: str, text: str) -> str:
+    """The language of a source file of a folder root, by suffix (a header by what it contains)."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix in HEADER_SUFFIXES:
+        return header_language(path, text)
+    return SOURCE_SUFFIXES.get(suffix, "?")
+
+
 def header_language(path: str, text: str) -> str:
     """`c` or `cpp` for a header file (by suffix; a `.h` by what it contains)."""
     lang = HEADER_SUFFIXES.get(os.path.splitext(path)[1].lower(), "c")

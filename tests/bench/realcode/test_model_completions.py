@@ -86,8 +86,16 @@ def test_a_block_problem_is_filled_as_the_editor_fills_a_selection(checkpoint, m
 
     seen = []
     real_fill = Engine.fill
-    monkeypatch.setattr(Engine, "fill", lambda self, request: seen.append(request) or real_fill(self, request))
-    block = {"task_id": "m.py:3:1:block", "kind": "block", "path": "m.py", "prompt": "def f(x):\n", "suffix": "\n"}
+    monkeypatch.setattr(
+        Engine, "fill", lambda self, request: seen.append(request) or real_fill(self, request)
+    )
+    block = {
+        "task_id": "m.py:3:1:block",
+        "kind": "block",
+        "path": "m.py",
+        "prompt": "def f(x):\n",
+        "suffix": "\n",
+    }
     line = {**block, "task_id": "m.py:3:1:line", "kind": "line"}
     model_completions([block, line], checkpoint, "cpu", 8, 0)
     multi, single = seen
