@@ -218,7 +218,7 @@ def _read_status(fd: int, timeout_s: float | None) -> dict[str, Any] | None:
 
 # Layers whose absence makes the sandbox something less than a boundary, with what is lost without each.
 LAYERS = {
-    "kill": "descendants are killed by a PID namespace (else by a subreaper the program can outrun)",
+    "kill": "every descendant dies with the run (PID namespace, or a subreaper the program cannot signal)",
     "filesystem": "writes outside the temporary directory are refused (Landlock or a read-only mount)",
     "network": "no socket can be opened (network namespace or seccomp)",
 }
@@ -229,7 +229,9 @@ def missing_layers(isolation: dict[str, Any] | None) -> list[str]:
     if not isolation:
         return list(LAYERS)
     have = {
-        "kill": isolation.get("pid_namespace", False),
+        # a subreaper reaches every descendant unless the program kills it first, which Landlock's signal
+        # scope (ABI 6) forbids
+        "kill": isolation.get("pid_namespace", False) or isolation.get("landlock_scoped", False),
         "filesystem": isolation.get("landlock_fs", False) or isolation.get("readonly_root", False),
         "network": isolation.get("net_namespace", False) or isolation.get("seccomp_no_sockets", False),
     }

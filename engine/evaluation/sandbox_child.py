@@ -58,9 +58,11 @@ PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER, 
 SYS_MOUNT_SETATTR, SYS_LANDLOCK_CREATE, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT = 442, 444, 445, 446
 AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 0x1
 
+LINUX = sys.platform.startswith("linux")  # elsewhere: rlimits, the timeout and a process-group kill only
 LIBC = ctypes.CDLL(None, use_errno=True)
-LIBC.syscall.restype = ctypes.c_long
-LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+if LINUX:
+    LIBC.syscall.restype = ctypes.c_long
+    LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
 
 
 def _check(result: int, what: str) -> int:
@@ -241,12 +243,14 @@ def become_program(cfg: dict, report_fd: int) -> None:
     """In the forked program process: confine itself, report what held, and exec the interpreter."""
     report: dict = {"errors": {}}
     writable = [cfg["workdir"], *cfg["writable"]]
-    if cfg["landlock"]:
+    if not LINUX:
+        os.setpgid(0, 0)  # a group of its own, which the supervisor kills at the end
+    if cfg["landlock"] and LINUX:
         try:
             landlock(writable, report)
         except OSError as e:
             report["errors"]["landlock"] = str(e)
-    if cfg["seccomp"]:
+    if cfg["seccomp"] and LINUX:
         try:
             seccomp_no_sockets(report)
         except OSError as e:
@@ -316,6 +320,14 @@ def wait_program(pid: int, timeout_s: float) -> tuple[int | None, float, bool]:
         pidfd = os.pidfd_open(pid)
     except (AttributeError, OSError):
         pidfd = None
+    try:
+        return _wait(pid, pidfd, deadline)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _wait(pid: int, pidfd: int | None, deadline: float | None) -> tuple[int | None, float, bool]:
     while True:
         done, status, usage = os.wait4(pid, os.WNOHANG)
         if done:
@@ -335,10 +347,11 @@ def wait_program(pid: int, timeout_s: float) -> tuple[int | None, float, bool]:
 
 def supervise(cfg: dict, status_fd: int, report: dict, in_pid_namespace: bool) -> None:
     """Start the program, wait for it under the timeout, kill what it left, and report on `status_fd`."""
-    _prctl(PR_SET_DUMPABLE, 0)  # the program cannot open this process's fds through /proc
-    if not in_pid_namespace:
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    report["kill"] = "pid-namespace" if in_pid_namespace else "subreaper"
+    if LINUX:
+        _prctl(PR_SET_DUMPABLE, 0)  # the program cannot open this process's fds through /proc
+        if not in_pid_namespace:
+            _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    report["kill"] = "pid-namespace" if in_pid_namespace else "subreaper" if LINUX else "process-group"
     read_end, write_end = os.pipe()  # the program's own report; closed by its exec (O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
@@ -351,7 +364,12 @@ def supervise(cfg: dict, status_fd: int, report: dict, in_pid_namespace: bool) -
         os._exit(127)
     os.close(write_end)
     status, cpu_s, timed_out = wait_program(pid, cfg["timeout_s"])
-    leftovers = kill_descendants(in_pid_namespace)
+    if not LINUX:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    leftovers = kill_descendants(in_pid_namespace) if LINUX else 0
     with os.fdopen(read_end, "rb") as f:
         try:
             program_report = json.loads(f.read() or b"{}")
@@ -387,7 +405,7 @@ def main() -> None:
         "errors": {},
     }
     in_namespace = False
-    if cfg["namespaces"]:
+    if cfg["namespaces"] and LINUX:
         try:
             enter_namespaces()
             in_namespace = True

@@ -220,6 +220,8 @@ def test_results_record_the_isolation_in_force():
         bare.isolation[k] for k in ("pid_namespace", "net_namespace", "landlock_fs", "seccomp_no_sockets")
     )
     assert sandbox.missing_layers(bare.isolation) == ["kill", "filesystem", "network"]
+    subreaper = run_program("pass\n", SandboxLimits(timeout_s=10.0, namespaces=False))
+    assert ("kill" in sandbox.missing_layers(subreaper.isolation)) == (not REPORT["landlock_scoped"])
     assert "not a full boundary" in sandbox.warning({"missing": sandbox.missing_layers(bare.isolation)})
 
 
