@@ -98,9 +98,9 @@ def plot(samples: list[tuple[float, float]], width: int = 72) -> str:
         return ""
     values = [v for _, v in samples][-width:]
     lo, hi = min(values), max(values)
-    bars = " ▁▂▃▄▅▆▇█"
+    bars = "▁▂▃▄▅▆▇█"
     scale = (len(bars) - 1) / (hi - lo) if hi > lo else 0.0
-    line = "".join(bars[int(round((v - lo) * scale))] if scale else bars[1] for v in values)
+    line = "".join(bars[int(round((v - lo) * scale))] if scale else bars[0] for v in values)
     return f"RSS {lo:.0f}..{hi:.0f} MB over {samples[-1][0] / 60:.1f} min: {line}"
 
 
@@ -166,6 +166,7 @@ class Kind:
         return {
             "sent": self.sent,
             "answered": len(lat),
+            "unanswered": self.sent - len(lat),  # still in flight when the drain timed out
             "outcomes": dict(sorted(self.outcomes.items())),
             "errors": self.errors[:5],
             "error_count": len(self.errors),
@@ -382,7 +383,10 @@ def table(m: dict) -> str:
     lat = m["latency_ms"]
     rows = [
         ("documents / rate / seconds", f"{m['docs']} / {m['rate']:g} per s / {m['seconds']} s"),
-        ("requests sent / answered / unanswered", f"{m['requests']} / {m['answered']} / {m['unanswered']}"),
+        (
+            "inline requests sent / answered / unanswered (all kinds)",
+            f"{m['requests']} / {m['answered']} / {m['unanswered']}",
+        ),
         (
             "answers: items / null / cancelled / error",
             "{items} / {null} / {cancelled} / {error}".format(**m["answers"]),
@@ -397,9 +401,7 @@ def table(m: dict) -> str:
             continue
         outcomes = ", ".join(f"{o} {c}" for o, c in k["outcomes"].items()) or "none"
         q = k["latency_ms"]
-        rows.append(
-            (f"{name}: sent / answered ({'outcomes'})", f"{k['sent']} / {k['answered']} ({outcomes})")
-        )
+        rows.append((f"{name}: sent / answered (outcomes)", f"{k['sent']} / {k['answered']} ({outcomes})"))
         rows.append(
             (f"{name} latency p50 / p90 / p99 / max", f"{q['p50']} / {q['p90']} / {q['p99']} / {q['max']} ms")
         )
