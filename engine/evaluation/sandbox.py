@@ -158,12 +158,10 @@ def run_program(
                 )
             except OSError as e:
                 os.close(status_read)
-                os.close(status_write)
                 return SandboxResult(False, False, None, f"could not start: {e}", "", 0.0)
             finally:
-                if "proc" in locals():
-                    os.close(status_write)
-            status = _read_status(status_read, wall_s + GRACE_S if wall_s is not None else None)
+                os.close(status_write)  # the child has its own copy: EOF once the supervisor is done
+            status, hung = _read_status(status_read, wall_s + GRACE_S if wall_s is not None else None)
             if status is None:  # the supervisor hung or died: kill what is left of its group
                 _kill_group(proc.pid)
             returncode = proc.wait()
@@ -171,7 +169,7 @@ def run_program(
         duration_ms = (time.perf_counter() - start) * 1000.0
         stderr = _tail(err_path, limits.output_chars)
         if status is None:
-            final: dict[str, Any] = {"returncode": returncode, "timed_out": True, "cpu_s": None}
+            final: dict[str, Any] = {"returncode": returncode, "timed_out": hung, "cpu_s": None}
             isolation = None
             stderr = (stderr + "\nsandbox: the supervisor did not report").strip()
         else:
@@ -190,17 +188,20 @@ def run_program(
         )
 
 
-def _read_status(fd: int, timeout_s: float | None) -> dict[str, Any] | None:
-    """The supervisor's last JSON line from the status pipe, or None if none came before EOF or the timeout."""
+def _read_status(fd: int, timeout_s: float | None) -> tuple[dict[str, Any] | None, bool]:
+    """The supervisor's last JSON line from the status pipe (None if none came before EOF or the timeout),
+    and whether the timeout ended the wait."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     data = b""
+    hung = False
     with os.fdopen(fd, "rb", buffering=0) as pipe:
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                break
-            ready, _, _ = select.select([pipe], [], [], remaining)
+            ready = remaining is None or remaining > 0
+            if ready:
+                ready = bool(select.select([pipe], [], [], remaining)[0])
             if not ready:
+                hung = True
                 break
             chunk = pipe.read(65536)
             if not chunk:
@@ -212,8 +213,8 @@ def _read_status(fd: int, timeout_s: float | None) -> dict[str, Any] | None:
         except ValueError:
             continue
         if isinstance(status, dict) and "final" in status:
-            return status
-    return None
+            return status, hung
+    return None, hung
 
 
 # Layers whose absence makes the sandbox something less than a boundary, with what is lost without each.
