@@ -200,15 +200,20 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
             return 2
         source = f"model {name['name']}{' (random weights)' if name['is_random'] else ''}"
     started = time.perf_counter()
-    records = score(
-        problems,
-        completions,
-        limits=limits,
-        workers=args.workers,
-        problems_file=args.problems,
-        extra_paths=extra,
-        progress=progress,
-    )
+    try:  # one line per tested problem as its suite ends, in the order they end
+        with (out / "tests.jsonl").open("w", encoding="utf-8") as tested:
+            records = score(
+                problems,
+                completions,
+                limits=limits,
+                workers=args.workers,
+                problems_file=args.problems,
+                extra_paths=extra,
+                progress=progress,
+                stream=tested,
+            )
+    except OSError as e:
+        return fail(prog, f"--out {out}: cannot write ({e.strerror or e})")
     for record, extra_info in zip(records, info, strict=True):
         record.update(extra_info)
     meta = {
@@ -232,7 +237,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         (out / "summary.md").write_text(table, encoding="utf-8")
     except OSError as e:
         return fail(prog, f"--out {out}: cannot write ({e.strerror or e})")
-    written = [out / "results.json", out / "summary.md"]
+    written = [out / "results.json", out / "summary.md", out / "tests.jsonl"]
     if source.startswith("model"):
         written.append(out / "completions.jsonl")
     stdout.write(table + f"\nwritten: {', '.join(map(str, written))}\n")

@@ -15,7 +15,7 @@ import json
 import lzma
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # SPDX ids (lower-case) and common spellings of licences that put no obligation on derived code beyond
@@ -109,12 +109,15 @@ def header_language(path: str, text: str) -> str:
 # Corpus shards
 
 
-def iter_corpus_lines(shard: Path) -> Iterator[bytes]:
-    """Raw JSON lines of one `.jsonl.xz` (or plain `.jsonl`) shard; parsing happens in the workers."""
-    opener = lzma.open if shard.suffix == ".xz" else open
-    with opener(shard, "rb") as f:
+def iter_corpus_lines(shard: Path, on_position: Callable[[int], None] | None = None) -> Iterator[bytes]:
+    """Raw JSON lines of one `.jsonl.xz` (or plain `.jsonl`) shard; parsing happens in the workers.
+    `on_position` gets the bytes of the file (compressed, for .xz) read so far before each line: progress."""
+    with open(shard, "rb") as raw:
+        f = lzma.open(raw, "rb") if shard.suffix == ".xz" else raw
         for line in f:
             if line.strip():
+                if on_position is not None:
+                    on_position(raw.tell())
                 yield line
 
 

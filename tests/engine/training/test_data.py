@@ -339,3 +339,26 @@ def test_signatures_ship_as_a_resource_file() -> None:
     assert EvalFilter.load([]).hit(
         "def  has_close_elements(numbers: List[float],threshold: float) -> bool:\n"
     )
+
+
+def test_build_shows_progress_per_phase_in_a_log(tmp_path: Path) -> None:
+    """`dfim data 2>log`: a few plain progress lines per phase (folders' files, then each shard), no repeats."""
+    import subprocess
+    import sys
+
+    shard = tmp_path / "train-00.jsonl.xz"
+    write_sample_corpus(shard)
+    pyroot = tmp_path / "py"
+    write(pyroot, "area.py", GOOD_A)
+    write(pyroot, "board.py", GOOD_B)
+    done = subprocess.run(
+        [sys.executable, "-m", "dfim.commands.data", "--out", str(tmp_path / "out"), "--tokenizer",
+         str(TOKENIZER_JSON), "--roots", str(pyroot), "--corpus", str(shard), "--workers", "1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("data: ")]
+    assert any(line.startswith("data: files: 2/2 files (100%)") for line in lines), lines
+    assert any(line.startswith("data: train-00.jsonl.xz: 1/1 MB (100%)") for line in lines), lines
+    assert len(lines) == len(set(lines)) and len(lines) <= 6, lines
+    assert "\r" not in done.stderr  # no carriage-return redraws in a log
