@@ -162,6 +162,9 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         problem = sandbox_problem(limits)
         if problem:
             return fail(prog, problem)
+    isolation = sandbox.probe(limits)  # what the suites run under here, for the user and the result file
+    if sandbox.warning(isolation):
+        print(f"{prog}: warning: {sandbox.warning(isolation)}", file=sys.stderr)
     if args.completions:
         missing = [p["task_id"] for p in problems if p["task_id"] not in by_id]
         if missing:
@@ -219,7 +222,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         "source": source,
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - started, 2),
-        "sandbox": {"timeout_s": limits.timeout_s, "memory_bytes": limits.memory_bytes},
+        "sandbox": {**limits.record(), "isolation": isolation},
         "environment": environment(args.device if source.startswith("model") else None),
     }
     if source.startswith("model"):  # the sampling that made the completions
