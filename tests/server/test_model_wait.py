@@ -54,7 +54,10 @@ async def test_the_first_keystroke_after_initialize_gets_the_shipped_models_line
 
     demo = (ROOT / "fixtures" / "demo.py").read_text()
     s = Session()
-    await s.start(DEFAULT_MODEL_DIR, tmp_path, init_options={"telemetry": {"enabled": False}})
+    # the longest bound: on a loaded machine the load can outlast the 10 s default, and what is checked here
+    # is the hold, not how long a load takes
+    init = {"telemetry": {"enabled": False}, "inline": {"waitForModelMs": 120000}}
+    await s.start(DEFAULT_MODEL_DIR, tmp_path, init_options=init)
     try:
         s.open("file:///demo.py", demo)
         result = await asyncio.wait_for(s.inline("file:///demo.py", 7, 11), 120)
