@@ -1,7 +1,8 @@
 -- dfim for Neovim: starts `dfim serve`, shows inline completions (vim.lsp.inline_completion on 0.12+, our
 -- own ghost text before), keymaps for accept / word / line / next / previous / dismiss, :DfimStats,
 -- :DfimToggle, :DfimRewrite, :DfimRestart. Code actions come through the normal LSP menu
--- (vim.lsp.buf.code_action()).
+-- (vim.lsp.buf.code_action(); on 0.7, vim.lsp.buf.range_code_action() for a selection). :checkhealth dfim
+-- is lua/dfim/health.lua.
 local compat = require('dfim.compat')
 local ghost = require('dfim.ghost')
 
