@@ -83,6 +83,7 @@ def layer_check(out, device: str, skip_hf: bool) -> bool:
     result = fast_check.check_fast(model, fast, context, hf)
     for line in result.lines:
         say(out, line)
+    say(out, f"graphs in use after the check: {fast.use_graphs}, {len(fast._graphs)} captured")
     say(out, f"layer check {'PASSED' if result.ok else 'FAILED'}")
     return result.ok
 
@@ -140,6 +141,11 @@ def engine_check(out, device: str) -> bool:
             )
             if not same:
                 say(out, f"   plain text {want.text!r}")
+    backend = fast.fast_backend().fast
+    say(
+        out,
+        f"engine's fast path: graphs {backend.use_graphs}, {len(backend._graphs)} captured, experts {backend.moe}",
+    )
     say(out, f"engine check {'PASSED' if ok else 'FAILED'}")
     return ok
 

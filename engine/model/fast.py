@@ -28,6 +28,7 @@ Batch 1 only (one canvas at a time): the canvas keys/values live in the cache's 
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from pathlib import Path
 
@@ -40,6 +41,8 @@ from dfim.engine.model.config import FULL
 from dfim.engine.model.experts import pick_gpu_kernel
 from dfim.engine.model.kv_cache import KVCache
 from dfim.engine.model.network import DiffusionGemma, compile_layers
+
+log = logging.getLogger(__name__)
 
 
 class FastDiffusionGemma:
@@ -94,6 +97,9 @@ class FastDiffusionGemma:
         if compile:
             compile_layers(model)
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        # Graphs kept at most: one per (cache bucket, canvas length), and a skeleton's canvas can have any
+        # length; past this many, new shapes run eagerly (same code, same numbers) instead of capturing more.
+        self.max_graphs = 64
         self._pool = None
         self._init_buffers()
 
@@ -333,7 +339,7 @@ class FastDiffusionGemma:
     # --- graphs -----------------------------------------------------------------------------------
 
     def _ensure_graph(self, key: tuple, fn) -> None:
-        if not self.use_graphs or key in self._graphs:
+        if not self.use_graphs or key in self._graphs or len(self._graphs) >= self.max_graphs:
             return
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -344,12 +350,17 @@ class FastDiffusionGemma:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            fn()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                fn()
+        except RuntimeError as err:  # an op that cannot be captured: the same code runs eagerly from now on
+            log.warning("CUDA graph capture of %s failed (%s); the fast path runs without graphs", key, err)
+            self.use_graphs = False
+            return
         self._graphs[key] = graph
 
     def _replay(self, key: tuple, fn) -> None:
-        if self.use_graphs:
+        if self.use_graphs and key in self._graphs:
             self._graphs[key].replay()
         else:
             fn()
