@@ -165,3 +165,36 @@ def test_engine_load_turns_the_fast_path_on_for_cuda_only(tiny):
     result = engine.fill(FillRequest(prefix="x = ", suffix="\n", max_tokens=8, seed=0, stop=("\n",)))
     assert engine._fast_backend is not None and engine._fast_backend.held == engine.cache.ids
     assert 1 <= result.steps
+
+
+def test_a_fixed_step_block_reads_nothing_back_per_step(monkeypatch):
+    """The benchmark's loop (stop steps off, no stop strings) never waits for the device inside a step: the
+    reads of a whole block do not grow with its steps (on a GPU each read would stall the queue)."""
+    import torch
+
+    from dfim.engine.inference.fast_backend import fixed_step_block
+
+    reads: list[str] = []
+    for name in ("__bool__", "item", "tolist", "nonzero", "__int__", "__float__", "__index__"):
+        original = getattr(torch.Tensor, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    logits = torch.randn(1, 8, 50, generator=torch.Generator().manual_seed(0))
+    counts = []
+    for steps in (3, 9):
+        reads.clear()
+        fixed_step_block(
+            lambda canvas, self_cond: logits.clone(),
+            length=8,
+            vocab_size=50,
+            eos_id=1,
+            pad_id=0,
+            steps=steps,
+            generator=torch.Generator().manual_seed(1),
+        )
+        counts.append(len(reads))
+    assert counts[0] == counts[1], reads
