@@ -181,19 +181,8 @@ class Engine:
         cores, base = usable_cores(), torch.get_num_threads()
         if dev.type == "cpu" and automatic and cores > base:
             adaptive = AdaptiveThreads(base=base, wide=cores)
-        fast = dev.type == "cuda" if fast is None else fast
-        return cls(
-            model,
-            tokenizer,
-            settings,
-            name,
-            is_random,
-            folder,
-            objective,
-            trained_context,
-            adaptive,
-            fast=fast,
-        )
+        args = (model, tokenizer, settings, name, is_random, folder, objective, trained_context, adaptive)
+        return cls(*args, fast=dev.type == "cuda" if fast is None else fast)
 
     def _banned_tokens(self) -> torch.Tensor:
         """Control tokens never belong on a canvas (pad and EOS do: they end the text), nor do ids the
