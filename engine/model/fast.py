@@ -4,7 +4,7 @@ It runs `dfim.engine.model.network.DiffusionGemma` itself, the same modules and 
 what it adds is where keys and values live, how the experts run, and graphs:
 
 - **Static KV cache.** One preallocated [1, Hkv, max_len, D] tensor pair per layer. The encoder
-  writes the context there; the decoder writes the canvas keys/values into the scratch rows just
+  (`encode`) writes the context there, or `copy_context` copies it from a plain `KVCache`; the decoder writes the canvas keys/values into the scratch rows just
   after the context (so it needs no concatenation) and never moves `length`; the autoregressive
   decode writes one row per token. Attention reads a static slice [lo, hi) of the cache and masks
   what is not valid, so one captured graph serves every context length inside a `bucket`.
