@@ -50,6 +50,20 @@ class ContextOptions:
 
 
 @dataclass
+class GateOptions:
+    """Silence when unsure (dfim.server.gate): a suggestion whose fill was less sure than `threshold` is not
+    shown. Calibrated for +0.75 per accept and -0.25 per shown reject (decision 68)."""
+
+    enabled: bool = True
+    # The fill's confidence read as a probability (dfim.server.gate.MEASURES).
+    measure: str = field(
+        default="mean_probability",
+        metadata=_bounds(choices=("mean_probability", "min_probability", "mean_confidence", "min_confidence")),
+    )
+    threshold: float = field(default=0.25, metadata=_bounds(0.0, 1.0))
+
+
+@dataclass
 class InlineOptions:
     enabled: bool = True
     debounce_ms: int = field(default=0, metadata=_bounds(0, 2000))  # editors already debounce; 0 = none
@@ -71,6 +85,7 @@ class InlineOptions:
     # the line below or wrote nothing): a second draw often has a line to offer (decision 26).
     retries: int = field(default=1, metadata=_bounds(0, 4))
     cache_size: int = field(default=256, metadata=_bounds(0, 100000))
+    gate: GateOptions = field(default_factory=GateOptions)
 
 
 @dataclass
