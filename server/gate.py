@@ -213,3 +213,47 @@ def tally(outcomes: list[Outcome], threshold: float | None = None) -> dict[str, 
         "accepted_chars": sum(o.accepted_chars for o in kept),
         "reward": reward(accepted, len(kept)),
     }
+
+
+def _summary(value: Any) -> FillConfidence | None:
+    """A telemetry event's `confidence` object back as a summary (None when absent or malformed)."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return FillConfidence(
+            tokens=int(value["tokens"]),
+            mean_logprob=float(value["meanLogprob"]),
+            min_logprob=float(value["minLogprob"]),
+            mean_entropy=float(value["meanEntropy"]),
+            max_entropy=float(value["maxEntropy"]),
+        )
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+
+
+def telemetry_report(events: list[dict], measure: str, threshold: float) -> dict[str, Any]:
+    """`dfim stats`'s account of the gate: the suggestions shown that have an outcome, as shown and as a
+    gate of `measure` >= `threshold` would have let them through, and how many the gate hid when they
+    were asked (their outcome is unknown: the user never saw them). The last outcome of each suggestion
+    counts, as in `telemetry.summarize`; accepted means taken whole or in part."""
+    scores: dict[str, float | None] = {}
+    outcome: dict[str, tuple[bool, int]] = {}
+    hidden = 0
+    for event in events:
+        kind, key = event.get("event"), event.get("id")
+        if kind == "hidden":
+            hidden += 1
+        elif kind == "shown" and isinstance(key, str):
+            scores[key] = score(_summary(event.get("confidence")), measure)
+        elif kind in ("accepted", "partial", "rejected") and isinstance(key, str):
+            chars = event.get("acceptedChars")
+            chars = int(chars) if isinstance(chars, int | float) and not isinstance(chars, bool) else 0
+            outcome[key] = (kind != "rejected", chars if kind != "rejected" else 0)
+    outcomes = [Outcome(scores[key], *outcome[key]) for key in scores if key in outcome]
+    return {
+        "measure": measure,
+        "threshold": threshold,
+        "hidden": hidden,
+        "as_shown": tally(outcomes),
+        "gated": tally(outcomes, threshold),
+    }
