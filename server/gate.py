@@ -215,8 +215,9 @@ def tally(outcomes: list[Outcome], threshold: float | None = None) -> dict[str, 
     }
 
 
-def _summary(value: Any) -> FillConfidence | None:
-    """A telemetry event's `confidence` object back as a summary (None when absent or malformed)."""
+def summary_from_json(value: Any) -> FillConfidence | None:
+    """A `confidence` object of telemetry or a replay report (`Verdict.fields`) back as a summary; None when
+    absent or malformed."""
     if not isinstance(value, dict):
         return None
     try:
@@ -244,7 +245,7 @@ def telemetry_report(events: list[dict], measure: str, threshold: float) -> dict
         if kind == "hidden":
             hidden += 1
         elif kind == "shown" and isinstance(key, str):
-            scores[key] = score(_summary(event.get("confidence")), measure)
+            scores[key] = score(summary_from_json(event.get("confidence")), measure)
         elif kind in ("accepted", "partial", "rejected") and isinstance(key, str):
             chars = event.get("acceptedChars")
             chars = int(chars) if isinstance(chars, int | float) and not isinstance(chars, bool) else 0

@@ -60,7 +60,7 @@ class GateOptions:
         default="mean_probability",
         metadata=_bounds(choices=("mean_probability", "min_probability", "mean_confidence", "min_confidence")),
     )
-    threshold: float = field(default=0.25, metadata=_bounds(0.0, 1.0))
+    threshold: float = field(default=0.39, metadata=_bounds(0.0, 1.0))
 
 
 @dataclass

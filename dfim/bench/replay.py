@@ -43,6 +43,7 @@ from dfim.bench.lsp_client import Client, get_field, utf16_offset, utf16_positio
 from dfim.bench.replay_gate import gate_markdown, gate_summary, read_verdict
 from dfim.engine.evaluation import metrics
 from dfim.engine.progress import Progress
+from dfim.server.options import GateOptions
 
 TRIGGERS = ("word", "line", "chars")
 IDENT = re.compile(r"\w")
@@ -69,8 +70,8 @@ class ReplayOptions:
     # and scored, and the report tells what a gate of this measure and threshold would have hidden (on the
     # same typing). Live: the server hides them, as for a user, and the typing follows what it showed.
     gate_live: bool = False
-    gate_measure: str = "mean_probability"
-    gate_threshold: float = 0.25
+    gate_measure: str = field(default_factory=lambda: GateOptions().measure)  # the server's defaults
+    gate_threshold: float = field(default_factory=lambda: GateOptions().threshold)
 
 
 @dataclass

@@ -30,15 +30,34 @@ def read_verdict(server: Any, uri: str, seen: int, record: RequestRecord) -> int
     return max(seq, seen)
 
 
-def gate_outcomes(regions: list[RegionStats]) -> list[Outcome]:
+def shown_suggestions(request_log: list[Any]) -> list[tuple[Any, bool, int]]:
+    """(confidence summary as JSON, accepted, accepted chars) of every suggestion a request log shows
+    (`RequestRecord`s or their JSON). A typed-ahead continuation (the rest of the suggestion shown before,
+    served with no fill and no verdict: after a partial accept it is by construction the part that was not
+    taken) carries the confidence of the suggestion it continues: had that one been hidden, it would not
+    exist."""
+    out: list[tuple[Any, bool, int]] = []
+    last = None
+    for r in request_log:
+        confidence = get_field(r, "confidence")
+        judged = confidence is not None or get_field(r, "gate_score") is not None
+        if judged:
+            last = confidence
+        verdict = get_field(r, "verdict")
+        if verdict != "none":
+            accepted = verdict in ("full", "partial")
+            out.append((confidence if judged else last, accepted, get_field(r, "accepted_chars") or 0))
+    return out
+
+
+def gate_outcomes(regions: list[RegionStats], measure: str) -> list[Outcome]:
     """Every suggestion shown, with its gate score and whether it was accepted (dfim.server.gate.Outcome)."""
-    from dfim.server.gate import Outcome
+    from dfim.server.gate import Outcome, score, summary_from_json
 
     return [
-        Outcome(r.gate_score, r.verdict in ("full", "partial"), r.accepted_chars)
+        Outcome(score(summary_from_json(c), measure), accepted, chars)
         for region in regions
-        for r in region.request_log
-        if r.verdict != "none"
+        for c, accepted, chars in shown_suggestions(region.request_log)
     ]
 
 
@@ -50,7 +69,7 @@ def gate_summary(regions: list[RegionStats], options: ReplayOptions) -> dict[str
     from dfim.server.gate import tally
 
     chars = sum(r.chars for r in regions)
-    outcomes = gate_outcomes(regions)
+    outcomes = gate_outcomes(regions, options.gate_measure)
 
     def with_chars(row: dict[str, Any] | None) -> dict[str, Any] | None:
         if row is not None:
