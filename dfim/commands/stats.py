@@ -8,6 +8,7 @@ import sys
 
 from dfim.commands import options
 from dfim.server import gate
+from dfim.server.options import GateOptions
 from dfim.server.telemetry import FILE_NAME, data_dir, read_events, summarize
 
 
@@ -34,7 +35,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"dfim stats: no telemetry at {path}", file=sys.stderr)
         return 1
     summary = summarize(events)
-    summary["gate"] = gate.telemetry_report(events, args.gate_measure, args.gate_threshold)
+    # a caller's own Namespace (tests, scripts) may leave the gate's flags out: the server's defaults then
+    defaults = GateOptions()
+    measure = getattr(args, "gate_measure", defaults.measure)
+    threshold = getattr(args, "gate_threshold", defaults.threshold)
+    summary["gate"] = gate.telemetry_report(events, measure, threshold)
     if args.json:
         print(json.dumps(summary, indent=2, allow_nan=False))
         return 0
