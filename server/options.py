@@ -58,7 +58,9 @@ class GateOptions:
     # The fill's confidence read as a probability (dfim.server.gate.MEASURES).
     measure: str = field(
         default="mean_probability",
-        metadata=_bounds(choices=("mean_probability", "min_probability", "mean_confidence", "min_confidence")),
+        metadata=_bounds(
+            choices=("mean_probability", "min_probability", "mean_confidence", "min_confidence")
+        ),
     )
     threshold: float = field(default=0.39, metadata=_bounds(0.0, 1.0))
 
