@@ -153,6 +153,21 @@ class TokenScore:
     text: str
     confidence: float  # exp(-entropy) of the final distribution at that position, in (0, 1]
     pinned: bool = False
+    # log p of the token written there under that same distribution (<= 0; 0 for a pin, which is given).
+    logprob: float = 0.0
+
+
+@dataclass(frozen=True)
+class FillConfidence:
+    """How sure the canvas was of the text a fill returns, from its own final distribution over the tokens
+    of that text (pins left out: they are given, not predicted). No extra model pass: the denoiser's last
+    step already computed it. Front ends read it to stay silent when unsure (dfim.server.gate)."""
+
+    tokens: int  # predicted tokens the summary covers (0: the text is empty or all pinned)
+    mean_logprob: float  # mean log p of the written tokens (the log of their geometric-mean probability)
+    min_logprob: float  # the least likely written token
+    mean_entropy: float  # nats, mean over the same tokens
+    max_entropy: float  # the most uncertain position
 
 
 @dataclass
@@ -170,3 +185,5 @@ class FillResult:
     token_scores: list[TokenScore] = field(default_factory=list)
     alternatives: list[str] = field(default_factory=list)  # other candidates' texts, best first
     threads: int = 0  # torch CPU threads the fill ran with (0: not on the CPU); dfim.engine.model.threads
+    confidence: FillConfidence | None = None  # over `text`'s predicted tokens; None: no token predicted
+    alternative_confidence: list[FillConfidence | None] = field(default_factory=list)  # per alternative

@@ -19,6 +19,7 @@ from lsprotocol import types
 from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
 
+from dfim.server import gate
 from dfim.server.documents import DocumentStore, choose_encoding
 from dfim.server.engine_host import EngineHost
 from dfim.server.inline import ResultCache, ShownSuggestion
@@ -62,6 +63,8 @@ class DfimServer(LanguageServer):
         self.status = StatusReporter(self.protocol.notify)
         self.status.status.device = device
         self.cache = ResultCache(self.options.inline.cache_size)
+        self.gate_memory = gate.ConfidenceMemory(self.options.inline.cache_size)  # the cache's confidences
+        self.gate_log = gate.GateLog()  # verdicts of the confidence gate (dfim/stats)
         self.shown: dict[str, ShownSuggestion] = {}  # uri -> last inline suggestion (typed-ahead reuse)
         self.inflight: dict[str, threading.Event] = {}  # uri -> cancel flag of the inline fill in flight
         self.actions_running: dict[str, set[threading.Event]] = {}  # uri -> cancel flags of its code actions
@@ -136,7 +139,7 @@ class DfimServer(LanguageServer):
         """Merge client settings; bad values are reported and the previous values kept."""
         previous = self.options
         self.options, errors = merge_options(previous, raw)
-        self.cache.size = self.options.inline.cache_size
+        self.cache.size = self.gate_memory.size = self.options.inline.cache_size
         telemetry = self.options.telemetry
         self.tracker.telemetry = Telemetry(
             data_dir(telemetry.data_dir), enabled=telemetry.enabled, on_failure=self.telemetry_failed
@@ -377,4 +380,5 @@ def _register_lifecycle(ls: DfimServer) -> None:
             "engine_preempted": ls.host.preempted,
             "status": ls.status.status.to_json(),
             "encoding": ls.docs.encoding,
+            "gate": ls.gate_log.to_json(),
         }

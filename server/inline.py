@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from dfim.engine.api import FillRequest, FillResult, Hole, SamplerSettings
+from dfim.server import gate
 from dfim.server.context import FillContext, with_lead
 from dfim.server.lines import line_end, line_start
 from dfim.server.model_wait import wait_for_model
@@ -472,7 +473,9 @@ async def complete(ls, params):
     cached = ls.cache.get(key)
     if cached is not None:
         ls.counters["cache_hits"] += 1
-        return inline_items(ls, place, cached, ctx, "cache", mode=ctx.mode)
+        cached, verdict = gate.screen(ls, uri, cached, ls.gate_memory.get(key))
+        fields = verdict.fields() if verdict is not None else {}
+        return inline_items(ls, place, cached, ctx, "cache", mode=ctx.mode, **fields)
     if not ls.host.ready:
         return None
 
@@ -482,8 +485,9 @@ async def complete(ls, params):
         if flag.is_set():
             return None
     plan = plan_fill(ctx, text, ls.host.engine.settings, options, ls.host.count_tokens)
+    fills = gate.LastFill(lambda r: run_fill(ls, r, flag))
     outcome = await fill_until_shown(
-        lambda r: run_fill(ls, r, flag),
+        fills,
         plan.request,
         plan.post,
         plan.pinned,
@@ -499,6 +503,14 @@ async def complete(ls, params):
     if ls.inflight.get(uri) is flag:
         del ls.inflight[uri]
     ls.cache.put(key, ranked)
+    confidence = gate.confidence_of(
+        ranked[0] if ranked else "",
+        fills.last,
+        lambda raw: next(iter(rank_candidates([strip_pinned_tail(raw, plan.pinned)], plan.post)), None),
+    )
+    ls.gate_memory.put(key, confidence)
     if flag.is_set():
         return None  # superseded while it ran: a newer request answers for this document
-    return inline_items(ls, place, ranked, ctx, "model", mode=ctx.mode, steps=steps)
+    ranked, verdict = gate.screen(ls, uri, ranked, confidence)
+    fields = verdict.fields() if verdict is not None else {}
+    return inline_items(ls, place, ranked, ctx, "model", mode=ctx.mode, steps=steps, **fields)

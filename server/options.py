@@ -53,6 +53,22 @@ class ContextOptions:
 
 
 @dataclass
+class GateOptions:
+    """Silence when unsure (dfim.server.gate): a suggestion whose fill was less sure than `threshold` is not
+    shown. Calibrated for +0.75 per accept and -0.25 per shown reject (decision 68)."""
+
+    enabled: bool = True
+    # The fill's confidence read as a probability (dfim.server.gate.MEASURES).
+    measure: str = field(
+        default="mean_probability",
+        metadata=_bounds(
+            choices=("mean_probability", "min_probability", "mean_confidence", "min_confidence")
+        ),
+    )
+    threshold: float = field(default=0.39, metadata=_bounds(0.0, 1.0))
+
+
+@dataclass
 class InlineOptions:
     enabled: bool = True
     debounce_ms: int = field(default=0, metadata=_bounds(0, 2000))  # editors already debounce; 0 = none
@@ -78,6 +94,7 @@ class InlineOptions:
     # new window); past it the answer is empty and the clients ask again when the status turns ready. The
     # shipped model loads in ~5 s on a 2-core CPU, torch's import included (decision 72).
     wait_for_model_ms: int = field(default=10000, metadata=_bounds(0, 120000))
+    gate: GateOptions = field(default_factory=GateOptions)
 
 
 @dataclass

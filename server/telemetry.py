@@ -5,7 +5,8 @@ Events are appended as JSON lines to `<data dir>/telemetry.jsonl` and never leav
     {"ts": 1767000000.0, "event": "shown", "id": "3f2a...", "language": "python", "mode": "line",
      "chars": 17, "acceptedChars": 0, "latencyMs": 84.2, "steps": 6, "source": "model"}
 
-`event` is one of shown | accepted | partial | rejected; `source` (shown only) is model | cache | typed.
+`event` is one of shown | accepted | partial | rejected | hidden (the confidence gate hid it: no id, no
+outcome; dfim.server.gate); `source` (shown only) is model | cache | typed.
 `acceptedChars` counts what the user kept (all of it for accepted, a prefix for partial). A partial accept
 may be followed by more of the same suggestion (accept word, accept word, accept all): each is recorded
 again with the running total, and the summary counts only the last outcome of each id.

@@ -40,8 +40,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dfim.bench.lsp_client import Client, get_field, utf16_offset, utf16_position
+from dfim.bench.replay_gate import gate_markdown, gate_summary, read_verdict
 from dfim.engine.evaluation import metrics
 from dfim.engine.progress import Progress
+from dfim.server.options import GateOptions
 
 TRIGGERS = ("word", "line", "chars")
 IDENT = re.compile(r"\w")
@@ -64,6 +66,12 @@ class ReplayOptions:
     every: int = 8  # characters between requests for trigger=chars
     min_partial: int = 3  # shorter common prefixes are chance agreement (a space, a bracket), not an accept
     max_chars: int = 2000  # of each region; the rest is dropped (keeps a replay of big commits bounded)
+    # The confidence gate (dfim.server.gate). Not live: the server's gate is off, every suggestion is shown
+    # and scored, and the report tells what a gate of this measure and threshold would have hidden (on the
+    # same typing). Live: the server hides them, as for a user, and the typing follows what it showed.
+    gate_live: bool = False
+    gate_measure: str = field(default_factory=lambda: GateOptions().measure)  # the server's defaults
+    gate_threshold: float = field(default_factory=lambda: GateOptions().threshold)
 
 
 @dataclass
@@ -80,6 +88,9 @@ class RequestRecord:
     accepted_chars: int = 0
     fills: int = 0  # engine fills the request ran (2 or more when the server asked again)
     encoded_tokens: int = 0  # context tokens the encoder ran for them (the rest came from its cache)
+    gate_score: float | None = None  # the gate's measure of the suggestion (None: not scored)
+    confidence: dict[str, float] | None = None  # the fill's summary (dfim.engine.api.FillConfidence)
+    gated: bool = False  # the server's gate hid it (live gate only)
 
 
 @dataclass
@@ -280,6 +291,7 @@ async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOp
     fills_done = get_field(before_stats, "engine_fills_completed") or 0
     model_ms_seen = float(get_field(before_stats, "model_ms") or 0.0)  # inline engine time so far
     encoded_seen = get_field(before_stats, "encoded_tokens") or 0
+    gate_seen = get_field(get_field(before_stats, "gate"), "seq") or 0
     p, force = 0, True  # a request goes out on opening and right after every accept
     try:
         while p < len(typed):
@@ -316,6 +328,7 @@ async def replay_region(client: Client, region: Region, uri: str, opts: ReplayOp
                 encoded = get_field(server, "encoded_tokens") or 0
                 record.encoded_tokens, encoded_seen = encoded - encoded_seen, encoded
                 fills_done, model_ms_seen = done, spent
+            gate_seen = read_verdict(server, uri, gate_seen, record)
             items = list(get_field(result, "items") or []) if result is not None else []
             insert = get_field(items[0], "insert_text") if items else None
             insert = insert if isinstance(insert, str) else get_field(insert, "value")
@@ -384,7 +397,13 @@ async def replay(
 ) -> dict[str, Any]:
     """Start a server, replay every region, stop it; the report's `summary`, `regions` and `server`."""
     options = options or ReplayOptions()
+    gate = {
+        "enabled": options.gate_live,
+        "measure": options.gate_measure,
+        "threshold": options.gate_threshold,
+    }
     init = {"telemetry": {"enabled": False}, **(server_settings or {})}
+    init["inline"] = {**init.get("inline", {}), "gate": gate}
     client = Client()
     with tempfile.TemporaryDirectory(prefix="dfim-replay-") as data_dir:
         try:
@@ -419,7 +438,13 @@ async def replay(
             for k in ("fills", "completed", "cancelled", "failed", "cache_hits", "typed_ahead")
         },
     }
-    return {"summary": summarize(results), "regions": rows, "server": server_info, "options": asdict(options)}
+    return {
+        "summary": summarize(results),
+        "gate": gate_summary(results, options),
+        "regions": rows,
+        "server": server_info,
+        "options": asdict(options),
+    }
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -450,6 +475,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"command: `{meta['command']}`",
         "",
     ]
+    if "gate" in report:
+        lines[-2:-2] = gate_markdown(report["gate"]) + [""]
     return "\n".join(lines)
 
 

@@ -54,8 +54,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, default=None, help="server sampling.maxSteps")
     parser.add_argument("--max-canvas", type=int, default=None, help="server sampling.maxCanvas")
+    add_gate_arguments(parser)
     options.add_out(parser, "folder for report.json and summary.md (default: runs/replay/<timestamp>)")
     options.add_quiet(parser, help="no per-region progress lines")
+
+
+def add_gate_arguments(parser: argparse.ArgumentParser, live: bool = True) -> None:
+    """The confidence gate's flags (dfim.server.gate); their defaults are the server's. `live`: also
+    --live-gate (a replay's server may run its gate; `dfim stats` only reads what was recorded)."""
+    from dfim.server.options import GateOptions
+
+    gate = GateOptions()
+    if live:
+        parser.add_argument(
+            "--live-gate",
+            action="store_true",
+            help="the server hides unsure suggestions as for a user (default: its gate is off, every "
+            "suggestion is scored, and the report gives the numbers with and without the gate from one run)",
+        )
+    measures = {f.name: f.metadata for f in dataclasses.fields(GateOptions)}["measure"]["choices"]
+    parser.add_argument("--gate-measure", default=gate.measure, choices=measures, help="inline.gate.measure")
+    parser.add_argument(
+        "--gate-threshold", type=float, default=gate.threshold, help="inline.gate.threshold (0 to 1)"
+    )
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -67,6 +88,7 @@ def check_args(args: argparse.Namespace) -> None:
     at_least("--min-partial", args.min_partial, 1)
     at_least("--every", args.every, 1)
     at_least("--max-chars", args.max_chars, 1)
+    within("--gate-threshold", args.gate_threshold, 0.0, 1.0)
     if not args.git:
         given = [
             flag for flag, value in (("--commits", args.commits), ("--rev", args.rev)) if value is not None
@@ -97,7 +119,15 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     from dfim.commands.checks import InputError, fail
 
     stdout = stdout or sys.stdout
-    options = ReplayOptions(args.trigger, args.every, args.min_partial, args.max_chars)
+    options = ReplayOptions(
+        args.trigger,
+        args.every,
+        args.min_partial,
+        args.max_chars,
+        gate_live=args.live_gate,
+        gate_measure=args.gate_measure,
+        gate_threshold=args.gate_threshold,
+    )
     try:
         check_args(args)
         regions = [file_region(p) for p in args.paths]

@@ -7,12 +7,17 @@ import json
 import sys
 
 from dfim.commands import options
+from dfim.server import gate
+from dfim.server.options import GateOptions
 from dfim.server.telemetry import FILE_NAME, data_dir, read_events, summarize
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default="", help="telemetry folder (default: the server's data dir)")
     options.add_json(parser, help="print the summary as JSON")
+    from dfim.commands.replay import add_gate_arguments
+
+    add_gate_arguments(parser, live=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +35,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"dfim stats: no telemetry at {path}", file=sys.stderr)
         return 1
     summary = summarize(events)
+    # a caller's own Namespace (tests, scripts) may leave the gate's flags out: the server's defaults then
+    defaults = GateOptions()
+    measure = getattr(args, "gate_measure", defaults.measure)
+    threshold = getattr(args, "gate_threshold", defaults.threshold)
+    summary["gate"] = gate.telemetry_report(events, measure, threshold)
     if args.json:
         print(json.dumps(summary, indent=2, allow_nan=False))
         return 0
@@ -57,4 +67,20 @@ def run(args: argparse.Namespace) -> int:
             f"p95 {ms(summary[f'{label}_p95'])}  p99 {ms(summary[f'{label}_p99'])}"
             + ("  (p95/p99 of fewer than 20 samples: the slowest few)" if 0 < n < 20 else "")
         )
+    print_gate(summary["gate"])
     return 0
+
+
+def print_gate(report: dict) -> None:
+    """Shown, acceptance of those shown, characters saved and reward, as shown and with the gate."""
+    rule = f"{report['measure']} >= {report['threshold']}"
+    for label, row in (("as shown", report["as_shown"]), (f"gated ({rule})", report["gated"])):
+        rate = "-" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.1%}"
+        print(
+            f"{label}: shown {row['shown']}, accepted {row['accepted']} ({rate} of shown), "
+            f"characters saved {row['accepted_chars']}, reward {row['reward']:.2f}"
+        )
+    print(
+        f"the gate hid {report['hidden']} suggestions (never seen: no outcome); reward: +0.75 per accept "
+        "(whole or partial), -0.25 per shown reject; suggestions still without an outcome are left out"
+    )

@@ -223,10 +223,14 @@ def middle_tokens(
 
 
 def assemble_text(
-    tokens: Sequence[tuple[int, float, bool]], tokenizer, heal_bytes: bytes = b""
+    tokens: Sequence[tuple[int, float, bool]],
+    tokenizer,
+    heal_bytes: bytes = b"",
+    logprobs: Sequence[float] | None = None,
 ) -> tuple[str, list[TokenScore]]:
     """Text and per-token scores from (token id, confidence, pinned) triples; the token-healing bytes
-    are stripped from the front (the canvas' first token starts with them by construction)."""
+    are stripped from the front (the canvas' first token starts with them by construction). `logprobs`,
+    parallel to `tokens`, are each token's log p (TokenScore.logprob; 0 where not given)."""
     raw = b"".join(tokenizer.token_bytes(t) for t, _, _ in tokens)
     strip = len(heal_bytes) if raw.startswith(heal_bytes) else 0
     # Byte-level tokens can leave a character half written (a model's slip, or a block cut mid-character);
@@ -234,13 +238,14 @@ def assemble_text(
     text = raw[strip:].decode("utf-8", errors="ignore")
     scores = []
     skip = strip
-    for token, conf, is_pin in tokens:
+    for n, (token, conf, is_pin) in enumerate(tokens):
         piece = tokenizer.token_bytes(token)
         cut = min(skip, len(piece))
         skip -= cut
         piece = piece[cut:]
         if piece:
-            scores.append(TokenScore(piece.decode("utf-8", errors="replace"), conf, is_pin))
+            logprob = 0.0 if logprobs is None or is_pin else logprobs[n]
+            scores.append(TokenScore(piece.decode("utf-8", errors="replace"), conf, is_pin, logprob))
     return text, scores
 
 

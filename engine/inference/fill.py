@@ -13,6 +13,7 @@ that block into the cache and denoise the next canvas, whose positions continue 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
 import time
@@ -31,7 +32,7 @@ from dfim.engine.api import (
     StepInfo,
     parse_rank,
 )
-from dfim.engine.inference import autoregressive, draft, sampler
+from dfim.engine.inference import autoregressive, confidence, draft, sampler
 from dfim.engine.inference.cache import ContextCache, common_prefix_length
 from dfim.engine.inference.canvas import (
     CanvasPlan,
@@ -73,6 +74,7 @@ class _Candidate:
     """One canvas row's committed text so far, over one or more blocks."""
 
     tokens: list[tuple[int, float, bool]] = field(default_factory=list)  # (id, confidence, pinned)
+    logprobs: list[float] = field(default_factory=list)  # per token of `tokens`: log p of that token
     block_ids: list[int] = field(default_factory=list)  # all committed positions, for continuation
     free_entropy: list[float] = field(default_factory=list)  # of free text positions (ranking)
     committed: int = 0  # non-pad committed tokens (EOS included)
@@ -312,14 +314,16 @@ class Engine:
             else:
                 ranked = sorted(candidates, key=lambda c: c.score)
             best = ranked[0]
-            text, scores = assemble_text(best.tokens, self.tokenizer, plan.heal_bytes)
+            text, scores = assemble_text(best.tokens, self.tokenizer, plan.heal_bytes, best.logprobs)
             text = cut_at_stop(text, request.stop)
             alternatives: list[str] = []
+            alternative_confidence = []
             for cand in ranked[1:]:
-                alt, _ = assemble_text(cand.tokens, self.tokenizer, plan.heal_bytes)
+                alt, alt_scores = assemble_text(cand.tokens, self.tokenizer, plan.heal_bytes, cand.logprobs)
                 alt = cut_at_stop(alt, request.stop)
                 if alt != text and alt not in alternatives:
                     alternatives.append(alt)
+                    alternative_confidence.append(confidence.summarize(alt, alt_scores))
             return FillResult(
                 text=text,
                 steps=best.steps,
@@ -333,6 +337,8 @@ class Engine:
                 token_scores=scores,
                 alternatives=alternatives,
                 threads=threads,
+                confidence=confidence.summarize(text, scores),
+                alternative_confidence=alternative_confidence,
             )
 
     def _denoiser(self, cache: ContextCache, length: int) -> sampler.Denoiser:
@@ -387,7 +393,9 @@ class Engine:
     ) -> FillResult:
         encoded = len(plan.context_ids) - common_prefix_length(cache.ids, plan.context_ids)
         out = autoregressive.decode(cache, plan, request, self.banned, self.tokenizer)
-        text, scores = assemble_text(out.tokens, self.tokenizer, plan.heal_bytes)
+        # greedy decoding: a token's confidence is its plain probability, so its log is the token's log p
+        logprobs = [math.log(max(conf, confidence.MIN_CONFIDENCE)) for _, conf, _ in out.tokens]
+        text, scores = assemble_text(out.tokens, self.tokenizer, plan.heal_bytes, logprobs)
         text = cut_at_stop(text, request.stop)
         return FillResult(
             text=text,
@@ -399,6 +407,7 @@ class Engine:
             latency_ms=(time.perf_counter() - start) * 1000.0,
             stop_reason=out.reason,
             token_scores=scores,
+            confidence=confidence.summarize(text, scores),
         )
 
     def _denoise(
@@ -496,6 +505,15 @@ class Engine:
         )
         conf = sampler.confidence(state).tolist()
         entropy = state.entropy.tolist()
+        logprob = sampler.token_logprob(state, committed).tolist()
+        if seed is not None:
+            # The denoiser read the draft's tokens in its input, so its own distribution mostly echoes them
+            # (log p ~ 0 whether the line is right or not). Where it kept a drafted token, that token's
+            # likelihood is the encoder's, which wrote it without seeing it (FillConfidence).
+            row = committed[0].tolist()
+            for p, (drafted, seen) in enumerate(zip(seed.ids, seed.confidence, strict=True)):
+                if seen > 0.0 and row[p] == drafted:
+                    logprob[0][p] = math.log(seen)
         ends_text = stop_tokens.tolist() if stop_tokens is not None else None
         for b, cand in enumerate(candidates):
             ids = committed[b].tolist()
@@ -505,6 +523,7 @@ class Engine:
                 if stops:
                     positions, ended = positions[: stops[0] + 1], True
             cand.tokens += [(ids[p], conf[b][p], plan.pinned[p]) for p in positions]
+            cand.logprobs += [logprob[b][p] for p in positions]
             cand.free_entropy += [entropy[b][p] for p in positions if not plan.pinned[p]]
             cand.block_ids += ids
             cand.committed += sum(1 for t in ids if t != self.tokenizer.pad_id)

@@ -151,3 +151,16 @@ def confidence(state: DenoiseState) -> Tensor:
     """[B, L] per-position confidence exp(-entropy) of the last step's distribution, in (0, 1]."""
     assert state.entropy is not None
     return torch.exp(-state.entropy)
+
+
+def token_logprob(state: DenoiseState, ids: Tensor) -> Tensor:
+    """[B, L] log p of `ids` ([B, L], the committed canvas) under each row's last processed distribution
+    (masked and at that step's temperature: the one the sampler decided from). No model pass: a row's last
+    logits stay in the state. Where this step's distribution is still derived (no row finished early), its
+    probabilities are read; otherwise one log-sum-exp over the logits. -inf where a token was masked
+    (pins, pad after EOS): callers read free text positions only."""
+    assert state.logits is not None
+    index = ids.unsqueeze(-1)
+    if state.dist is not None:
+        return torch.log(state.dist.probs.gather(-1, index).squeeze(-1))
+    return state.logits.gather(-1, index).squeeze(-1) - torch.logsumexp(state.logits, dim=-1)

@@ -140,6 +140,17 @@ def test_replay_against_the_real_server(checkpoint, tmp_path, monkeypatch):
     # the encoder ran the context of the first fill; requests answered without the model encoded nothing
     assert log[0]["encoded_tokens"] > 0 and all(r["encoded_tokens"] >= 0 for r in log)
     assert all(r["encoded_tokens"] == 0 for r in log if r["fills"] == 0)
+    # the gate: off in the server, so every suggestion shown was scored, and both rows come from this run
+    gate = report["gate"]
+    assert gate["live"] is False and gate["hidden"] == 0 and not any(r["gated"] for r in log)
+    assert all(r["gate_score"] is not None and r["confidence"]["tokens"] >= 1 for r in log if r["shown"])
+    without, gated = gate["without"], gate["with"]
+    assert (without["shown"], without["accepted"]) == (s["shown"], s["accepted"])
+    assert without["chars_saved"] == pytest.approx(s["chars_saved"])
+    assert without["reward"] == pytest.approx(0.75 * s["accepted"] - 0.25 * (s["shown"] - s["accepted"]))
+    passing = [r for r in log if r["shown"] and r["gate_score"] >= gate["threshold"]]
+    assert gated["shown"] == len(passing) <= without["shown"]
+    assert "| gate | shown |" in (out / "summary.md").read_text()
     text = source.read_text()
     for r in log:  # the cursor's position in the document the request saw (typed from empty: its line)
         assert replay.utf16_position(text, r["offset"]) == (r["line"], r["character"])

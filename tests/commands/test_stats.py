@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import threading
 
@@ -110,3 +111,44 @@ def test_stats_refuses_a_folder_or_device_in_place_of_the_file(tmp_path, capsys)
     (tmp_path / "telemetry.jsonl").rmdir()
     (tmp_path / "telemetry.jsonl.1").symlink_to("/dev/zero")  # would be read forever
     assert "not a regular file" in refused(tmp_path, capsys)
+
+
+def test_stats_report_the_gate_as_shown_and_gated(tmp_path, capsys):
+    """Issue 33: shown, acceptance of those shown, characters saved and reward, as shown and with the gate;
+    a suggestion the gate hid is counted but has no outcome."""
+
+    def shown(key: str, p: float) -> dict:
+        summary = {"tokens": 3, "meanLogprob": math.log(p), "minLogprob": math.log(p) - 1.0}
+        summary.update(meanEntropy=0.1, maxEntropy=0.5)
+        return {"event": "shown", "id": key, "latencyMs": 5.0, "gateScore": p, "confidence": summary}
+
+    (tmp_path / "telemetry.jsonl").write_text(
+        events(
+            shown("a", 0.9),
+            shown("b", 0.1),
+            shown("c", 0.5),
+            shown("d", 0.05),  # still on screen: no outcome, left out
+            {"event": "shown", "id": "e", "latencyMs": 5.0},  # from before the gate: never gated
+            {"event": "hidden", "language": "python", "chars": 9, "gateScore": 0.01},
+            {"event": "partial", "id": "a", "acceptedChars": 2},
+            {"event": "accepted", "id": "a", "acceptedChars": 6},  # the last outcome counts
+            {"event": "rejected", "id": "b"},
+            {"event": "partial", "id": "c", "acceptedChars": 3},
+            {"event": "rejected", "id": "e"},
+        )
+    )
+    report = json.loads(run_stats(tmp_path, capsys, "--json", "--gate-threshold", "0.3"))["gate"]
+    assert report["hidden"] == 1 and report["threshold"] == 0.3
+    assert report["as_shown"] == {
+        "shown": 4, "accepted": 2, "acceptance_rate": 0.5, "accepted_chars": 9, "reward": 1.0,
+    }  # fmt: skip
+    gated = report["gated"]  # b (0.1) is gone; e has no score, so the gate has nothing to judge
+    assert (gated["shown"], gated["accepted"], gated["accepted_chars"]) == (3, 2, 9)
+    assert gated["reward"] == 1.25
+    # another measure reads the recorded summary again: min p of a is 0.9/e, of c 0.5/e < 0.3
+    strict = json.loads(run_stats(tmp_path, capsys, "--json", "--gate-measure", "min_probability",
+                                  "--gate-threshold", "0.3"))["gate"]["gated"]  # fmt: skip
+    assert (strict["shown"], strict["accepted"]) == (2, 1)
+    out = run_stats(tmp_path, capsys, "--gate-threshold", "0.3")
+    assert "as shown: shown 4, accepted 2 (50.0% of shown), characters saved 9, reward 1.00" in out
+    assert "gated (mean_probability >= 0.3): shown 3" in out and "the gate hid 1 suggestions" in out

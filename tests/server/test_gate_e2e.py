@@ -1,0 +1,57 @@
+"""The confidence gate through the real server (`dfim serve` over stdio) with the shipped checkpoint: a
+strict threshold hides the suggestion a spot gets, the gate off shows it, and both are in telemetry."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from dfim.server.telemetry import read_events
+from tests.server_helpers import Session
+
+pytestmark = pytest.mark.asyncio
+
+DEMO = Path(__file__).resolve().parents[2] / "fixtures" / "demo.py"
+
+
+async def test_a_strict_gate_hides_what_the_gate_off_shows(tmp_path):
+    from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR
+
+    strict = {"inline": {"gate": {"enabled": True, "threshold": 1.0}}, "telemetry": {"enabled": True}}
+    s = Session()
+    await s.start(DEFAULT_MODEL_DIR, tmp_path, init_options=strict)
+    try:
+        assert (await s.wait_state()).state == "ready"
+        uri = "file:///demo.py"
+        s.open(uri, DEMO.read_text())
+        hidden = await s.inline(uri, 7, 11)  # `    return ▮` after the loop: the model writes `result`
+        stats = await s.stats()
+        assert hidden is None or not hidden.items
+        assert stats.gate.hidden == 1 and stats.gate.last.shown is False
+        score = stats.gate.last.gateScore
+        assert 0.0 < score < 1.0 and stats.gate.last.confidence.tokens >= 1
+
+        s.configure({"inline": {"gate": {"enabled": False}}})
+        await asyncio.sleep(0.2)
+        shown = await s.inline(uri, 7, 11)
+        after = await s.stats()
+        assert shown is not None and shown.items and shown.items[0].insert_text.strip() == "result"
+        # answered from the result cache, judged again with the fill's own confidence
+        assert after.cache_hits == stats.cache_hits + 1 and after.fills == stats.fills
+        assert after.gate.hidden == 1 and after.gate.last.shown is True
+        assert after.gate.last.gateScore == score
+
+        s.configure({"inline": {"gate": {"enabled": True, "threshold": 0.0}}})  # on, but lenient
+        await asyncio.sleep(0.2)
+        s.open("file:///demo2.py", DEMO.read_text())
+        assert (await s.inline("file:///demo2.py", 7, 11)) is not None
+    finally:
+        await s.stop()
+    events = read_events(tmp_path / "telemetry.jsonl")
+    kinds = [e["event"] for e in events]
+    assert kinds.count("hidden") == 1 and kinds.count("shown") == 2
+    hidden_event = next(e for e in events if e["event"] == "hidden")
+    assert hidden_event["gateScore"] == score and hidden_event["confidence"]["tokens"] >= 1
+    assert all(e["gateScore"] == score for e in events if e["event"] == "shown")
