@@ -6,7 +6,7 @@
 #
 # The repository's files are split by file (--val-fraction): a tenth is held out, never trained on, and
 # its lines measure what the fine-tune buys (scripts/eval_through_server.py, before and after, on a CPU).
-# Back in $OUT: the export in 15 MiB parts (ft-export.tgz.partNN), train_log.jsonl, the data summary and
+# Back in $OUT: the export in 15 MiB parts (ft-export.tgz.partNN), ft_train_log.jsonl, ft_timing.json and
 # heldout_files.txt (the held-out files, relative to REPO).
 #   EPOCHS=3       passes over the repository's training tokens (a small repository overfits fast)
 #   LR=2e-4        peak learning rate (warm-up 10% of the steps, then the usual WSD decay)
@@ -53,7 +53,7 @@ for line in open(sys.argv[1]):
         print(row["path"].split(":", 1)[1])
 PY
 say "held out: $(wc -l < "$OUT/heldout_files.txt") files"
-cp "$WORK/data/summary.json" "$OUT/ft_data_summary.json"
+python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print(\"data:\", json.dumps({k: s[k] for k in (\"files_kept\", \"tokens\", \"languages\", \"dropped\")}))" "$WORK/data/summary.json"
 cp "$WORK/run/train_log.jsonl" "$OUT/ft_train_log.jsonl"
 echo "{\"data_s\": $t_data, \"train_wall_s\": $t_train, \"steps\": $STEPS, \"epochs\": $EPOCHS, \"train_tokens\": $TRAIN_TOKENS}" > "$OUT/ft_timing.json"
 tar -C "$WORK/run" -czf /tmp/ft-export.tgz export
