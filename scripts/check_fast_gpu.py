@@ -21,7 +21,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+try:  # installed, or the GPU machine's mirror of the installed layout (scripts/device_env.sh)
+    import dfim.engine  # noqa: F401
+except ImportError:  # a bare checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dfim.engine import Engine, FillRequest, Hole  # noqa: E402
 from dfim.engine.api import StepInfo  # noqa: E402

@@ -154,9 +154,11 @@ def moe_gathered(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, dow
 GPU_KERNELS = {"grouped": moe_grouped, "padded": moe_padded, "gathered": moe_gathered}
 
 
-def pick_gpu_kernel(experts: Experts, device: torch.device, dtype: torch.dtype) -> str:
+def pick_gpu_kernel(experts: Experts, device: torch.device, dtype: torch.dtype, graphs: bool = False) -> str:
     """`grouped` if torch._grouped_mm exists and agrees with a per-expert reference on this device and
-    dtype (with this checkpoint's real expert tensors and strides), else `padded`."""
+    dtype (with this checkpoint's real expert tensors and strides), and, with `graphs`, can be captured in a
+    CUDA graph; else `padded`. (torch 2.11's grouped GEMM copies its problem sizes from the host on an H200,
+    which a graph cannot capture: there the whole step would run without graphs.)"""
     if not hasattr(torch, "_grouped_mm"):
         return "padded"
     try:
@@ -168,6 +170,12 @@ def pick_gpu_kernel(experts: Experts, device: torch.device, dtype: torch.dtype) 
         got = moe_grouped(x, weights, index, experts.gate_up_proj, experts.down_proj).float()
         want = moe_gathered(x, weights, index, experts.gate_up_proj, experts.down_proj).float()
         err = (got - want).norm() / want.norm().clamp(min=1e-12)
-        return "grouped" if bool(err < 2e-2) else "padded"
+        if not bool(err < 2e-2):
+            return "padded"
+        if graphs and device.type == "cuda":
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                moe_grouped(x, weights, index, experts.gate_up_proj, experts.down_proj)
+        return "grouped"
     except Exception:  # noqa: BLE001 - any failure of the fast kernel means: use the fallback
         return "padded"

@@ -89,11 +89,16 @@ class FastDiffusionGemma:
             self.rope[layer_type != FULL] = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
         self.length = 0  # context rows held by the cache (host copy; never read back from the device)
         self.length_t = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.use_graphs = (self.device.type == "cuda") if graphs is None else graphs
         # The network's own experts, run by a kernel CUDA graphs can capture (no host sync).
-        self.moe = pick_gpu_kernel(self.layers[0].experts, self.device, self.dtype) if moe == "auto" else moe
+        experts = self.layers[0].experts
+        self.moe = (
+            pick_gpu_kernel(experts, self.device, self.dtype, graphs=self.use_graphs)
+            if moe == "auto"
+            else moe
+        )
         for layer in self.layers:
             layer.experts.mode = self.moe
-        self.use_graphs = (self.device.type == "cuda") if graphs is None else graphs
         if compile:
             compile_layers(model)
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}

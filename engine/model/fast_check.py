@@ -15,12 +15,15 @@ agreeing paths differ by float rounding alone (~1e-6 relative) and a real bug (a
 cache row, a mis-rotated key, a wrong expert) shows as 1e-3 or more.
 
 Tolerances (relative error ||a - b|| / ||b|| over the whole [1, L, H] or [1, L, V] tensor):
-- FAST_TOLERANCE = 1e-4: fast path against our network (the same modules; other attention and expert
+- FAST_TOLERANCE = 5e-4: fast path against our network (the same modules; other attention and expert
   kernels, graph replays);
-- HF_TOLERANCE = 1e-4: transformers against our network (another implementation of the same function).
-Both leave two orders of magnitude above fp32 rounding; the only way agreeing paths could exceed them is a
-router near-tie (two experts' scores within rounding of each other) flipping a token's expert choice, which
-the fixed seed makes repeatable (a failure names the layer, so it can be told apart).
+- HF_TOLERANCE = 5e-4: transformers against our network (another implementation of the same function).
+On the CPU agreeing paths differ by ~2e-6. On an H200 (2026-11-27, the 26B shape) they grew about 3x a
+layer, 4e-6 / 2e-5 / 4e-5 / 1.1e-4 over the four layers and 2e-4 for an autoregressive token: fp32
+reductions over 2,816 and 704 terms in other orders (grouped expert GEMMs, fused attention), amplified by
+the layers. 5e-4 stays above that and 30x below one weight moved by 5 std (1.6e-2). A router near-tie (two
+experts' scores within rounding) flipping a token's expert would also exceed it; the fixed seed makes that
+repeatable, and a failure names the layer.
 
 TF32 is switched off for the check: it would add 1e-3 errors of its own.
 """
@@ -38,8 +41,8 @@ from dfim.engine.model.config import FULL, SLIDING, ModelConfig
 from dfim.engine.model.fast import FastDiffusionGemma
 from dfim.engine.model.network import DiffusionGemma
 
-FAST_TOLERANCE = 1e-4
-HF_TOLERANCE = 1e-4
+FAST_TOLERANCE = 5e-4
+HF_TOLERANCE = 5e-4
 # Both layer kinds twice (the full layers use the wider heads: head_dim 512 in the 26B shape).
 CHECK_LAYER_TYPES = [SLIDING, FULL, SLIDING, FULL]
 

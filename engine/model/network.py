@@ -147,8 +147,13 @@ class Decoder(nn.Module):
 
     def embed(self, ids: Tensor) -> Tensor:
         weight = self.embed_tokens.weight
-        # The scale is rounded to the weight dtype first, as the reference does (sqrt(H) in bf16).
-        return F.embedding(ids, weight) * torch.tensor(self.embed_scale, dtype=weight.dtype)
+        return F.embedding(ids, weight) * rounded_scale(self.embed_scale, weight.dtype)
+
+
+def rounded_scale(scale: float, dtype: torch.dtype) -> float:
+    """`scale` rounded to `dtype` first, as the reference does (sqrt(H) in bf16), as a Python number: a CPU
+    tensor here would be a host-to-device copy in every step, which a CUDA graph cannot capture."""
+    return float(torch.tensor(scale, dtype=dtype))
 
 
 class EncoderLayerScalar(nn.Module):
@@ -296,8 +301,8 @@ class DiffusionGemma(nn.Module):
         """The self-conditioning's input: probabilities [B, L, V] (in the weight dtype) @ E * sqrt(H), the
         scale rounded to the weight dtype as `Decoder.embed` rounds it (the fast path calls this too)."""
         weight = self.decoder.embed_tokens.weight
-        return linear(probs, weight.t(), self.soft_packed) * torch.tensor(
-            self.decoder.embed_scale, dtype=weight.dtype
+        return linear(probs, weight.t(), self.soft_packed) * rounded_scale(
+            self.decoder.embed_scale, weight.dtype
         )
 
     # --- inference --------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The benchmark's correctness check (dfim.engine.model.fast_check) passes for the fast path as it is and fails,
 naming the layer, when the fast path's view of the network is wrong in one weight or one RoPE entry.
 
-A tiny config on the CPU, fp32, the tolerances the check states (1e-4 relative); the agreeing paths differ by
+A tiny config on the CPU, fp32, the tolerances the check states (5e-4 relative); the agreeing paths differ by
 ~1e-6 here, a one-weight perturbation by ~1e-2."""
 
 from __future__ import annotations
