@@ -71,6 +71,12 @@ class InlineOptions:
     # the line below or wrote nothing): a second draw often has a line to offer (decision 26).
     retries: int = field(default=1, metadata=_bounds(0, 4))
     cache_size: int = field(default=256, metadata=_bounds(0, 100000))
+    # Tab-Tab: once a suggestion is shown, fill the next one in the background as if it had been accepted,
+    # so that the request after an accept is answered without waiting for the model (decision 70).
+    speculate: bool = True
+    # Canvases of an explicit request (triggerKind Invoked: the user asks for suggestions to cycle through),
+    # so that it gets several distinct ones; automatic requests keep `candidates` (decision 71).
+    cycle_candidates: int = field(default=4, metadata=_bounds(2, 8))
 
 
 @dataclass
