@@ -106,12 +106,15 @@ class EngineHost:
         *,
         urgent: bool = False,
         speculative: bool = False,
+        hold_watch: Callable[[Callable[[], None]], None] | None = None,
     ) -> FillResult:
         """Run one fill; raises FillCancelled if `cancel` is raised before or during it (also when this
         coroutine is cancelled: the flag goes up so the worker stops at its next step). An `urgent` fill
         runs before queued ones and at the next step boundary of a running non-urgent one. A `speculative`
         fill (always urgent: work ahead of a request, dfim.server.speculation) is left out of the counts of
-        requests' fills (`fills_started`, `fills_completed`, `queued`), so they still tell a backlog."""
+        requests' fills (`fills_started`, `fills_completed`, `queued`), so they still tell a backlog.
+        `hold_watch`, if given, gets what would tell `watch` of the completed fill, to call when the caller
+        wants (a speculation's trace becomes the last one when its suggestion is shown, not before)."""
         engine = self.engine
         if engine is None:
             raise EngineError(self.error or "the model is not loaded")
@@ -142,10 +145,10 @@ class EngineHost:
             cancel.set()
             raise
         if finish is not None:
-            try:
-                finish(result)
-            except Exception:  # a watcher's bug must not fail the fill
-                log.exception("fill watcher failed")
+            if hold_watch is not None:
+                hold_watch(partial(_tell_watcher, finish, result))
+            else:
+                _tell_watcher(finish, result)
         return result
 
     def cancel_all(self) -> None:
@@ -268,6 +271,13 @@ class EngineHost:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _tell_watcher(finish: Callable[[FillResult], None], result: FillResult) -> None:
+    try:
+        finish(result)
+    except Exception:  # a watcher's bug must not fail the fill
+        log.exception("fill watcher failed")
 
 
 def _load(path: str | None, device: str):

@@ -25,6 +25,7 @@ import hashlib
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dfim.engine.api import FillCancelled, FillRequest, FillResult
@@ -61,6 +62,9 @@ class Speculation:
     flag: threading.Event = field(default_factory=threading.Event)  # raised: stop the fill
     key: str | None = None  # the result-cache key of the accepted state, once worked out
     task: asyncio.Task | None = None  # -> the cleaned candidates (None: cancelled, failed, nothing to fill)
+    # makes the trace of its last fill `dfim/lastTrace`'s, once its answer is taken (not while another
+    # suggestion is on the screen)
+    show_trace: Callable[[], None] | None = None
 
     @property
     def cursor(self) -> int:
@@ -134,6 +138,8 @@ class Speculations:
         ranked = await asyncio.shield(spec.task)
         if ranked is None or spec.key != key:
             return None
+        if spec.show_trace is not None:
+            spec.show_trace()
         return ranked
 
     def cancel_running(self, asked: SpeculationKey | None = None) -> None:
@@ -176,7 +182,7 @@ class Speculations:
             return cached
         try:
             outcome = await fill_for_inline(
-                ls, ctx, spec.text, options, lambda r: speculative_fill(ls, r, spec.flag), spec.flag.is_set
+                ls, ctx, spec.text, options, lambda r: speculative_fill(ls, r, spec), spec.flag.is_set
             )
         except Exception:  # a speculation's failure is nobody's error: the request after it fills anew
             log.exception("speculative fill failed")
@@ -197,12 +203,14 @@ def ls_actions_running(ls) -> bool:
     return any(not flag.is_set() for flags in ls.actions_running.values() for flag in flags)
 
 
-async def speculative_fill(ls, request: FillRequest, flag: threading.Event) -> FillResult | None:
+async def speculative_fill(ls, request: FillRequest, spec: Speculation) -> FillResult | None:
     """One engine call for a speculation: urgent (it runs in the inline fills' context slot, the one the
     request after the accept reads), counted apart from the requests' fills (here and in the engine host)
     and kept out of the status bar; None when cancelled."""
     ls.speculations.counters["speculation_fills"] += 1
     try:
-        return await ls.host.fill(request, flag, speculative=True)
+        return await ls.host.fill(
+            request, spec.flag, speculative=True, hold_watch=lambda show: setattr(spec, "show_trace", show)
+        )
     except FillCancelled:
         return None

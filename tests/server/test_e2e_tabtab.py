@@ -58,6 +58,10 @@ def accept(session: Session, uri: str, item: types.InlineCompletionItem) -> tupl
     return item.range.start.line, item.range.start.character + len(item.insert_text.encode("utf-16-le")) // 2
 
 
+async def last_trace(session: Session):
+    return await session.client.protocol.send_request_async("dfim/lastTrace", {})
+
+
 def first_texts(result) -> str | None:
     return result.items[0].insert_text if result is not None and result.items else None
 
@@ -67,10 +71,16 @@ async def test_an_accept_is_answered_from_the_speculation_with_a_fresh_fills_ans
     session.open(uri, source("tab"))
     first = await ask(session, uri, *AFTER_RETURN)
     assert first is not None and first.items
+    shown_trace = (await last_trace(session)).fill
+    await asyncio.sleep(0.5)  # the speculation finishes (a tiny model, two steps)
     before = await session.stats()
+    assert before.speculation_fills > 0
+    # the canvas of the suggestion on the screen stays the last trace while the next one is computed
+    assert (await last_trace(session)).fill == shown_trace
     line, character = accept(session, uri, first.items[0])
     second = await ask(session, uri, line, character)
     after = await session.stats()
+    speculated_trace = (await last_trace(session)).fill  # now the speculation's canvas is the one shown
     assert after.speculation_hits == before.speculation_hits + 1
     assert after.fills == before.fills  # the request ran no fill of its own
     assert after.speculations >= before.speculations + 1  # ...and the next one is speculated already
@@ -87,6 +97,7 @@ async def test_an_accept_is_answered_from_the_speculation_with_a_fresh_fills_ans
     fresh = await ask(session, copy, line, character)
     assert (await session.stats()).fills > after.fills
     assert first_texts(fresh) == first_texts(second)
+    assert (await last_trace(session)).fill == speculated_trace != shown_trace
     session.configure({"inline": {"speculate": True}})
     await asyncio.sleep(0.1)
 
