@@ -102,7 +102,7 @@ class Speculations:
         """Start filling the document `snapshot` would be with text[r_start:r_end] replaced by `insert` (a
         suggestion shown), at the cursor after it; None when it is off, already there, or not now."""
         options = ls.options
-        if not options.inline.speculate or not ls.host.ready or ls_actions_running(ls):
+        if not options.inline.speculate or not ls.host.ready or code_action_running(ls):
             return None
         text = snapshot.text[:r_start] + insert + snapshot.text[r_end:]
         cursor = r_start + len(insert)
@@ -198,7 +198,7 @@ def _result(spec: Speculation) -> bool:
     return task is not None and task.done() and not task.cancelled() and task.result() is not None
 
 
-def ls_actions_running(ls) -> bool:
+def code_action_running(ls) -> bool:
     """Whether a code action is running: a speculation would run between its steps and slow it."""
     return any(not flag.is_set() for flags in ls.actions_running.values() for flag in flags)
 
