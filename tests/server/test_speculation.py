@@ -94,8 +94,13 @@ async def test_only_the_assumed_state_with_the_same_key_is_answered(server):
     text, cursor = accepted("a + b")
     key = key_at(server, text, cursor)
     assert await server.speculations.take(URI, text, cursor - 1, key_at(server, text, cursor - 1)) is None
+    # an explicit request's key (several candidates) is not the automatic one the speculation filled for:
+    # asked before the speculation worked its key out (it waits for it) and after
+    spec = shown(server)
+    assert spec.key is None
+    assert await server.speculations.take(URI, text, cursor, cycle_key(key, server.options)) is None
+    assert spec.key == key
     shown(server)
-    # an explicit request's key (several candidates) is not the automatic one the speculation filled for
     await asyncio.sleep(0.01)
     assert await server.speculations.take(URI, text, cursor, cycle_key(key, server.options)) is None
 
