@@ -99,6 +99,11 @@ class StepInfo:
     confidence: list[float] = field(default_factory=list)  # exp(-entropy) of this step's distribution
     accepted_mask: list[bool] = field(default_factory=list)  # kept this step; False: renoised
     pinned: list[bool] = field(default_factory=list)
+    # Token healing (block 0): the prefix's last characters, backed off it, that canvas position 0 re-writes.
+    heal: str = ""
+    # Row 0's stop checks this step (`DenoiseState.checks`): "stable" (the argmax canvas repeated), "doubt"
+    # (mean entropy of the text's free positions), "end_settled" (every token up to the text's end confident).
+    checks: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

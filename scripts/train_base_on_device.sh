@@ -12,7 +12,8 @@
 # alive and continues a stopped one, fetch copies whatever is finished. Settings (environment):
 #   TRAIN_MINUTES=21  wall clock of both phases together, from the end of the data build
 #   AR_SHARE=0.33     share of it for phase 1 (AR); phase 2 (diffusion) gets the rest of the deadline
-#   BATCH=64          per-GPU batch size (1,024 context tokens + canvas: ~70k tokens a GPU per step)
+#   BATCH=auto        per-GPU batch size (1,024 context tokens + canvas: ~70k tokens a GPU per step at 64);
+#                     auto: 64 on cards of 100 GiB or more (H200), 32 below (an H100's 80 GB: 64 did not fit)
 #   EXTRA_TRAIN_ARGS= more flags for both phases
 #   INIT_FROM=        a checkpoint folder to continue (no AR phase); `INIT_SRC=engine/weights/dfim-base
 #                     unpack` copies a carried one to $ROOT/init (the pipeline waits up to 10 min for it)
@@ -77,7 +78,13 @@ stage_start() {
   rm -rf "$CODE" && mkdir -p "$CODE/engine" "$RUN"
   tar -C . --exclude='engine/weights' --exclude='__pycache__' -cf - engine server dfim scripts | tar -C "$CODE" -xf -
   mkdir -p "$CODE/engine/weights/dfim-base" && cp "$TOKENIZER_SRC" "$CODE/engine/weights/dfim-base/tokenizer.json"
-  local torch_include cuda_include
+  local torch_include cuda_include batch=${BATCH:-auto}
+  if [ "$batch" = auto ]; then
+    local mib
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1 || true)
+    batch=$([ "${mib:-0}" -ge 100000 ] && echo 64 || echo 32)
+    say "batch per GPU: $batch (${mib:-?} MiB a card)"
+  fi
   torch_include=$(python3 -c "import torch, os; print(os.path.join(os.path.dirname(torch.__file__), 'include'))" 2>/dev/null || true)
   cuda_include=$(ls -d /usr/local/cuda/include 2>/dev/null || true)
   # A deadline fixed once: a restarted pipeline keeps the first one (phase 2 gets what is left).
@@ -91,7 +98,7 @@ CORPUS_DIR=$CORPUS_DIR
 TOKENIZER=$CODE/engine/weights/dfim-base/tokenizer.json
 TRAIN_MINUTES=${TRAIN_MINUTES:-21}
 AR_SHARE=${AR_SHARE:-0.33}
-BATCH='${BATCH:-64}'
+BATCH='$batch'
 LOADER_WORKERS=${LOADER_WORKERS:-12}
 EXTRA_TRAIN_ARGS='${EXTRA_TRAIN_ARGS:-}'
 INIT_FROM=${INIT_FROM:-}

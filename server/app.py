@@ -77,6 +77,7 @@ class DfimServer(LanguageServer):
             "failed": 0,
             "cache_hits": 0,
             "typed_ahead": 0,
+            "held_for_model": 0,  # inline requests that came while the model loaded (server/model_wait.py)
             "retries": 0,  # inline fills asked again because nothing of the first was worth showing
             "model_ms": 0.0,  # engine time of all inline fills
             "encoded_tokens": 0,  # context tokens the encoder ran for them (the rest came from its cache)

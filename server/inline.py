@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from dfim.engine.api import FillRequest, FillResult, Hole, SamplerSettings
 from dfim.server.context import FillContext, with_lead
 from dfim.server.lines import line_end, line_start
+from dfim.server.model_wait import wait_for_model
 from dfim.server.options import Options
 from dfim.server.post_context import PostContext, post_context
 from dfim.server.postprocess import rank_candidates
@@ -496,6 +497,10 @@ async def complete(ls, params):
     flag = ls.cancel_inflight(uri)  # a new request for a document cancels the one in flight
     if not options.inline.enabled or not language_enabled(options, doc.language_id):
         return None
+    if not ls.host.ready:  # the first keystroke of a new window: held while the model loads (decision 72)
+        ls.counters["held_for_model"] += 1
+        if not await wait_for_model(ls.host, flag.is_set, options.inline.wait_for_model_ms):
+            return None
     text = doc.text
     snapshot = Document(uri=uri, text=text, version=doc.version, language_id=doc.language_id)
     place = Place(snapshot, cursor, encoding, started)

@@ -71,6 +71,10 @@ class InlineOptions:
     # the line below or wrote nothing): a second draw often has a line to offer (decision 26).
     retries: int = field(default=1, metadata=_bounds(0, 4))
     cache_size: int = field(default=256, metadata=_bounds(0, 100000))
+    # An inline request that comes while the model loads waits this long for it (the first keystroke of a
+    # new window); past it the answer is empty and the clients ask again when the status turns ready. The
+    # shipped model loads in ~5 s on a 2-core CPU, torch's import included (decision 72).
+    wait_for_model_ms: int = field(default=10000, metadata=_bounds(0, 120000))
     # Tab-Tab: once a suggestion is shown, fill the next one in the background as if it had been accepted,
     # so that the request after an accept is answered without waiting for the model (decision 70).
     speculate: bool = True

@@ -155,6 +155,15 @@ class DfimProtocol(LanguageServerProtocol):
             return
         super().handle_message(message)
 
+    def _handle_cancel_notification(self, msg_id) -> None:
+        # A cancel for a request that is already answered is routine: the client's `$/cancelRequest` crossed
+        # the answer on the wire (editors cancel every superseded inline request). pygls logs it as a warning,
+        # on stderr, which clients show as an error in their logs; it is only worth a debug line.
+        if msg_id not in self._request_futures:
+            log.debug("$/cancelRequest for %s, which is already answered", msg_id)
+            return
+        super()._handle_cancel_notification(msg_id)
+
     def _send_handler_result(self, future, *, msg_id) -> None:
         error = None if future.cancelled() else future.exception()
         if isinstance(error, JsonRpcException):  # raised on purpose: bad params, a stale document, cancelled

@@ -29,7 +29,8 @@ from tests.server_helpers import ROOT, random_checkpoint
 
 PRODUCT = ("engine", "server", "dfim")
 SANDBOX_ALLOWED = {
-    "engine/evaluation/sandbox.py"
+    "engine/evaluation/sandbox.py",
+    "engine/evaluation/sandbox_child.py",  # the sandbox's launcher: forks the supervisor, execs the program
 }  # the eval command's sandbox: the one place that starts processes
 BENCH_ALLOWED_PREFIX = "dfim/bench/"  # benchmarks start `dfim serve` and read git history (not the server)
 

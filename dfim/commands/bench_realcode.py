@@ -162,6 +162,9 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         problem = sandbox_problem(limits)
         if problem:
             return fail(prog, problem)
+    isolation = sandbox.probe(limits)  # what the suites run under here, for the user and the result file
+    if sandbox.warning(isolation):
+        print(f"{prog}: warning: {sandbox.warning(isolation)}", file=sys.stderr)
     if args.completions:
         missing = [p["task_id"] for p in problems if p["task_id"] not in by_id]
         if missing:
@@ -197,15 +200,20 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
             return 2
         source = f"model {name['name']}{' (random weights)' if name['is_random'] else ''}"
     started = time.perf_counter()
-    records = score(
-        problems,
-        completions,
-        limits=limits,
-        workers=args.workers,
-        problems_file=args.problems,
-        extra_paths=extra,
-        progress=progress,
-    )
+    try:  # one line per tested problem as its suite ends, in the order they end
+        with (out / "tests.jsonl").open("w", encoding="utf-8") as tested:
+            records = score(
+                problems,
+                completions,
+                limits=limits,
+                workers=args.workers,
+                problems_file=args.problems,
+                extra_paths=extra,
+                progress=progress,
+                stream=tested,
+            )
+    except OSError as e:
+        return fail(prog, f"--out {out}: cannot write ({e.strerror or e})")
     for record, extra_info in zip(records, info, strict=True):
         record.update(extra_info)
     meta = {
@@ -214,7 +222,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         "source": source,
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - started, 2),
-        "sandbox": {"timeout_s": limits.timeout_s, "memory_bytes": limits.memory_bytes},
+        "sandbox": {**limits.record(), "isolation": isolation},
         "environment": environment(args.device if source.startswith("model") else None),
     }
     if source.startswith("model"):  # the sampling that made the completions
@@ -229,7 +237,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         (out / "summary.md").write_text(table, encoding="utf-8")
     except OSError as e:
         return fail(prog, f"--out {out}: cannot write ({e.strerror or e})")
-    written = [out / "results.json", out / "summary.md"]
+    written = [out / "results.json", out / "summary.md", out / "tests.jsonl"]
     if source.startswith("model"):
         written.append(out / "completions.jsonl")
     stdout.write(table + f"\nwritten: {', '.join(map(str, written))}\n")

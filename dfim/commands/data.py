@@ -31,7 +31,13 @@ prog = "dfim data"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="folder for the token shards")
     parser.add_argument("--tokenizer", required=True, type=Path, help="tokenizer.json to encode with")
-    parser.add_argument("--roots", nargs="*", type=Path, help="default: stdlib + site-packages")
+    parser.add_argument(
+        "--roots",
+        nargs="*",
+        type=Path,
+        help="folders to read (default: stdlib + site-packages); a plain folder, such as your own "
+        "repository, gives the files of every language the server serves",
+    )
     parser.add_argument("--extra-roots", nargs="*", type=Path, default=[], help="folders added to the roots")
     parser.add_argument(
         "--corpus", action="extend", nargs="+", default=[], help="corpus shards (.jsonl.xz; globs expanded)"

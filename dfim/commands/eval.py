@@ -6,7 +6,6 @@ Options are checked before any model loads; the evaluation itself lives in `dfim
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -173,6 +172,10 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
             print(f"dfim eval: {problem}", file=sys.stderr)
             return 2
 
+    isolation = sandbox.probe(limits)  # what the tests run under here, for the user and the result file
+    if sandbox.warning(isolation):
+        print(f"dfim eval: warning: {sandbox.warning(isolation)}", file=sys.stderr)
+
     if args.reference:
         base, fill = SamplerSettings(), reference_filler
         model_info: dict[str, Any] = {
@@ -258,7 +261,7 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         "seed": args.seed,
         "workers": args.workers,
         "tests_overlap_fills": args.overlap_tests,
-        "sandbox": dataclasses.asdict(limits),
+        "sandbox": {**limits.record(), "isolation": isolation},
         "completion_postprocess": "first line",
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "wall_s": round(wall_s, 2),

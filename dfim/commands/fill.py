@@ -11,22 +11,11 @@ import argparse
 import codecs
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dfim.commands import options
-from dfim.engine.api import FillRequest, SamplerSettings  # plain dataclasses: no torch
-from dfim.engine.layout import block_lead
+from dfim.cursor_fill import fill_at_cursor
 from dfim.server.languages import language_of_path
-
-if TYPE_CHECKING:
-    from dfim.engine.inference.fill import Engine
-
-# The context window the CLI sends (the server budgets its own): enough for a function or two
-# around the cursor without encoding a whole large file.
-PREFIX_CHARS = 6000
-SUFFIX_CHARS = 3000
 
 
 class InputError(Exception):
@@ -70,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Default as the editor asks: 1 for a line the model drafts (dfim-small), else 2",
     )
     options.add_json(parser, help="print text, steps, tokens, latency, seed ... as one JSON object")
+    options.add_quiet(parser, help="no progress on stderr (a --multiline fill shows its denoising steps)")
 
 
 def read_source(path: Path) -> str:
@@ -118,82 +108,30 @@ def split_at(text: str, line: int, col: int) -> tuple[str, str]:
     return text[:offset], text[offset:]
 
 
-def window(prefix: str, suffix: str) -> tuple[str, str]:
-    """Keep the text near the cursor, cut at line boundaries."""
-    if len(prefix) > PREFIX_CHARS:
-        head = prefix[-PREFIX_CHARS:]
-        prefix = head[head.find("\n") + 1 :] if "\n" in head else head
-    if len(suffix) > SUFFIX_CHARS:
-        tail = suffix[:SUFFIX_CHARS]
-        suffix = tail[: tail.rfind("\n") + 1] if "\n" in tail else tail
-    return prefix, suffix
+class StepProgress:
+    """A multiline fill's denoising steps as `dfim.engine.progress.Progress`, one phase per canvas (block):
+    such a fill can take seconds on a CPU. Single-line fills are too quick to need it."""
 
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.block = -1
+        self.bar = None
 
-def fit_to_model(prefix: str, suffix: str, engine: Engine) -> tuple[str, str]:
-    """Cut the windows, at whole lines, to the context the checkpoint was trained with (`dfim.json`
-    `context_tokens`), the suffix to at most a third of it, as the server does (decision 19): past that
-    length a small model reads positions it never learnt, and every extra token costs encoding time.
-    Unchanged for a checkpoint that declares no length."""
-    from dfim.engine.model.tokenizer import FIM_SPECIALS, head_within, tail_within
+    def on_step(self, info) -> None:  # StepInfo; step 0 is the draft, before any denoising
+        if not self.enabled or info.step == 0:
+            return
+        from dfim.engine.progress import Progress
 
-    trained = engine.trained_context
-    if not trained:
-        return prefix, suffix
+        if info.block != self.block or self.bar is None:
+            self.close()
+            self.block = info.block
+            self.bar = Progress(info.max_steps, f"dfim fill: canvas {info.block + 1}", unit="steps")
+        self.bar.update(info.step - self.bar.done, f"{info.accepted}/{info.canvas_length} accepted")
 
-    def count(text: str) -> int:
-        return len(engine.tokenizer.encode(text)) if text else 0
-
-    room = max(2, trained - FIM_SPECIALS)
-    suffix = head_within(suffix, room // 3, count)
-    return tail_within(prefix, room - count(suffix), count), suffix
-
-
-def fill_request(
-    prefix: str, suffix: str, args: argparse.Namespace, defaults: SamplerSettings
-) -> FillRequest:
-    """The request `dfim fill` and `dfim trace` send: the model's sampler with --steps over it, and one
-    line (a stop at the newline, a 32-token canvas) unless --multiline. The server answers the same way
-    (decisions 25 and 49): this small model's later lines are rarely right, and often repeat. At the end of a
-    line that opens a block, `block_lead` puts the line break and indentation at the end of the prefix first."""
-    settings = defaults if args.steps is None else replace(defaults, max_steps=args.steps)
-    several = args.multiline
-    settings = replace(settings, draft=settings.draft and not several)  # the editor drafts single lines only
-    candidates = getattr(args, "candidates", 1)  # `dfim trace` draws one canvas
-    if candidates is None:  # the server's inline choice: a drafted line is one canvas (decision 38)
-        candidates = 1 if settings.draft else 2
-    return FillRequest(
-        prefix=prefix,
-        suffix=suffix,
-        max_tokens=args.max_tokens if args.max_tokens is not None else (64 if several else 32),
-        seed=args.seed,
-        settings=settings,
-        stop=() if several else ("\n",),
-        candidates=candidates,
-    )
-
-
-def cut_as_the_server(text: str, prefix: str, suffix: str, language: str, max_tokens: int) -> str:
-    """A one-line fill in the middle of a line, after the server's inline post-processing (the chain of
-    dfim.server.postprocess): the model often writes the rest of the line again (`ret` before `return`),
-    which the editor never shows. "" when the server would show nothing."""
-    from dfim.server.context import FillContext, opens_line
-    from dfim.server.languages import GRAMMARS
-    from dfim.server.postprocess import clean
-
-    at = len(prefix)
-    ctx = FillContext(
-        prefix=prefix,
-        suffix=suffix,
-        start=at,
-        end=at,
-        mode="line",
-        indent="",
-        rest_of_line=suffix.split("\n", 1)[0],
-        lang=language if language in GRAMMARS else None,
-        max_tokens=max_tokens,
-        opens_line=opens_line(prefix + suffix, at, at, "line"),
-    )
-    return clean(text, ctx) or ""
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def fail(message: str) -> int:
@@ -217,7 +155,7 @@ def read_fill_input(args: argparse.Namespace) -> tuple[str, str, str]:
     # The model reads and writes "\n"; a CRLF file would leave a stray "\r" before every stop.
     text = read_source(path).replace("\r\n", "\n")
     language = detect_language(path, args.language)
-    prefix, suffix = window(*split_at(text, args.line, args.col))
+    prefix, suffix = split_at(text, args.line, args.col)
     return prefix, suffix, language
 
 
@@ -240,15 +178,23 @@ def run(args: argparse.Namespace) -> int:
                 f"dfim fill: note: {engine.path} is an untrained (random) checkpoint; its fills are noise",
                 file=sys.stderr,
             )
-        prefix, suffix = fit_to_model(prefix, suffix, engine)
-        lead = "" if args.multiline else block_lead(prefix, suffix, language)
-        result = engine.fill(fill_request(prefix + lead, suffix, args, engine.settings))
-        if lead and result.text.strip():  # the fill starts on the new line: the break comes with it
-            result = replace(result, text=lead + result.text.lstrip(" \t"))
-        raw = result.text
-        if not args.multiline and suffix.split("\n", 1)[0].strip():  # in the middle of a line
-            request_tokens = args.max_tokens if args.max_tokens is not None else 32
-            result = replace(result, text=cut_as_the_server(raw, prefix, suffix, language, request_tokens))
+        steps = StepProgress(enabled=args.multiline and not args.quiet)
+        try:
+            filled = fill_at_cursor(
+                engine,
+                prefix,
+                suffix,
+                language,
+                multiline=args.multiline,
+                max_tokens=args.max_tokens,
+                seed=args.seed,
+                steps=args.steps,
+                candidates=args.candidates,
+                on_step=steps.on_step,
+            )
+        finally:
+            steps.close()
+        result, raw = filled.result, filled.raw
     except EngineError as err:
         return fail(str(err))
     except KeyboardInterrupt:  # Ctrl-C while torch loads or the model fills: a line, not a traceback

@@ -10,13 +10,8 @@ import sys
 from pathlib import Path
 
 from dfim.commands import options
-from dfim.commands.fill import (
-    InputError,
-    add_fill_arguments,
-    fill_request,
-    fit_to_model,
-    read_fill_input,
-)
+from dfim.commands.fill import InputError, add_fill_arguments, read_fill_input
+from dfim.cursor_fill import fill_request, fit_to_model, window
 from dfim.engine.inference.trace import build_html, plural, record
 from dfim.engine.layout import block_lead
 
@@ -52,10 +47,19 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine.load(args.model, device=args.device)
         if engine.is_random:
             print(f"dfim trace: note: {engine.path} is an untrained (random) checkpoint", file=sys.stderr)
-        prefix, suffix = fit_to_model(prefix, suffix, engine)
+        prefix, suffix = fit_to_model(*window(prefix, suffix), engine)
         # at a block opener the model reads the line break and indentation first, as `dfim fill`'s does
         lead = "" if args.multiline else block_lead(prefix, suffix, language)
-        trace = record(engine, fill_request(prefix + lead, suffix, args, engine.settings))
+        request = fill_request(
+            prefix + lead,
+            suffix,
+            engine.settings,
+            multiline=args.multiline,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            steps=args.steps,
+        )
+        trace = record(engine, request)
     except EngineError as err:
         return fail(str(err))
     except KeyboardInterrupt:  # Ctrl-C while torch loads or the model fills: a line, not a traceback

@@ -415,7 +415,12 @@ class Engine:
         )
 
         def report(
-            step: int, entropy: float, ids: list[int], confidence: list[float], kept: list[bool]
+            step: int,
+            entropy: float,
+            ids: list[int],
+            confidence: list[float],
+            kept: list[bool],
+            checks: dict[str, float] | None = None,
         ) -> None:
             assert request.on_step is not None
             positions, _ = middle_tokens(ids, plan.pinned, self.tokenizer.eos_id, self.tokenizer.pad_id)
@@ -434,6 +439,8 @@ class Engine:
                     confidence=confidence,
                     accepted_mask=kept,
                     pinned=list(plan.pinned),
+                    heal=heal.decode("utf-8", errors="replace"),
+                    checks=checks or {},
                 )
             )
 
@@ -441,7 +448,10 @@ class Engine:
             if request.on_step is not None:
                 ids = sampler.commit(s)[0].tolist()
                 confidence = sampler.confidence(s)[0].tolist()
-                report(s.step, float(mean_free_entropy(s)[0]), ids, confidence, s.accepted[0].tolist())
+                checks = {name: float(value[0]) for name, value in s.checks.items()}
+                report(
+                    s.step, float(mean_free_entropy(s)[0]), ids, confidence, s.accepted[0].tolist(), checks
+                )
 
         if seed is not None and request.on_step is not None:  # step 0: the draft, before any denoising
             report(0, 0.0, seed.ids, seed.confidence, [True] * plan.length)

@@ -187,6 +187,9 @@ class DenoiseState:
     finished: Tensor | None = None  # [B] bool
     stop_reason: list[str | None] = field(default_factory=list)  # per row, once finished
     steps: Tensor | None = None  # [B] long: decoder passes each row used
+    # What the stop steps measured this step, per row ([B] tensors by name: "stable", "doubt", "end_settled"),
+    # so a trace can say why a row went on. Written, never read, by the chain.
+    checks: dict[str, Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         b = self.canvas.shape[0]

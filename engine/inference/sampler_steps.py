@@ -313,6 +313,7 @@ class StableAndConfident(Step):
             stable = torch.stack([s.all(dim=-1) for s in same]).all(dim=0)
         self.history = (self.history + [state.argmax])[-max(need, 1) :]
         doubt = mean_free_entropy(state, read, read_entropy(state))
+        state.checks["stable"], state.checks["doubt"] = stable, doubt
         state.finish(stable & (doubt < self.threshold), "stable")
 
 
@@ -334,6 +335,7 @@ class EosConfident(Step):
         span = up_to(end, length)
         ok = (state.accepted & (read_entropy(state) < self.threshold)) | ~span
         done = (end < length) & ok.all(dim=-1)
+        state.checks["end_settled"] = done
         at_end = state.argmax.gather(1, end.clamp(max=length - 1)[:, None])[:, 0]
         state.finish(done & (at_end == state.rules.eos_id), "eos_confident")
         state.finish(done, "stop_confident")

@@ -1,9 +1,11 @@
 """Record one fill step by step and render it as a self-contained HTML replay (`dfim trace`, `dfim/lastTrace`).
 
 The page (inline CSS and JS, no network) shows, per denoising step, the canvas read as its argmax tokens:
-each token shaded by its confidence exp(-entropy), renoised positions struck through, pins outlined, with
-the step number and the time since the fill started; a slider and a play button walk the steps. It opens
-on the last frame, and the committed fill is always in the page as `<pre id="final">`.
+each token shaded by its confidence exp(-entropy), renoised positions struck through, pins outlined, line
+breaks drawn as a visible mark, with the step number, the time since the fill started and what the stop
+rules measured (so a reader sees why the fill went on); a slider and a play button walk the steps. It opens
+on the last frame, and the committed fill is always in the page as `<pre id="final">`. Where token healing
+backed characters off the prefix, the context shown ends before them: the canvas's first token writes them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Frame:
     confidence: list[float]
     kept: list[bool]  # accepted this step; False: renoised
     pinned: list[bool]
+    checks: dict[str, float] = field(default_factory=dict)  # StepInfo.checks: what the stop rules measured
 
 
 @dataclass
@@ -52,6 +55,9 @@ class Trace:
     # What the last canvas read after the committed fill when a stop string (a single-line fill's
     # newline) ended it there: shown under the fill, so the page explains why the canvas says more.
     cut: str = ""
+    heal: str = ""  # token healing: the prefix's tail that the canvas's first token re-writes
+    # The stop rules' settings (SamplerSettings): early_stop, stability_threshold, confidence_threshold, max_steps.
+    stop_rule: dict[str, float] = field(default_factory=dict)
 
 
 def plural(count: int, noun: str) -> str:
@@ -81,6 +87,7 @@ class Recorder:
         self.dropped = 0
         self.frames: list[Frame] = []
         self._done_text: list[str] = []  # text of finished blocks
+        self.heal = ""
         self._start = time.perf_counter()
 
     def on_step(self, info: StepInfo) -> None:
@@ -89,6 +96,8 @@ class Recorder:
             frames.clear()
             self._done_text.clear()
             self.dropped = 0
+        if info.block == 0 and info.heal:
+            self.heal = info.heal
         if frames and info.block != frames[-1].block:
             self._done_text.append(frames[-1].text[len("".join(self._done_text)) :])
         special = ["eos" if t == self.eos_id else "pad" if t == self.pad_id else "" for t in info.token_ids]
@@ -106,6 +115,7 @@ class Recorder:
                 confidence=[round(c, 4) for c in info.confidence],
                 kept=list(info.accepted_mask),
                 pinned=list(info.pinned),
+                checks={name: round(value, 5) for name, value in info.checks.items()},
             )
         )
         if self.max_frames is not None and len(frames) > self.max_frames:
@@ -124,6 +134,13 @@ class Recorder:
             random_model=random_model,
             frames=self.frames,
             cut=text_after_stop(result.text, self.frames[-1].text, request.stop) if self.frames else "",
+            heal=self.heal,
+            stop_rule={
+                "early_stop": float(request.settings.early_stop),
+                "stability_threshold": float(request.settings.stability_threshold),
+                "confidence_threshold": float(request.settings.confidence_threshold),
+                "max_steps": float(request.settings.max_steps),
+            },
         )
 
 
@@ -158,7 +175,12 @@ def build_html(trace: Trace, nonce: str | None = None) -> str:
     if nonce is not None and not NONCE.fullmatch(nonce):
         raise ValueError("a nonce is 16-128 characters of A-Z a-z 0-9 + / = _ -")
     data = asdict(trace)
-    data["prefix"] = context_tail(trace.prefix)
+    healed = (
+        trace.prefix[: len(trace.prefix) - len(trace.heal)]
+        if trace.prefix.endswith(trace.heal)
+        else trace.prefix
+    )
+    data["prefix"] = context_tail(healed)
     data["suffix"] = context_head(trace.suffix)
     # JSON inside <script>: escape "<" so no "</script>" or "<!--" in the text can end the block.
     payload = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
@@ -210,6 +232,7 @@ h1 { font-size: 1.1em; margin: 0 0 .3em; }
 .tok.pin { outline: 1.5px solid #2a62c9; }
 .tok.end { color: #777; font-size: 11px; border: 1px dashed #999; padding: 0 2px; }
 .tok.pad { color: #ccc; }
+.tok.nl, .nl { color: #888; }
 .legend span { margin-right: 1.2em; }
 .legend .hi { background: rgba(46,160,67,.55); }
 .legend .lo { background: rgba(46,160,67,.08); }
@@ -239,7 +262,8 @@ body.vscode-dark .tok.pad, body.vscode-high-contrast .tok.pad { color: #555; }
 <div class="legend"><span class="hi">confident</span>
 <span class="lo">unsure</span>
 <span class="tok renoised">renoised</span><span class="tok pin">pinned</span>
-<span class="tok end">EOS</span></div>
+<span class="tok end">EOS</span><span class="tok nl">&#8629;</span> line break</div>
+<p id="rule" class="legend"></p>
 <h2>Canvas (argmax of each position at this step)</h2>
 <div id="canvas" class="code"></div>
 <h2>Fill at this step</h2>
@@ -263,6 +287,38 @@ function span(cls, text, title) {
   return s;
 }
 
+// A token's text with its line breaks drawn: a mark, then the break itself (a newline alone is otherwise
+// an empty, invisible token).
+function tokenNode(cls, text, title) {
+  if (!text.includes("\\n")) return span(cls, text, title);
+  const s = span(cls, "", title);
+  const parts = text.split("\\n");
+  parts.forEach((part, k) => {
+    if (part) s.appendChild(document.createTextNode(part));
+    if (k < parts.length - 1) { s.appendChild(span("nl", "\\u21b5")); s.appendChild(document.createTextNode("\\n")); }
+  });
+  return s;
+}
+
+const R = T.stop_rule || {};
+function ruleText() {
+  if (!R.early_stop) return "Early stop is off: the fill runs all " + R.max_steps + " steps.";
+  return "Stops when the argmax canvas repeats the last " + R.stability_threshold +
+    " step(s) and the mean entropy of its text is under " + R.confidence_threshold +
+    ", or when every token up to the text's end (EOS or a stop string) is accepted with entropy under " +
+    R.confidence_threshold + ", or after " + R.max_steps + " steps.";
+}
+// Why the fill did not stop at this frame, from what the stop rules measured there.
+function whyOn(f) {
+  const c = f.checks || {};
+  if (f.step === 0 || !R.early_stop || !("doubt" in c)) return "";
+  const parts = [];
+  if (!c.stable) parts.push("canvas changed");
+  if (c.doubt >= R.confidence_threshold) parts.push("entropy " + c.doubt.toFixed(4) + " \\u2265 " + R.confidence_threshold);
+  if (!c.end_settled) parts.push("end not settled");
+  return parts.length ? "goes on: " + parts.join(", ") : "";
+}
+
 function show(i) {
   const f = T.frames[i];
   const canvas = document.getElementById("canvas");
@@ -275,7 +331,8 @@ function show(i) {
     let text = f.tokens[p];
     if (f.special[p] === "eos") { cls.push("end"); text = "EOS"; }
     else if (f.special[p] === "pad") { cls.push("pad"); text = "\\u00b7"; }
-    const s = span(cls.join(" "), text, "position " + p + ", confidence " + c.toFixed(3) +
+    const s = tokenNode(cls.join(" "), text, "position " + p + (p === 0 && T.heal && f.block === 0 ? ", re-writes " +
+      JSON.stringify(T.heal) + " of the prefix (token healing)" : "") + ", confidence " + c.toFixed(3) +
       (f.kept[p] ? ", accepted" : ", renoised") + (f.pinned[p] ? ", pinned" : ""));
     if (!f.special[p]) s.style.background = "rgba(46,160,67," + (0.05 + 0.6 * c).toFixed(3) + ")";
     canvas.appendChild(s);
@@ -289,7 +346,8 @@ function show(i) {
       (f.block > 0 ? "block " + (f.block + 1) + ", " : "") + "step " + f.step + "/" + f.max_steps) +
     "  \\u00b7  " + f.ms.toFixed(1) + " ms (+" + (f.ms - prev).toFixed(1) + ")" +
     "  \\u00b7  accepted " + f.accepted + "/" + f.tokens.length +
-    "  \\u00b7  mean entropy " + f.mean_entropy.toFixed(3) + (last ? "  \\u00b7  stop: " + T.stop_reason : "");
+    "  \\u00b7  mean entropy " + f.mean_entropy.toFixed(3) +
+    (last ? "  \\u00b7  stop: " + T.stop_reason : (whyOn(f) ? "  \\u00b7  " + whyOn(f) : ""));
   slider.value = i;
 }
 
@@ -305,6 +363,7 @@ function play() {
   }, 250);
 }
 
+document.getElementById("rule").textContent = ruleText();
 if (T.frames.length) {
   slider.max = T.frames.length - 1;
   slider.addEventListener("input", () => { stop(); show(+slider.value); });

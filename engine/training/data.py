@@ -32,12 +32,13 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from dfim.engine.progress import Progress
 from dfim.engine.training.decontamination import EvalFilter, find_eval_dirs
 from dfim.engine.training.near_dedup import THRESHOLD, NearDupIndex, signature
 from dfim.engine.training.provenance import (
@@ -50,7 +51,7 @@ from dfim.engine.training.provenance import (
     iter_files,
 )
 from dfim.engine.training.shards import ShardWriter, file_sha256
-from dfim.engine.training.sources import corpus_record, header_language, is_permissive, iter_corpus_lines
+from dfim.engine.training.sources import corpus_record, is_permissive, iter_corpus_lines, source_language
 
 MAX_FILE_BYTES = 500_000
 MAX_LINE_CHARS = 1000
@@ -139,7 +140,7 @@ def process_task(task: Task) -> dict:
         except UnicodeDecodeError:
             rec["drop"] = "not_utf8"
             return rec
-        rec["lang"] = "python" if path.endswith(".py") else header_language(path, text)
+        rec["lang"] = source_language(path, text)
     return _filter_and_tokenize(rec, text, raw)
 
 
@@ -209,7 +210,10 @@ def build(
     permissive_only: bool = False,
     near_dedup: bool = True,
     log=print,
+    progress: bool = True,
 ) -> dict:
+    """`progress`: a bar (or sparse lines in a log) on stderr per phase: the folders' files, then each corpus
+    shard by its bytes read."""
     t0 = time.time()
     eval_filter = eval_filter if eval_filter is not None else EvalFilter.load(find_eval_dirs())
     if not eval_filter:
@@ -271,15 +275,22 @@ def build(
     lang_tokens: Counter[str] = Counter()
     total_chars = 0
 
+    # (root, bytes of its shard read) per task, in the order imap returns the results: progress reads it.
+    order: deque[tuple[int, int]] = deque()
+    read = [0]
+
     def tasks() -> Iterator[Task]:
         for path, i in files:
+            order.append((i, 0))
             yield (i, path, None)
         for i in shards:
-            for line in iter_corpus_lines(roots[i].path):
+            for line in iter_corpus_lines(roots[i].path, on_position=lambda n: read.__setitem__(0, n)):
+                order.append((i, read[0]))
                 yield (i, None, line)
 
+    phase = BuildProgress(roots, len(files), enabled=progress)
+
     ctx = mp.get_context("fork" if sys.platform != "win32" else "spawn")
-    last_log = time.time()
     with (
         ctx.Pool(
             workers, initializer=_init_worker, initargs=(str(tokenizer_path), eval_filter, near_dedup)
@@ -287,12 +298,10 @@ def build(
         open(out / "manifest.jsonl", "w", encoding="utf-8") as manifest,
     ):
         for rec in pool.imap(process_task, tasks(), chunksize=16):
+            phase.advance(*order.popleft(), kept=sum(len(w.docs) for w in writers.values()))
             root = roots[rec["root"]]
             if root.kind == "shard":
                 files_seen += 1
-            if time.time() - last_log > 30:
-                last_log = time.time()
-                log(f"  {files_seen} files seen, {sum(len(w.docs) for w in writers.values())} kept")
             if "drop" in rec:
                 drops[rec["drop"]] += 1
                 if "eval_hit" in rec:
@@ -336,6 +345,7 @@ def build(
                 "sha1": rec["sha1"],
             }
             manifest.write(json.dumps(entry) + "\n")
+    phase.close()
     for w in writers.values():
         w.close()
 
@@ -389,6 +399,47 @@ def build(
         f"{summary['seconds']}s -> {out}"
     )
     return summary
+
+
+class BuildProgress:
+    """The build's phases as `dfim.engine.progress.Progress` bars: the folders' files (one unit a file), then one
+    per corpus shard in MB of the file read (its line count is unknown until it is read)."""
+
+    def __init__(self, roots: Sequence[Root], files: int, enabled: bool = True) -> None:
+        self.roots, self.enabled = roots, enabled
+        self.root: int | None = None
+        self.bar: Progress | None = (
+            Progress(files, "data: files", unit="files", enabled=enabled) if files else None
+        )
+        self.mb = 0
+
+    def advance(self, root: int, position: int, kept: int = 0) -> None:
+        """One result of `root`; `position`: bytes of its shard read when the task was made (0 for files);
+        `kept`: files kept so far, shown beside the count."""
+        if self.roots[root].kind != "shard":
+            if self.bar is not None:
+                self.bar.update(1, f"{kept} kept")
+            return
+        if root != self.root:
+            self.close()
+            path = self.roots[root].path
+            size = max(1, -(-path.stat().st_size // 1_000_000))
+            self.bar, self.root, self.mb = (
+                Progress(size, f"data: {path.name}", unit="MB", enabled=self.enabled),
+                root,
+                0,
+            )
+        mb = position // 1_000_000
+        if self.bar is not None and mb > self.mb:
+            self.bar.update(mb - self.mb, f"{kept} files kept")
+            self.mb = mb
+
+    def close(self) -> None:
+        if self.bar is not None:
+            if self.root is not None:  # the whole shard was read
+                self.bar.update(self.bar.total - self.bar.done)
+            self.bar.close()
+            self.bar = None
 
 
 def expand_shard_patterns(patterns: Sequence[str]) -> list[Path]:

@@ -79,6 +79,24 @@ def log_window(
         speed += f" mfu {row['mfu']:.1%}"
     print(
         f"step {run.step} loss {row['loss']:.4f}{extra} lr {lr:.2e} {speed} "
-        f"tokens {run.tokens:,} t {row['elapsed_s']}s",
+        f"tokens {run.tokens:,} t {row['elapsed_s']}s{done_and_eta(run, t_start)}",
         flush=True,
     )
+
+
+def done_and_eta(run: Run, t_start: float) -> str:
+    """ " 42% ETA 3m10s": how far the run is toward the limit that will stop it (--steps, else --minutes), so
+    a line in a log says how long is left; "" when neither is set (a run stopped by hand)."""
+    args = run.args
+    elapsed = time.time() - t_start
+    if args.steps:
+        fraction = run.step / args.steps
+    elif args.minutes:
+        fraction = elapsed / (args.minutes * 60)
+    else:
+        return ""
+    fraction = min(max(fraction, 0.0), 1.0)
+    if fraction <= 0:
+        return ""
+    left = int(elapsed * (1 - fraction) / fraction)
+    return f" {fraction:.0%} ETA {left // 60}m{left % 60:02d}s"

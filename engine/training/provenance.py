@@ -15,7 +15,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfim.engine.training.sources import debian_license, dpkg_owners, iter_header_files
+from dfim.engine.training.sources import (
+    HEADER_SUFFIXES,
+    SOURCE_SUFFIXES,
+    debian_license,
+    dpkg_owners,
+    iter_header_files,
+)
 
 # Path parts that mark copies of other projects' code (their licence and their duplicates).
 VENDOR_PARTS = {"_vendor", "vendor", "vendored", "_vendored", "third_party", "thirdparty", "extern"}
@@ -23,6 +29,8 @@ SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", "node_modules", ".tox", ".ven
 # Skipped only inside the standard library: its test suite (huge, odd on purpose) and IDLE.
 STDLIB_SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "turtledemo"}
 STDLIB_LICENSE = "PSF-2.0"
+# What a plain folder gives besides .py files (see `iter_files`).
+OTHER_SOURCE_SUFFIXES = tuple(sorted((set(SOURCE_SUFFIXES) | set(HEADER_SUFFIXES)) - {".py"}))
 
 
 @dataclass
@@ -77,7 +85,9 @@ def is_vendored(rel_parts: Sequence[str]) -> bool:
 
 
 def iter_files(root: Root) -> Iterator[tuple[Path, str | None]]:
-    """(path, reason-to-skip or None) for every .py file (header file, for a headers root) under the root."""
+    """(path, reason-to-skip or None) for every .py file (header file, for a headers root) under the root; a
+    plain folder (the user's own code) gives the files of every language the server serves."""
+    all_languages = root.kind == "dir"
     if root.kind == "headers":
         for path in iter_header_files(root.path):
             rel = path.relative_to(root.path).parts
@@ -95,7 +105,7 @@ def iter_files(root: Root) -> Iterator[tuple[Path, str | None]]:
                     yield d / name, "eval_data_path"
             continue
         for name in sorted(filenames):
-            if name.endswith(".py"):
+            if name.endswith(".py") or (all_languages and name.endswith(OTHER_SOURCE_SUFFIXES)):
                 path = d / name
                 rel = path.relative_to(root.path).parts
                 yield path, ("vendored" if is_vendored(rel[:-1]) else None)

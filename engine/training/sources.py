@@ -15,7 +15,7 @@ import json
 import lzma
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # SPDX ids (lower-case) and common spellings of licences that put no obligation on derived code beyond
@@ -97,6 +97,34 @@ def _normalise(name: str) -> str:
     return re.sub(r"\s+license$", "", name).strip()
 
 
+# A folder of the user's own code (`dfim data --roots DIR`) is read in every language the server serves; the
+# standard library and site-packages stay .py only (their other files are mostly generated or vendored).
+SOURCE_SUFFIXES = {
+    ".py": "python",
+    ".ts": "typescript",
+    ".tsx": "typescript",
+    ".mts": "typescript",
+    ".js": "javascript",
+    ".jsx": "javascript",
+    ".mjs": "javascript",
+    ".go": "go",
+    ".rs": "rust",
+    ".java": "java",
+    ".c": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".cxx": "cpp",
+}
+
+
+def source_language(path: str, text: str) -> str:
+    """The language of a source file of a folder root, by suffix (a header by what it contains)."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix in HEADER_SUFFIXES:
+        return header_language(path, text)
+    return SOURCE_SUFFIXES.get(suffix, "?")
+
+
 def header_language(path: str, text: str) -> str:
     """`c` or `cpp` for a header file (by suffix; a `.h` by what it contains)."""
     lang = HEADER_SUFFIXES.get(os.path.splitext(path)[1].lower(), "c")
@@ -109,12 +137,15 @@ def header_language(path: str, text: str) -> str:
 # Corpus shards
 
 
-def iter_corpus_lines(shard: Path) -> Iterator[bytes]:
-    """Raw JSON lines of one `.jsonl.xz` (or plain `.jsonl`) shard; parsing happens in the workers."""
-    opener = lzma.open if shard.suffix == ".xz" else open
-    with opener(shard, "rb") as f:
+def iter_corpus_lines(shard: Path, on_position: Callable[[int], None] | None = None) -> Iterator[bytes]:
+    """Raw JSON lines of one `.jsonl.xz` (or plain `.jsonl`) shard; parsing happens in the workers.
+    `on_position` gets the bytes of the file (compressed, for .xz) read so far before each line: progress."""
+    with open(shard, "rb") as raw:
+        f = lzma.open(raw, "rb") if shard.suffix == ".xz" else raw
         for line in f:
             if line.strip():
+                if on_position is not None:
+                    on_position(raw.tell())
                 yield line
 
 

@@ -369,7 +369,7 @@ def test_a_crlf_file_fills_without_a_stray_carriage_return(capsys, tmp_path, che
 
 
 def test_the_windows_fit_the_context_the_model_was_trained_with():
-    from dfim.commands.fill import fit_to_model
+    from dfim.cursor_fill import fit_to_model
     from dfim.engine.inference.fill import Engine
 
     engine = Engine.load(None)  # the shipped model: its dfim.json says how many context tokens it read
@@ -436,3 +436,17 @@ def test_a_fill_mid_line_never_repeats_the_rest_of_the_line(capsys, checkpoint, 
     # at the end of a line nothing is cut: the fill is the model's
     code, out, _ = dfim_fill(capsys, EXAMPLE, "--line", 14, "--col", 16, "--model", checkpoint)
     assert code == 0 and out == model_text + "\n"
+
+
+def test_a_multiline_fill_shows_its_steps_and_quiet_hides_them(capsys, checkpoint):
+    demo = ROOT / "fixtures" / "demo.py"
+    args = [demo, "--line", 9, "--col", 1, "--model", checkpoint, "--steps", 3, "--multiline"]
+    code, out, err = dfim_fill(capsys, *args)  # stderr is not a terminal here: plain lines
+    assert code == 0
+    lines = [line for line in err.splitlines() if line.startswith("dfim fill: canvas 1: ")]
+    assert lines and lines[-1].startswith("dfim fill: canvas 1: 3/3 steps (100%)"), err
+    assert len(lines) == len(set(lines))
+    quiet_code, quiet_out, quiet_err = dfim_fill(capsys, *args, "--quiet")
+    assert quiet_code == 0 and quiet_out == out and "canvas 1" not in quiet_err  # same fill, no progress
+    code, _, err = dfim_fill(capsys, *args[:-1])  # one line: too quick to need progress
+    assert code == 0 and "canvas 1" not in err

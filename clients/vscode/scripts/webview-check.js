@@ -1,6 +1,7 @@
 // Drive a running code-server (VS Code in a browser) with headless Chromium through playwright-core:
-// open add.py, run "dfim: Fill the Hole at the Cursor" on its `pass`, then "dfim: Show Denoising Canvas of
-// the Last Fill", and check the webview shows the page with its script running under the webview policy.
+// open add.py, type one key and wait for the inline ghost text, accept it with Tab; then run "dfim: Fill the
+// Hole at the Cursor" on its `pass`, then "dfim: Show Denoising Canvas of the Last Fill", and check the
+// webview shows the page with its script running under the webview policy.
 //
 //   node webview-check.js URL [SCREENSHOT.png]
 //
@@ -39,6 +40,29 @@ async function main() {
     await page.keyboard.press("Enter");
     const editor = page.locator(".monaco-editor .view-lines").first();
     await editor.waitFor({ timeout: 30_000 });
+
+    // Inline ghost text from the first keystroke in the new window: a space after `    return` on line 13,
+    // then no other key. The model may still be loading: the server holds the request, or the extension
+    // asks again when the status turns ready. Tab accepts it into the line.
+    await editor.click();
+    await page.keyboard.press("Control+g");
+    await page.locator(".quick-input-widget input").waitFor();
+    await page.keyboard.type("13:11");
+    await page.keyboard.press("Enter");
+    const loadingAtKeystroke = (await status.locator(".codicon-sync").count()) > 0; // the loading spinner
+    await page.keyboard.type(" ");
+    const ghost = page.locator(".monaco-editor .ghost-text-decoration, .monaco-editor .ghost-text").first();
+    await ghost.waitFor({ timeout: 90_000 });
+    const ghostText = (await ghost.innerText()).replace(/\u00a0/g, " ");
+    await page.keyboard.press("Tab");
+    await page.waitForTimeout(500);
+    const lines = (await page.locator(".monaco-editor .view-lines .view-line").allInnerTexts()).map((t) =>
+      t.replace(/\u00a0/g, " "),
+    );
+    const accepted = lines.find((t) => t.trimStart().startsWith("return ")) ?? "";
+    console.log(JSON.stringify({ loadingAtKeystroke, ghostText, accepted }));
+    if (!ghostText.trim()) fail("the ghost text is empty");
+    if (!accepted.includes(ghostText.trim().slice(0, 12))) fail(`Tab did not insert the ghost text: ${accepted}`);
 
     async function command(name) {
       await page.keyboard.press("F1");

@@ -62,7 +62,7 @@ export async function showLastCanvas(host: CanvasHost): Promise<"shown" | "none"
     host.error(
       /method not found|unhandled method/i.test(message)
         ? "dfim: this server does not record fills (update dfim)."
-        : `dfim: could not get the canvas: ${message}`,
+        : `dfim: could not get the canvas: ${message.replace(/^dfim: /, "")}`,
     );
     return "failed";
   }

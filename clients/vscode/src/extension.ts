@@ -12,7 +12,7 @@ import {
 } from "vscode-languageclient/node";
 import { LastTrace, showLastCanvas } from "./canvas";
 import { DOCUMENT_SELECTOR, serverCommand, serverKeys, serverSettings, settingsReader } from "./settings";
-import { ClientState, formatStats, formatStatus, ServerStatus, STATUS_METHOD } from "./status";
+import { becameReady, ClientState, formatStats, formatStatus, prefixed, ServerStatus, STATUS_METHOD } from "./status";
 import { ACCEPT_COMMAND, Change, suggestionId, SuggestionWatcher, TelemetryEvent } from "./telemetry";
 
 const STATS_METHOD = "dfim/stats";
@@ -140,10 +140,19 @@ async function startClient(context: vscode.ExtensionContext): Promise<void> {
   }
   context.subscriptions.push(
     client.onNotification(STATUS_METHOD, (status: ServerStatus) => {
+      const askAgain = becameReady(lastStatus, status);
       lastStatus = status;
       renderStatus();
+      if (askAgain) askInlineAgain();
     }),
   );
+}
+
+/** The model just became ready: ask for the suggestion at the cursor again, in an editor dfim serves. */
+function askInlineAgain(): void {
+  const editor = vscode.window.activeTextEditor;
+  if (!editor || !inlineEnabled() || !vscode.languages.match(DOCUMENT_SELECTOR, editor.document)) return;
+  void vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
 }
 
 async function restartClient(context: vscode.ExtensionContext): Promise<void> {
@@ -184,7 +193,7 @@ async function runAction(action: string, title: string, needsSelection: boolean,
     }
   } catch (err) {
     const message = err instanceof Error ? err.message : String(err);
-    if (!/cancel/i.test(message)) void vscode.window.showErrorMessage(message.startsWith("dfim") ? message : `dfim: ${message}`);
+    if (!/cancel/i.test(message)) void vscode.window.showErrorMessage(prefixed(message));
   }
 }
 

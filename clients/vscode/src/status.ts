@@ -103,3 +103,17 @@ export function formatStats(stats: Record<string, unknown>): string {
   lines.push("", "Acceptance rate and latency percentiles: run `dfim stats` in a terminal.");
   return lines.join("\n");
 }
+
+/** Whether a `dfim/status` turned the model ready: from nothing, loading or error (not from busy, which is
+ * ready with a fill running). The extension then asks for the inline suggestion again: one asked during the
+ * load and answered empty past the server's `inline.waitForModelMs` would otherwise wait for the next
+ * keystroke. */
+export function becameReady(previous: ServerStatus | undefined, next: ServerStatus): boolean {
+  const was = previous?.state;
+  return next.state === "ready" && was !== "ready" && was !== "busy";
+}
+
+/** `message` with one `dfim: ` in front: the server's own messages already start with it. */
+export function prefixed(message: string): string {
+  return message.startsWith("dfim: ") ? message : `dfim: ${message}`;
+}

@@ -70,8 +70,11 @@ def score(
     problems_file: str | os.PathLike | None = None,
     extra_paths: Sequence[str] = (),
     progress: TextIO | None = None,
+    stream: TextIO | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every problem's tests with its completion; `progress` (a stream) counts the suites as they end."""
+    """Run every problem's tests with its completion; `progress` (a stream) counts the suites as they end,
+    and `stream` gets each problem's record as one JSONL line the moment its suite ends (flushed), so a
+    long or interrupted run shows and keeps what it has."""
     limits = limits or sandbox.SandboxLimits(timeout_s=60.0)
     bar = Progress(len(problems), "testing", unit="problems", stream=progress, enabled=progress is not None)
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="dfim-realcode") as pool:
@@ -81,7 +84,11 @@ def score(
         ]
         passed = 0
         for done, future in enumerate(as_completed(futures), 1):
-            passed += bool(future.result()["passed"])
+            record = future.result()
+            passed += bool(record["passed"])
+            if stream is not None:
+                stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+                stream.flush()
             bar.update(1, f"pass {100.0 * passed / done:.1f}%")
         bar.close()
         return [f.result() for f in futures]
@@ -139,44 +146,41 @@ def model_completions(
 ):
     """Fill every problem with the engine (one request at a time); returns (completions, per-problem info).
 
-    The model reads what the editor and `dfim fill` give it: the file cut around the hole to the checkpoint's
-    trained context (`dfim.commands.fill.window` and `fit_to_model`), not the whole file. `progress` (a
+    Each problem is filled as `dfim fill` fills a cursor (`dfim.cursor_fill`): the file cut around the hole
+    to the checkpoint's trained context, the same sampler and candidates, and the server's post-processing. `progress` (a
     stream, normally stderr) counts the fills: a bar on a terminal, a few lines in a log. `stream` gets one
     JSONL line per filled problem, flushed as it comes ({task_id, completion, ...}, which `--completions`
     reads back), so an interrupted run keeps what it filled."""
-    from dfim.commands.fill import fit_to_model, window
-    from dfim.engine.api import EngineError, FillRequest
+    from dfim.cursor_fill import fill_at_cursor
+    from dfim.engine.api import EngineError
     from dfim.engine.inference.fill import Engine
-    from dfim.server.rules import remove_suffix_overlap
+    from dfim.server.languages import language_of_path
 
     engine = Engine.load(model or None, device=device)
     completions, info = [], []
     bar = Progress(len(problems), "filling", unit="problems", stream=progress, enabled=progress is not None)
     for i, p in enumerate(problems):
-        tokens = max_tokens * 4 if p["kind"] == "block" else max_tokens
+        # as the editor fills: a block is a multiline fill (the selection rewritten), every other kind one line
+        # after the server's post-processing (which cuts what repeats the rest of the line)
+        block = p["kind"] == "block"
         try:
-            # the checkpoint's own sampler (dfim-small: the encoder's draft), as `dfim eval` and the editor
-            # fill; one line for the kinds whose middle is one
-            stop = () if p["kind"] == "block" else ("\n",)
-            prefix, suffix = fit_to_model(*window(p["prompt"], p["suffix"]), engine)
-            request = FillRequest(
-                prefix=prefix,
-                suffix=suffix,
-                max_tokens=tokens,
-                settings=engine.settings,
+            filled = fill_at_cursor(
+                engine,
+                p["prompt"],
+                p["suffix"],
+                language_of_path(p.get("path", "")) or "python",  # the problems are Python projects
+                multiline=block,
+                max_tokens=min(256, max_tokens * 4) if block else max_tokens,
                 seed=seed + i,
-                stop=stop,
+                candidates=None,  # the server's inline choice
             )
-            result = engine.fill(request)
-            raw = result.text
+            raw = filled.result.text
             extra = {
-                "latency_ms": result.latency_ms,
-                "steps": result.steps,
-                "context_tokens": result.context_tokens,
+                "latency_ms": filled.result.latency_ms,
+                "steps": filled.result.steps,
+                "context_tokens": filled.result.context_tokens,
                 "error": None,
             }
-            if p["kind"] in ("condition", "call"):  # the draft writes the line out: the editor cuts the rest
-                raw = remove_suffix_overlap(raw.split("\n", 1)[0], p["suffix"])
         except EngineError as e:
             raw, extra = "", {"latency_ms": None, "steps": 0, "context_tokens": None, "error": str(e)}
         completions.append(postprocess(p["kind"], raw))

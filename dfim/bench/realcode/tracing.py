@@ -119,7 +119,7 @@ def run_tests(
             (root / replace[0]).write_text(replace[1], encoding="utf-8")
         trace_path = str(Path(tmp) / "lines.json") if trace else None
         driver = _DRIVER.format(root=str(root), argv=argv, trace=trace_path, extra=list(extra_paths))
-        result = sandbox.run_program(driver, limits)
+        result = sandbox.run_program(driver, limits, writable=[tmp])  # the copy and the trace file
         lines = None
         if trace_path and os.path.exists(trace_path):
             raw = json.loads(Path(trace_path).read_text(encoding="utf-8"))

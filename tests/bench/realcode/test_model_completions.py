@@ -31,7 +31,7 @@ def checkpoint(tmp_path_factory):
 
 
 def test_a_long_file_is_cut_to_the_models_window(checkpoint, monkeypatch):
-    from dfim.commands.fill import fit_to_model, window
+    from dfim.cursor_fill import fit_to_model, window
     from dfim.engine.inference.fill import Engine
 
     seen = []
@@ -72,3 +72,32 @@ def test_score_streams_one_line_per_filled_problem(checkpoint, tmp_path, capsys)
     results = json.loads((out / "results.json").read_text())["problems"]
     assert [r["completion"] for r in rows] == [r["completion"] for r in results]
     assert "completions.jsonl" in capsys.readouterr().out
+    # the suites' results stream too, one line as each ends, and agree with the final file
+    tested = [json.loads(line) for line in (out / "tests.jsonl").read_text().splitlines()]
+    by_id = {r["task_id"]: r for r in results}
+    assert sorted(r["task_id"] for r in tested) == sorted(by_id)
+    assert all(r["passed"] == by_id[r["task_id"]]["passed"] for r in tested)
+
+
+def test_a_block_problem_is_filled_as_the_editor_fills_a_selection(checkpoint, monkeypatch):
+    """A block is a multiline fill without the draft (the editor's rewrite), a line one line with the
+    server's candidates, through the same `dfim.cursor_fill` as `dfim fill`."""
+    from dfim.engine.inference.fill import Engine
+
+    seen = []
+    real_fill = Engine.fill
+    monkeypatch.setattr(
+        Engine, "fill", lambda self, request: seen.append(request) or real_fill(self, request)
+    )
+    block = {
+        "task_id": "m.py:3:1:block",
+        "kind": "block",
+        "path": "m.py",
+        "prompt": "def f(x):\n",
+        "suffix": "\n",
+    }
+    line = {**block, "task_id": "m.py:3:1:line", "kind": "line"}
+    model_completions([block, line], checkpoint, "cpu", 8, 0)
+    multi, single = seen
+    assert multi.stop == () and not multi.settings.draft and multi.max_tokens == 32
+    assert single.stop == ("\n",) and single.max_tokens == 8

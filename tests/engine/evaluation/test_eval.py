@@ -262,6 +262,10 @@ def test_eval_command_reference_mode(tmp_path, capsys):
     results = _check_outputs(out, 1)
     assert results["summary"][0]["pass_at_1"] == 100.0
     assert "| default | 3 | 100.0 |" in capsys.readouterr().out
+    sandbox_meta = results["meta"]["sandbox"]
+    assert sandbox_meta["cpu_s"] > 0  # the CPU limit in force (timeout + 1), not the 0 that means "derive"
+    isolation = sandbox_meta["isolation"]  # what the tests ran under, and what was missing
+    assert "pid_namespace" in isolation and isinstance(isolation["missing"], list)
 
 
 def test_eval_command_rejects_bad_input(tmp_path, capsys):

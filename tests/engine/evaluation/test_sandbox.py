@@ -134,16 +134,33 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _with_token(token: str) -> list[int]:
+    """Live processes whose command line holds `token`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (
+                proc.name.isdigit()
+                and token.encode() in (proc / "cmdline").read_bytes()
+                and _alive(int(proc.name))
+            ):
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
 def test_background_children_are_killed_with_the_group():
-    program = "import subprocess\np = subprocess.Popen(['sleep', '60'])\nprint(p.pid)\n"
+    # found by a token in its command line: a pid printed inside a PID namespace means nothing outside it
+    token = f"dfim-background-{os.getpid()}-{time.monotonic_ns()}"
+    program = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {token!r}])\n"
     result = run_program(program, FAST)
     assert result.passed, result.stderr
-    pid = int(result.stdout.strip())
     deadline = time.monotonic() + 5.0
-    while _alive(pid) and time.monotonic() < deadline:
+    while _with_token(token) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid)
+    assert not _with_token(token)
 
 
 @pytest.mark.parametrize("timeout_s", [float("inf"), 1e300])

@@ -313,3 +313,47 @@ def test_page_shows_where_a_stop_string_cut_the_fill(trace):
     assert 'id="cut"' not in build_html(trace)
     page = build_html(replace(trace, cut="\n    return <y>"))
     assert '<p id="cut"' in page and "<code>\\n    return &lt;y&gt;</code>" in page
+
+
+@pytest.fixture(scope="module")
+def healed(engine) -> Trace:
+    """A fill whose prefix ends inside a word (`    ret`), early stop on: token healing and stop checks."""
+    request = FillRequest(
+        prefix="def mean(values):\n    ret", suffix="\n", settings=SamplerSettings(max_steps=4), seed=1
+    )
+    return record(engine, request)
+
+
+def test_healed_prefix_is_drawn_once(healed):
+    assert healed.heal and healed.prefix.endswith(healed.heal)  # " ret" or "ret", by the tokenizer
+    assert healed.frames[0].tokens[0].startswith(healed.heal)  # the canvas's first token writes it
+    shown = embedded(build_html(healed))["prefix"]
+    assert shown == healed.prefix[: -len(healed.heal)]  # so the page draws it once, in the canvas
+
+
+def test_frames_carry_what_the_stop_rules_measured(healed, trace):
+    assert healed.stop_rule["confidence_threshold"] == SamplerSettings().confidence_threshold
+    assert healed.stop_rule["early_stop"] == 1.0
+    for frame in healed.frames:
+        assert {"stable", "doubt", "end_settled"} <= frame.checks.keys()
+        assert frame.checks["doubt"] >= 0.0
+    assert trace.stop_rule["early_stop"] == 0.0  # the chain had no stop step to measure anything
+    assert all(not frame.checks for frame in trace.frames)
+
+
+def test_chromium_draws_line_breaks_and_the_stop_rule(healed, tmp_path):
+    from dataclasses import replace
+
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} not installed (clients/ci.sh installs it)")
+    last = healed.frames[-1]
+    tokens = ["\n"] + last.tokens[1:]  # a canvas whose first token is a bare line break
+    page = tmp_path / "trace.html"
+    page.write_text(
+        build_html(replace(healed, frames=[replace(last, tokens=tokens, special=[""] * len(tokens))]))
+    )
+    dom = dump_dom(page, tmp_path / "profile")
+    canvas = dom.split('id="canvas"', 1)[1].split("</div>", 1)[0]
+    assert '<span class="nl">\u21b5</span>' in canvas
+    rule = parse(dom).text["rule"]
+    assert f"under {SamplerSettings().confidence_threshold}" in rule and "after 4 steps" in rule

@@ -339,3 +339,51 @@ def test_signatures_ship_as_a_resource_file() -> None:
     assert EvalFilter.load([]).hit(
         "def  has_close_elements(numbers: List[float],threshold: float) -> bool:\n"
     )
+
+
+def test_build_shows_progress_per_phase_in_a_log(tmp_path: Path) -> None:
+    """`dfim data 2>log`: a few plain progress lines per phase (folders' files, then each shard), no repeats."""
+    import subprocess
+    import sys
+
+    shard = tmp_path / "train-00.jsonl.xz"
+    write_sample_corpus(shard)
+    pyroot = tmp_path / "py"
+    write(pyroot, "area.py", GOOD_A)
+    write(pyroot, "board.py", GOOD_B)
+    done = subprocess.run(
+        [sys.executable, "-m", "dfim.commands.data", "--out", str(tmp_path / "out"), "--tokenizer",
+         str(TOKENIZER_JSON), "--roots", str(pyroot), "--corpus", str(shard), "--workers", "1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("data: ")]
+    assert any(line.startswith("data: files: 2/2 files (100%)") for line in lines), lines
+    assert any(line.startswith("data: train-00.jsonl.xz: 1/1 MB (100%)") for line in lines), lines
+    assert len(lines) == len(set(lines)) and len(lines) <= 6, lines
+    assert "\r" not in done.stderr  # no carriage-return redraws in a log
+
+
+def test_a_folder_of_your_own_code_is_read_in_every_served_language(tmp_path: Path) -> None:
+    """`dfim data --roots REPO` (a fine-tune on your own repository): every language the server serves, by
+    suffix, with the usual filters; site-packages roots stay .py only."""
+    repo = tmp_path / "repo"
+    write(
+        repo,
+        "src/app.ts",
+        "export function total(xs: number[]): number {\n  return xs.reduce((a, b) => a + b, 0);\n}\n",
+    )
+    write(repo, "cmd/main.go", 'package main\n\nfunc main() {\n\tprintln("hi")\n}\n')
+    write(repo, "include/vec.hpp", "namespace geo {\ntemplate <class T> struct Vec { T x, y; };\n}\n")
+    write(repo, "tools/area.py", GOOD_A)
+    write(repo, "node_modules/dep/index.js", "module.exports = 1;\n")  # skipped folder
+    write(repo, "README.md", "# not code\n")
+    site = tmp_path / "site-packages"
+    write(site, "pkg/helper.js", "export const x = 1;\n")  # not read from an installed-packages root
+    out = tmp_path / "out"
+    summary = build(out, TOKENIZER_JSON, [Root(repo, "dir"), Root(site, "site-packages")], workers=1,
+                    val_fraction=0.0, log=lambda *_: None, progress=False)  # fmt: skip
+    rows = {r["path"]: r["lang"] for r in map(json.loads, (out / "manifest.jsonl").read_text().splitlines())}
+    assert rows == {"dir:src/app.ts": "typescript", "dir:cmd/main.go": "go", "dir:include/vec.hpp": "cpp",
+                    "dir:tools/area.py": "python"}  # fmt: skip
+    assert summary["files_seen"] == 4

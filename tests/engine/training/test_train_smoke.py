@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sysconfig
 from pathlib import Path
 
@@ -99,7 +100,9 @@ def parse(*argv: str) -> argparse.Namespace:
     return args
 
 
-def test_tiny_training_loss_falls_and_resume_continues(data_dir: Path, tmp_path: Path) -> None:
+def test_tiny_training_loss_falls_and_resume_continues(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "run"
     common = [
         "--data", str(data_dir), "--out", str(out), "--model-config", "tiny", "--batch-size", "8",
@@ -107,6 +110,10 @@ def test_tiny_training_loss_falls_and_resume_continues(data_dir: Path, tmp_path:
         "--total-steps", "40", "--log-every", "10", "--eval-every", "20", "--val-batches", "1", "--device", "cpu",
     ]  # fmt: skip
     first = train(parse(*common, "--steps", "30"))
+    printed = (
+        capsys.readouterr().out
+    )  # each log line says how far the run is toward --steps, and how long is left
+    assert re.search(r"^step 10 .* 33% ETA \d+m\d\ds$", printed, re.M), printed
     losses = first["losses"]
     assert len(losses) == 30
     start, end = sum(losses[:5]) / 5, sum(losses[-5:]) / 5

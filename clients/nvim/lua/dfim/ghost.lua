@@ -1,9 +1,10 @@
 -- Inline completion with our own ghost text (extmarks), for Neovim < 0.12 or `native = false`.
 --
--- One suggestion state per buffer. A request goes out after typing settles (debounce); an answer that
--- arrives after the buffer or cursor moved on is dropped. Accept inserts the rest of the suggestion and runs
--- the item's command (the server records the accept); accept word/line insert a part, tell the server
--- (`dfim/inlinePartiallyAccepted`) and keep showing the rest; dismiss tells it `dfim/inlineRejected`.
+-- One suggestion state per buffer. A request goes out on entering insert mode and when typing or cursor moves
+-- in insert mode settle (debounce); an answer that arrives after the buffer or cursor moved on is dropped.
+-- Accept inserts the rest of the suggestion and runs the item's command (the server records the accept);
+-- accept word/line insert a part, tell the server (`dfim/inlinePartiallyAccepted`) and keep showing the rest;
+-- dismiss tells it `dfim/inlineRejected`.
 local compat = require('dfim.compat')
 
 local M = {}
@@ -142,7 +143,9 @@ M.pending = pending -- for tests: empty once every answer came back
 function M.request(bufnr, invoked, on_done)
   bufnr = bufnr or vim.api.nvim_get_current_buf()
   local client = get_client(bufnr)
-  if not client then
+  -- Not before `initialize` is answered (0.7 would send it at once, and the server does not know the
+  -- buffer yet): the request goes out when the status turns ready (init.lua's `ask_when_ready`).
+  if not client or not client.initialized then
     if on_done then on_done(false) end
     return
   end
@@ -311,9 +314,19 @@ function M.cycle(delta, bufnr)
   render(bufnr, st)
 end
 
---- Autocommands for one buffer: request after typing, clear when the cursor leaves the suggestion.
+--- Autocommands for one buffer: request (debounced) on entering insert mode, after typing and when the cursor
+--- moves in insert mode, as Neovim 0.12's built-in client does; clear when the cursor leaves the suggestion.
 function M.attach(bufnr)
   local group = vim.api.nvim_create_augroup('dfim_ghost_' .. bufnr, { clear = true })
+  vim.api.nvim_create_autocmd('InsertEnter', {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      if require('dfim').enabled() then
+        M.schedule(bufnr)
+      end
+    end,
+  })
   vim.api.nvim_create_autocmd('TextChangedI', {
     group = group,
     buffer = bufnr,
@@ -333,11 +346,15 @@ function M.attach(bufnr)
     buffer = bufnr,
     callback = function()
       local st = M.states[bufnr]
+      local r, c = cursor()
+      if st and r == st.row and c == st.col then
+        return -- still at the suggestion (a partial accept moves it along with the cursor)
+      end
       if st then
-        local r, c = cursor()
-        if r ~= st.row or c ~= st.col then
-          M.clear(bufnr, 'rejected')
-        end
+        M.clear(bufnr, 'rejected')
+      end
+      if require('dfim').enabled() then
+        M.schedule(bufnr) -- typing moves the cursor too: one debounced request for both events
       end
     end,
   })

@@ -1,7 +1,8 @@
 -- dfim for Neovim: starts `dfim serve`, shows inline completions (vim.lsp.inline_completion on 0.12+, our
 -- own ghost text before), keymaps for accept / word / line / next / previous / dismiss, :DfimStats,
 -- :DfimToggle, :DfimRewrite, :DfimRestart. Code actions come through the normal LSP menu
--- (vim.lsp.buf.code_action()).
+-- (vim.lsp.buf.code_action(); on 0.7, vim.lsp.buf.range_code_action() for a selection). :checkhealth dfim
+-- is lua/dfim/health.lua.
 local compat = require('dfim.compat')
 local ghost = require('dfim.ghost')
 
@@ -291,8 +292,12 @@ local function start(bufnr)
     settings = { dfim = M.json_settings(M.config.settings) }, -- answers workspace/configuration "dfim"
     handlers = {
       ['dfim/status'] = function(_, result)
+        local was = M.status.state
         M.status = result or {}
         vim.cmd('redrawstatus')
+        if M.status.state == 'ready' and was ~= 'ready' and was ~= 'busy' then
+          M.ask_when_ready()
+        end
       end,
     },
     on_init = function(client)
@@ -430,6 +435,27 @@ function M.dismiss()
   ghost.clear(nil, 'rejected')
 end
 
+--- The model just became ready: ask again at the cursor if insert mode is on in an attached buffer and nothing
+--- is shown or asked yet. A request made during the load is held by the server and answered once the model is
+--- ready (or empty after `inline.waitForModelMs`), and one made before `initialize` was answered was never
+--- sent; either way the first keystroke of a session still gets its suggestion. Built-in client (0.12):
+--- the server's wait covers it.
+function M.ask_when_ready()
+  local bufnr = vim.api.nvim_get_current_buf()
+  if use_native() or not is_enabled or not M.client_for(bufnr) or vim.fn.mode():sub(1, 1) ~= 'i' then
+    return
+  end
+  if not ghost.visible(bufnr) and not ghost.pending[bufnr] then
+    ghost.request(bufnr, false)
+  end
+end
+
+--- `message` with one `dfim: ` in front: the server's own messages already start with it.
+function M.prefixed(message)
+  message = tostring(message)
+  return message:match('^dfim: ') and message or ('dfim: ' .. message)
+end
+
 --- Ask for a completion at the cursor now (ghost text mode), e.g. from a mapping or a test.
 function M.trigger(on_done)
   ghost.request(nil, true, on_done)
@@ -485,7 +511,8 @@ function M.stats(on_result)
   end
   compat.request(client, 'dfim/stats', {}, function(err, result)
     if err then
-      vim.notify('dfim: stats failed: ' .. tostring(err.message or err), vim.log.levels.ERROR)
+      local why = tostring(err.message or err):gsub('^dfim: ', '')
+      vim.notify('dfim: stats failed: ' .. why, vim.log.levels.ERROR)
       return
     end
     local lines = M.format_stats(result or {})
@@ -520,7 +547,7 @@ function M.action(action, first_row, last_row, instruction)
   compat.request(client, 'workspace/executeCommand', { command = 'dfim.' .. action, arguments = args },
     function(err, result)
       if err then
-        vim.notify('dfim: ' .. tostring(err.message or err), vim.log.levels.ERROR)
+        vim.notify(M.prefixed(err.message or err), vim.log.levels.ERROR)
       elseif type(result) == 'table' and result.applied == false then
         vim.notify('dfim: the buffer changed while the model worked; nothing applied', vim.log.levels.WARN)
       end
@@ -528,6 +555,7 @@ function M.action(action, first_row, last_row, instruction)
 end
 
 function M.setup(opts)
+  M.did_setup = true -- :checkhealth dfim says when setup() was never called
   M.config = vim.tbl_deep_extend('force', vim.deepcopy(M.defaults), opts or {})
   M.failure, crashes = nil, 0 -- a new configuration (perhaps a fixed `cmd`) may start
   ghost.config.debounce_ms = M.config.debounce_ms

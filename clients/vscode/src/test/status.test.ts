@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { formatLatency, formatStats, formatStatus } from "../status";
+import { becameReady, formatLatency, formatStats, formatStatus, prefixed } from "../status";
 
 test("latency: ms below a second, seconds above, nothing when unknown", () => {
   assert.equal(formatLatency(83.6), "84 ms");
@@ -58,4 +58,18 @@ test("stats: counters then the status", () => {
   assert.match(text, /^encoding\s+utf-8$/m);
   assert.match(text, /^state\s+ready$/m);
   assert.match(text, /^last fill\s+12 ms, 2 steps, stable$/m);
+});
+
+test("ready after loading, an error or nothing asks again; busy and ready again do not", () => {
+  assert.equal(becameReady(undefined, { state: "ready" }), true);
+  assert.equal(becameReady({ state: "loading" }, { state: "ready" }), true);
+  assert.equal(becameReady({ state: "error" }, { state: "ready" }), true);
+  assert.equal(becameReady({ state: "busy" }, { state: "ready" }), false);
+  assert.equal(becameReady({ state: "ready" }, { state: "ready", lastSteps: 3 }), false);
+  assert.equal(becameReady({ state: "ready" }, { state: "loading" }), false);
+});
+
+test("one dfim: prefix", () => {
+  assert.equal(prefixed("dfim: the model is not ready"), "dfim: the model is not ready");
+  assert.equal(prefixed("no fill"), "dfim: no fill");
 });
