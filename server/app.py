@@ -25,6 +25,7 @@ from dfim.server.engine_host import EngineHost
 from dfim.server.inline import ResultCache, ShownSuggestion
 from dfim.server.options import Options, merge_options, snake
 from dfim.server.protocol import DEFAULT_CLIENT_TIMEOUT_S, DfimProtocol
+from dfim.server.speculation import Speculations
 from dfim.server.status import StatusReporter
 from dfim.server.telemetry import SuggestionTracker, Telemetry, data_dir
 from dfim.server.transport import (
@@ -84,6 +85,8 @@ class DfimServer(LanguageServer):
             "model_ms": 0.0,  # engine time of all inline fills
             "encoded_tokens": 0,  # context tokens the encoder ran for them (the rest came from its cache)
         }
+        # Tab-Tab: fills ahead of an accept (their counters join the ones above)
+        self.speculations = Speculations(self.counters)
         self.pending_errors: list[str] = []
         self._load_task: asyncio.Task | None = None
         self._loaded = ("", "")
@@ -332,6 +335,8 @@ def _register_lifecycle(ls: DfimServer) -> None:
         uri = params.text_document.uri
         if ls.docs.change(uri, params.text_document.version, params.content_changes) is None:
             log.warning("didChange for %s, which is not open: ignored", uri)
+        else:  # anything but accepting (or typing) the suggestion shown drops the fill ahead of its accept
+            ls.speculations.changed(uri, ls.docs.get(uri).text)
         in_flight = ls.inflight.get(uri)
         if in_flight is not None:  # its answer would be placed in the text before this change
             in_flight.set()
@@ -345,6 +350,7 @@ def _register_lifecycle(ls: DfimServer) -> None:
         ls.cancel_actions(uri)
         ls.inflight.pop(uri, None)
         ls.shown.pop(uri, None)
+        ls.speculations.closed(uri)
         ls.tracker.supersede(uri)
 
     @ls.feature(types.EXIT)

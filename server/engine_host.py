@@ -56,6 +56,7 @@ class EngineHost:
         self.fills_started = 0  # fills that reached the engine (tests and benchmarks read this)
         self.fills_completed = 0
         self._queue: dict[Future, threading.Event] = {}  # fills handed to the worker that have not left it
+        self._speculative: dict[Future, threading.Event] = {}  # the same, of speculative fills
         self._urgent: deque[tuple[Callable[[], FillResult], Future]] = deque()  # urgent fills not started yet
         self.preempted = 0  # urgent fills run at a step boundary of another fill (tests read this)
         self._nested = 0  # > 0 while such a fill runs (in the worker thread)
@@ -102,11 +103,21 @@ class EngineHost:
             self.fell_back_to_cpu = False
 
     async def fill(
-        self, request: FillRequest, cancel: threading.Event, *, urgent: bool = False
+        self,
+        request: FillRequest,
+        cancel: threading.Event,
+        *,
+        urgent: bool = False,
+        speculative: bool = False,
+        hold_watch: Callable[[Callable[[], None]], None] | None = None,
     ) -> FillResult:
         """Run one fill; raises FillCancelled if `cancel` is raised before or during it (also when this
         coroutine is cancelled: the flag goes up so the worker stops at its next step). An `urgent` fill
-        runs before queued ones and at the next step boundary of a running non-urgent one."""
+        runs before queued ones and at the next step boundary of a running non-urgent one. A `speculative`
+        fill (always urgent: work ahead of a request, dfim.server.speculation) is left out of the counts of
+        requests' fills (`fills_started`, `fills_completed`, `queued`), so they still tell a backlog.
+        `hold_watch`, if given, gets what would tell `watch` of the completed fill, to call when the caller
+        wants (a speculation's trace becomes the last one when its suggestion is shown, not before)."""
         engine = self.engine
         if engine is None:
             raise EngineError(self.error or "the model is not loaded")
@@ -118,33 +129,34 @@ class EngineHost:
         previous = request.cancel
         request.cancel = (lambda: cancel.is_set() or previous()) if previous else cancel.is_set
         finish = self.watch(engine, request) if self.watch is not None else None
-        if urgent:
+        if urgent or speculative:
             request.cache_slot = URGENT_SLOT
             work: Future = Future()
-            self._urgent.append((partial(self._run, engine, request, cancel), work))
+            self._urgent.append((partial(self._run, engine, request, cancel, not speculative), work))
             self._executor.submit(self._run_urgent)  # an idle worker starts it now; a busy one sooner
         else:
             request.cache_slot = BACKGROUND_SLOT
             previous_hook = request.between_steps
             request.between_steps = partial(self._between_steps, previous_hook)
             work = self._executor.submit(self._run, engine, request, cancel)
-        self._queue[work] = cancel  # until it leaves the worker, or is cancelled while still queued
-        work.add_done_callback(lambda done: self._queue.pop(done, None))
+        queue = self._speculative if speculative else self._queue
+        queue[work] = cancel  # until it leaves the worker, or is cancelled while still queued
+        work.add_done_callback(lambda done: queue.pop(done, None))
         try:
             result = await asyncio.wrap_future(work)
         except asyncio.CancelledError:
             cancel.set()
             raise
         if finish is not None:
-            try:
-                finish(result)
-            except Exception:  # a watcher's bug must not fail the fill
-                log.exception("fill watcher failed")
+            if hold_watch is not None:
+                hold_watch(partial(_tell_watcher, finish, result))
+            else:
+                _tell_watcher(finish, result)
         return result
 
     def cancel_all(self) -> None:
         """Raise the cancel flag of every fill handed to the worker (shutdown)."""
-        for flag in list(self._queue.values()):
+        for flag in [*self._queue.values(), *self._speculative.values()]:
             flag.set()
 
     def _run_urgent(self, nested: bool = False) -> None:
@@ -172,15 +184,17 @@ class EngineHost:
         if self._urgent:
             self._run_urgent(nested=True)
 
-    def _run(self, engine, request: FillRequest, cancel: threading.Event) -> FillResult:
+    def _run(self, engine, request: FillRequest, cancel: threading.Event, counted: bool = True) -> FillResult:
         if cancel.is_set():
             raise FillCancelled("cancelled before it started")
-        self.fills_started += 1
+        if counted:
+            self.fills_started += 1
         try:
             result = self._fill(self._moved.get(engine, engine), request)
         finally:
             self._trim_heap()
-        self.fills_completed += 1
+        if counted:
+            self.fills_completed += 1
         return result
 
     def _trim_heap(self) -> None:
@@ -260,6 +274,13 @@ class EngineHost:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _tell_watcher(finish: Callable[[FillResult], None], result: FillResult) -> None:
+    try:
+        finish(result)
+    except Exception:  # a watcher's bug must not fail the fill
+        log.exception("fill watcher failed")
 
 
 def _load(path: str | None, device: str, fast: bool = True):

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from dfim.engine.api import FillRequest, FillResult, Hole, SamplerSettings
+from dfim.engine.api import FillConfidence, FillRequest, FillResult, Hole, SamplerSettings
 from dfim.server import gate
 from dfim.server.context import FillContext, with_lead
 from dfim.server.lines import line_end, line_start
@@ -322,6 +322,80 @@ def result_key(lang: str | None, ctx: FillContext, options: Options, model: obje
     )
 
 
+def inline_context(
+    ls, text: str, cursor: int, language_id: str, uri: str, options: Options
+) -> tuple[FillContext, str] | None:
+    """The fill context of an inline request at `cursor` in `text` and its result-cache key; None where no
+    inline fill applies (a block whose span leaves the cursor out). The request and the Tab-Tab speculation
+    (dfim.server.speculation) both build it here: the same document state must give the same key."""
+    from dfim.server.context import build_context, single_line
+    from dfim.server.languages import language_for
+
+    lang = language_for(language_id, uri)
+    prefix_tokens, suffix_tokens = ls.host.context_budget(
+        options.context.prefix_tokens, options.context.suffix_tokens
+    )
+    ctx = build_context(
+        text,
+        cursor,
+        lang,
+        prefix_tokens=prefix_tokens,
+        suffix_tokens=suffix_tokens,
+        max_canvas=options.sampling.max_canvas,
+        count_tokens=ls.host.count_tokens if ls.host.ready else None,
+    )
+    if ctx.mode == "block" and not (ctx.start <= cursor <= ctx.end):
+        return None
+    if not options.inline.multiline:
+        ctx = single_line(ctx, text, cursor)
+    return ctx, result_key(lang, ctx, options, ls.model_key)
+
+
+async def fill_for_inline(
+    ls,
+    ctx: FillContext,
+    text: str,
+    options: Options,
+    fill_once: Callable[[FillRequest], Awaitable[FillResult | None]],
+    cancelled: Callable[[], bool],
+    invoked: bool = False,
+) -> tuple[list[str], int, int, FillConfidence | None] | None:
+    """(cleaned candidates, steps, fills, the first candidate's confidence) of the engine for an inline
+    context, best first; None if a fill was cancelled. Every suggestion the model makes for the editor comes from here, whether a request waits for
+    it or the Tab-Tab speculation computes it ahead (dfim.server.speculation); the cache and typed-ahead
+    only replay what came out of it. `invoked`: an explicit request, which gets several distinct
+    candidates to cycle through (dfim.server.cycling)."""
+    from dfim.server.cycling import add_distinct, cycle_plan
+
+    plan = plan_fill(ctx, text, ls.host.engine.settings, options, ls.host.count_tokens)
+    if invoked:
+        plan = cycle_plan(plan, options.inline.cycle_candidates)
+    fills = gate.LastFill(fill_once)
+    outcome = await fill_until_shown(
+        fills,
+        plan.request,
+        plan.post,
+        plan.pinned,
+        options.inline.retries,
+        cancelled,
+        last_try=plan.last_try,
+        again=plan.again,
+    )
+    if outcome is None:
+        return None
+    if invoked:
+        outcome = await add_distinct(fills, plan, outcome, cancelled)
+    ranked, steps, attempts = outcome
+    # The quality gate's input (dfim.server.gate): the same for a request's fill and a speculated one, so
+    # a suggestion after an accept passes the same gate as any other.
+    confidence = gate.confidence_of(
+        ranked[0] if ranked else "",
+        fills.last,
+        lambda raw: next(iter(rank_candidates([strip_pinned_tail(raw, plan.pinned)], plan.post)), None),
+    )
+    return ranked, steps, attempts, confidence
+
+
 def accept_command(suggestion_id: str):
     from lsprotocol import types
 
@@ -351,6 +425,8 @@ def inline_items(ls, place: Place, candidates: list[str], ctx: FillContext, sour
         suggestion_id = new_id()
         if rank == 0 and r_start == cursor:
             ls.shown[snapshot.uri] = ShownSuggestion(suggestion_id, text[:cursor], text[r_end:], insert)
+            # Tab-Tab: fill the next suggestion as if this one were accepted
+            ls.speculations.start(ls, snapshot, r_start, r_end, insert)
             latency = (time.perf_counter() - place.started) * 1000
             ls.tracker.shown(
                 Shown(suggestion_id, snapshot.uri, insert, snapshot.language_id),
@@ -411,9 +487,8 @@ async def complete(ls, params):
     from lsprotocol import types
     from pygls.exceptions import JsonRpcInvalidParams
 
-    from dfim.server.context import build_context, single_line
+    from dfim.server.cycling import cycle_key, is_invoked
     from dfim.server.documents import Document, PositionError
-    from dfim.server.languages import language_for
     from dfim.server.options import language_enabled
 
     started = time.perf_counter()
@@ -440,9 +515,11 @@ async def complete(ls, params):
     snapshot = Document(uri=uri, text=text, version=doc.version, language_id=doc.language_id)
     place = Place(snapshot, cursor, encoding, started)
 
-    # 1. typed-ahead: the user typed the start of what is shown; serve the rest without the model
+    # 1. typed-ahead: the user typed the start of what is shown; serve the rest without the model (unless
+    # the user asked for suggestions to cycle through: one item is nothing to cycle)
+    invoked = is_invoked(params)
     shown = ls.shown.get(uri)
-    rest = typed_ahead(shown, text[:cursor], text[cursor:])
+    rest = None if invoked else typed_ahead(shown, text[:cursor], text[cursor:])
     if rest is not None:
         ls.counters["typed_ahead"] += 1
         ls.tracker.typed(uri, cursor - len(shown.before))
@@ -452,24 +529,22 @@ async def complete(ls, params):
     ls.shown.pop(uri, None)
 
     # 2. the context, and the cache keyed by exactly what the model would see
-    lang = language_for(doc.language_id, uri)
-    prefix_tokens, suffix_tokens = ls.host.context_budget(
-        options.context.prefix_tokens, options.context.suffix_tokens
-    )
-    ctx = build_context(
-        text,
-        cursor,
-        lang,
-        prefix_tokens=prefix_tokens,
-        suffix_tokens=suffix_tokens,
-        max_canvas=options.sampling.max_canvas,
-        count_tokens=ls.host.count_tokens if ls.host.ready else None,
-    )
-    if ctx.mode == "block" and not (ctx.start <= cursor <= ctx.end):
+    found = inline_context(ls, text, cursor, doc.language_id, uri, options)
+    if found is None:
         return None
-    if not options.inline.multiline:
-        ctx = single_line(ctx, text, cursor)
-    key = result_key(lang, ctx, options, ls.model_key)
+    ctx, key = found
+    if invoked:
+        key = cycle_key(key, options)
+    # the Tab-Tab speculation started when the suggestion before was shown, if this is the state it assumed
+    # (waited for while it runs); a request anywhere else cancels speculations in flight
+    speculated = await ls.speculations.take(uri, text, cursor, key)
+    if speculated is not None:
+        if flag.is_set():
+            return None  # the document changed while the speculation ran
+        ls.counters["speculation_hits"] += 1
+        speculated, verdict = gate.screen(ls, uri, speculated, ls.gate_memory.get(key))
+        fields = verdict.fields() if verdict is not None else {}
+        return inline_items(ls, place, speculated, ctx, "speculation", mode=ctx.mode, **fields)
     cached = ls.cache.get(key)
     if cached is not None:
         ls.counters["cache_hits"] += 1
@@ -484,30 +559,16 @@ async def complete(ls, params):
         await asyncio.sleep(options.inline.debounce_ms / 1000)
         if flag.is_set():
             return None
-    plan = plan_fill(ctx, text, ls.host.engine.settings, options, ls.host.count_tokens)
-    fills = gate.LastFill(lambda r: run_fill(ls, r, flag))
-    outcome = await fill_until_shown(
-        fills,
-        plan.request,
-        plan.post,
-        plan.pinned,
-        options.inline.retries,
-        flag.is_set,
-        last_try=plan.last_try,
-        again=plan.again,
+    outcome = await fill_for_inline(
+        ls, ctx, text, options, lambda r: run_fill(ls, r, flag), flag.is_set, invoked
     )
     if outcome is None:
         return None
-    ranked, steps, attempts = outcome
+    ranked, steps, attempts, confidence = outcome
     ls.counters["retries"] += attempts - 1
     if ls.inflight.get(uri) is flag:
         del ls.inflight[uri]
     ls.cache.put(key, ranked)
-    confidence = gate.confidence_of(
-        ranked[0] if ranked else "",
-        fills.last,
-        lambda raw: next(iter(rank_candidates([strip_pinned_tail(raw, plan.pinned)], plan.post)), None),
-    )
     ls.gate_memory.put(key, confidence)
     if flag.is_set():
         return None  # superseded while it ran: a newer request answers for this document

@@ -95,6 +95,12 @@ class InlineOptions:
     # shipped model loads in ~5 s on a 2-core CPU, torch's import included (decision 72).
     wait_for_model_ms: int = field(default=10000, metadata=_bounds(0, 120000))
     gate: GateOptions = field(default_factory=GateOptions)
+    # Tab-Tab: once a suggestion is shown, fill the next one in the background as if it had been accepted,
+    # so that the request after an accept is answered without waiting for the model (decision 70).
+    speculate: bool = True
+    # Canvases of an explicit request (triggerKind Invoked: the user asks for suggestions to cycle through),
+    # so that it gets several distinct ones; automatic requests keep `candidates` (decision 71).
+    cycle_candidates: int = field(default=4, metadata=_bounds(2, 8))
 
 
 @dataclass
