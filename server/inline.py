@@ -411,6 +411,7 @@ async def complete(ls, params):
 
     from dfim.server.context import build_context, single_line
     from dfim.server.documents import Document, PositionError
+    from dfim.server.extra_context import extra_for, with_extra
     from dfim.server.languages import language_for
     from dfim.server.options import language_enabled
 
@@ -450,11 +451,12 @@ async def complete(ls, params):
     prefix_tokens, suffix_tokens = ls.host.context_budget(
         options.context.prefix_tokens, options.context.suffix_tokens
     )
+    extra = extra_for(ls, snapshot, cursor, lang, prefix_tokens)  # other files: from the far prefix's share
     ctx = build_context(
         text,
         cursor,
         lang,
-        prefix_tokens=prefix_tokens,
+        prefix_tokens=prefix_tokens - extra.tokens,
         suffix_tokens=suffix_tokens,
         max_canvas=options.sampling.max_canvas,
         count_tokens=ls.host.count_tokens if ls.host.ready else None,
@@ -464,6 +466,8 @@ async def complete(ls, params):
     if not options.inline.multiline:
         ctx = single_line(ctx, text, cursor)
     key = result_key(lang, ctx, options, ls.model_key)
+    if extra.text:
+        key = ResultCache.key(key, extra.text)
     cached = ls.cache.get(key)
     if cached is not None:
         ls.counters["cache_hits"] += 1
@@ -476,7 +480,7 @@ async def complete(ls, params):
         await asyncio.sleep(options.inline.debounce_ms / 1000)
         if flag.is_set():
             return None
-    plan = plan_fill(ctx, text, ls.host.engine.settings, options, ls.host.count_tokens)
+    plan = with_extra(plan_fill(ctx, text, ls.host.engine.settings, options, ls.host.count_tokens), extra)
     outcome = await fill_until_shown(
         lambda r: run_fill(ls, r, flag),
         plan.request,
