@@ -65,6 +65,29 @@ class _Piece:
     file: str  # the path shown in its file line
     text: str  # uncommented lines
     tokens: int = 0
+    rank: int = 0  # lower is placed first when the budget cannot hold every piece
+    order: int = 0  # where it is written among the placed pieces (import order: stable as the cursor moves)
+
+
+IMPORT_LINE = re.compile(r"\s*(import|from|use|package|#include|export .* from)\b")
+
+
+def distance(text: str, cursor: int, used: str) -> int:
+    """How far from the cursor the file uses `used` (a name, or `alias.name`), in characters: the nearest
+    use outside an import line within SCOPE_CHARS; a use only farther away ranks after those, and no use
+    at all last (an imported name nobody calls yet is the one a new line may be about to call)."""
+    lo, hi = max(0, cursor - SCOPE_CHARS), cursor + SCOPE_CHARS
+    pattern = re.compile(rf"(?<![\w.]){re.escape(used)}\b")
+    best = None
+    for match in pattern.finditer(text, lo, hi):
+        line = text[text.rfind("\n", 0, match.start()) + 1 : match.start()]
+        if IMPORT_LINE.match(line):
+            continue
+        gap = abs(match.start() - cursor)
+        best = gap if best is None else min(best, gap)
+    if best is not None:
+        return best
+    return 2 * SCOPE_CHARS if pattern.search(text) else 4 * SCOPE_CHARS
 
 
 @dataclass
@@ -85,6 +108,23 @@ def as_comment(text: str, comment: str) -> str:
     return "".join(
         comment + line + "\n" if line.strip() else comment.rstrip() + "\n" for line in text.split("\n")
     )
+
+
+LEADING = re.compile(
+    r"""\s*($|#|//|/\*|\*|--|""" r'"""' r"""|'''|\)|import\b|from\b|use\b|package\b|require\b)"""
+)
+
+
+def first_code_line(doc, limit: int = 200) -> int:
+    """The first of a document's first `limit` lines that is no import, comment, docstring edge or blank
+    (0 when there is none): where its own code starts."""
+    depth = 0  # brackets a multi-line import left open: its names are no code yet
+    for line in range(min(limit, doc.line_count)):
+        text = doc.line_text(line)
+        if depth <= 0 and not LEADING.match(text):
+            return line
+        depth += text.count("(") + text.count("{") - text.count(")") - text.count("}")
+    return 0
 
 
 def document_chunk(doc, around_line: int, lines: int) -> Chunk | None:
@@ -112,8 +152,10 @@ class ExtraContext:
     # ---- document events ---------------------------------------------------------------------------
 
     def opened(self, doc) -> None:
-        """A document opened: its head (imports, the first definitions) joins the ring."""
-        self.ring.add(document_chunk(doc, 0, self.ring.chunk_lines))
+        """A document opened: its first definitions (after the imports and the header comments) join the
+        ring; the editor says nothing of where its cursor is."""
+        first = first_code_line(doc)
+        self.ring.add(document_chunk(doc, first + self.ring.chunk_lines // 2, self.ring.chunk_lines))
 
     def changed(self, doc, changes: Iterable) -> None:
         """A document changed: the lines around the edit join the ring (replacing, by similarity, the chunk of
@@ -210,15 +252,17 @@ class ExtraContext:
         pieces: list[_Piece] = []
         if imports and here is not None and lang is not None:
             headed: set[str] = set()
-            for piece in self._definitions(doc.text, cursor, here.resolve(), lang, roots, open_docs, show):
-                piece.tokens = count_tokens(as_comment(piece.text, comment))
-                cost = piece.tokens
-                if piece.file not in headed:
-                    cost += count_tokens(as_comment("file: " + piece.file, comment))
-                if cost <= left:
+            found = self._definitions(doc.text, cursor, here.resolve(), lang, roots, open_docs, show)
+            for piece in sorted(found, key=lambda p: (p.rank, p.order)):
+                header = (
+                    0 if piece.file in headed else count_tokens(as_comment("file: " + piece.file, comment))
+                )
+                piece = _fit_piece(piece, left - header, comment, count_tokens)
+                if piece is not None:
                     pieces.append(piece)
                     headed.add(piece.file)
-                    left -= cost
+                    left -= header + piece.tokens
+            pieces.sort(key=lambda p: p.order)
         if chunks:
             skip = {doc.uri}
             lo, hi = max(0, cursor - 8000), cursor + 8000
@@ -252,8 +296,8 @@ class ExtraContext:
         open_docs: dict[Path, object],
         show: Callable[[Path], str],
     ) -> list[_Piece]:
-        """One piece per imported definition found in the project: names the file uses first, then the
-        rest, each group in import order."""
+        """One piece per imported definition found in the project, in import order, each ranked by how near
+        the cursor the file uses it (`distance`)."""
 
         def exists(path: Path) -> bool:
             path = path.resolve()
@@ -271,9 +315,8 @@ class ExtraContext:
             scope = (
                 text[:HEAD_CHARS] + "\n" + text[max(HEAD_CHARS, cursor - SCOPE_CHARS) : cursor + SCOPE_CHARS]
             )
-        found: list[tuple[int, int, _Piece]] = []  # (unused?, order, piece)
+        found: list[_Piece] = []
         seen: set[tuple[Path, str]] = set()
-        order = 0
         for imp in self._imports_of(text, lang):
             locals_of = dict(imp.names)
             for target in resolve(imp, here, lang, roots, exists, text):
@@ -289,16 +332,16 @@ class ExtraContext:
                     if (where, name) in seen:
                         continue
                     seen.add((where, name))
-                    local = locals_of.get(name, name)
-                    uses = len(re.findall(rf"\b{re.escape(local)}\b", scope)) - (
-                        1 if local in locals_of.values() else 0
+                    used = (
+                        f"{target.alias}.{name}"
+                        if target.alias and target.alias != "*"
+                        else locals_of.get(name, name)
                     )
-                    if target.alias:
-                        uses = max(uses, 1)  # picked because the file uses it through the alias
-                    found.append((0 if uses > 0 else 1, order, _Piece(show(where), definition)))
-                    order += 1
-        found.sort(key=lambda item: item[:2])
-        return [piece for _, _, piece in found]
+                    piece = _Piece(
+                        show(where), definition, rank=distance(text, cursor, used), order=len(found)
+                    )
+                    found.append(piece)
+        return found
 
     def _wanted(self, target: Target, parsed: _Parsed, scope: str, lang: str, roots, exists, open_docs):
         """(name, definition, file) of what a target's importer takes from it: the names it imports (looked
@@ -331,6 +374,21 @@ class ExtraContext:
                         yield name, inner.outline[name], deeper.path.resolve()
                         break
                 break
+
+
+def _fit_piece(piece: _Piece, budget: int, comment: str, count_tokens: Callable[[str], int]) -> _Piece | None:
+    """The piece, or its first lines that fit `budget` tokens (a class's header and first members are
+    worth more than a name further down the ranking); None when not even its first line fits."""
+    lines = piece.text.split("\n")
+    costs = [count_tokens(comment + line + "\n") for line in lines]
+    keep, used = 0, 0
+    while keep < len(lines) and used + costs[keep] <= budget:
+        used += costs[keep]
+        keep += 1
+    if keep == 0:
+        return None
+    text = piece.text if keep == len(lines) else "\n".join(lines[:keep])
+    return replace(piece, text=text, tokens=used)
 
 
 def _trim_chunk(

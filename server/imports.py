@@ -33,8 +33,24 @@ def _text(source: Source, node) -> str:
     return source.text[start:end]
 
 
+# Python statements that hold statements: imports under `if TYPE_CHECKING:`, in a `try:` or in a function
+# (a lazy import) are the file's imports too.
+_PY_HOLDERS = {
+    "block", "if_statement", "else_clause", "elif_clause", "try_statement", "except_clause",
+    "finally_clause", "with_statement", "function_definition", "class_definition", "decorated_definition",
+}  # fmt: skip
+
+
+def _python_statements(node):
+    """The statements under `node`, at any depth of statement nesting (never inside an expression)."""
+    for child in node.children:
+        yield child
+        if child.type in _PY_HOLDERS:
+            yield from _python_statements(child)
+
+
 def file_imports(source: Source) -> list[Import]:
-    """The imports at the top level of `source` (a function's local imports are left out), in file order."""
+    """The imports of `source`, in file order: at its top level (Python: in nested statements too)."""
     tree = source.tree
     if tree is None:
         return []
@@ -49,8 +65,9 @@ def file_imports(source: Source) -> list[Import]:
     }.get(source.lang or "")
     if read is None:
         return []
+    nodes = _python_statements(tree.root_node) if source.lang == "python" else tree.root_node.children
     out: list[Import] = []
-    for node in tree.root_node.children:
+    for node in nodes:
         out.extend(read(source, node))
     return out
 

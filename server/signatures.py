@@ -12,7 +12,7 @@ import re
 
 from dfim.server.languages import Source
 
-MAX_MEMBERS = 12  # methods and fields shown of one class
+MAX_MEMBERS = 6  # methods and fields shown of one class
 MAX_LINES = 10  # a type, interface or enum shown in full up to this many lines
 MAX_LINE = 120  # characters of one shown line
 

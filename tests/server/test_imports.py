@@ -44,7 +44,8 @@ def test_python_imports_are_read_with_their_local_names():
         Import("", (("models", "models"),), level=1),
         Import("pkg.deep.mod", (("f", "f"), ("g", "g"))),
         Import("anything", alias="*"),
-    ]  # the function's own import is not the file's
+        Import("inside", (("hidden", "hidden"),)),  # a lazy import in a function is the file's too
+    ]
 
 
 def test_python_imports_resolve_to_project_files(tmp_path):
