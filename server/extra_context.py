@@ -181,10 +181,10 @@ class ExtraContext:
         lang = language_of_path(str(path))
         if doc is not None:
             text = doc.text
-            key: object = (
-                "doc",
-                hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest(),
-            )
+            # a version names one text of the document; a client that sends none is hashed
+            key: object = ("doc", doc.uri, doc.version, len(text))
+            if doc.version is None:
+                key = ("doc", hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest())
         else:
             try:
                 stat = path.stat()
