@@ -127,13 +127,13 @@ def first_code_line(doc, limit: int = 200) -> int:
     return 0
 
 
-def document_chunk(doc, around_line: int, lines: int) -> Chunk | None:
-    """The chunk of an open document around one of its lines, cut with its line table (a keystroke in a 5 MB
-    file must not split the whole text into lines)."""
+def document_chunk(doc, around_line: int, lines: int, from_line: bool = False) -> Chunk | None:
+    """The chunk of an open document around one of its lines (`from_line`: starting at it), cut with its
+    line table (a keystroke in a 5 MB file must not split the whole text into lines)."""
     starts = doc.line_starts
     count = len(starts)
     around = min(max(0, around_line), count - 1)
-    first = max(0, min(around - lines // 2, count - lines))
+    first = max(0, min(around if from_line else around - lines // 2, count - lines))
     last = min(count, first + lines)
     end = starts[last] if last < count else len(doc.text)
     return make_chunk(doc.uri, doc.text[starts[first] : end], first, around - first)
@@ -155,7 +155,7 @@ class ExtraContext:
         """A document opened: its first definitions (after the imports and the header comments) join the
         ring; the editor says nothing of where its cursor is."""
         first = first_code_line(doc)
-        self.ring.add(document_chunk(doc, first + self.ring.chunk_lines // 2, self.ring.chunk_lines))
+        self.ring.add(document_chunk(doc, first, self.ring.chunk_lines, from_line=True))
 
     def changed(self, doc, changes: Iterable) -> None:
         """A document changed: the lines around the edit join the ring (replacing, by similarity, the chunk of

@@ -99,7 +99,9 @@ def test_other_files_chunks_fill_the_rest_of_the_budget_newest_first(tmp_path):
     root = project(tmp_path)
     store = DocumentStore()
     extra = ExtraContext()
-    notes = store.open((root / "notes.py").as_uri(), "".join(f"NOTE_{i} = {i}\n" for i in range(40)), 1, "python")
+    notes = store.open(
+        (root / "notes.py").as_uri(), "".join(f"NOTE_{i} = {i}\n" for i in range(40)), 1, "python"
+    )
     extra.opened(notes)
     doc = store.open((root / "pkg" / "main.py").as_uri(), MAIN, 1, "python")
     extra.opened(doc)  # the current file's own chunk is never placed
@@ -155,3 +157,38 @@ def test_the_plan_reads_the_block_first_and_the_settings_turn_it_off():
     assert not errors and merged.context.extra == ExtraContextOptions(enabled=False, share=0.1)
     _, errors = merge_options(Options(), {"context": {"extra": {"share": 0.9}}})
     assert errors and "share" in errors[0]
+
+
+def test_the_names_used_nearest_the_cursor_get_in_first_and_are_written_in_import_order(tmp_path):
+    (tmp_path / "lib.py").write_text(
+        "def alpha(a):\n    return a\n\n\ndef beta(b):\n    return b\n\n\ndef gamma(c):\n    return c\n"
+    )
+    main = "from lib import alpha, beta, gamma\n\n\ndef one():\n    alpha(1)\n\n\ndef two():\n    gamma(2)\n    x = \n"
+    store = DocumentStore()
+    doc = store.open((tmp_path / "main.py").as_uri(), main, 1, "python")
+    one_fits = ExtraContext().build(store.all(), [tmp_path], doc, main.index("x = ") + 4, "python", 12, chars)
+    assert "def gamma(c):" in one_fits.text and "alpha" not in one_fits.text  # used on the line above
+    all_fit = ExtraContext().build(store.all(), [tmp_path], doc, main.index("x = ") + 4, "python", 400, chars)
+    text = all_fit.text
+    assert text.index("def alpha") < text.index("def beta") < text.index("def gamma")  # import order
+    # near the first function instead, alpha is the one chosen: the choice follows the cursor
+    near_one = ExtraContext().build(store.all(), [tmp_path], doc, main.index("alpha(1)"), "python", 12, chars)
+    assert "def alpha(a):" in near_one.text and "gamma" not in near_one.text
+
+
+def test_an_opened_file_gives_the_ring_its_first_definitions_not_its_imports():
+    from dfim.server.extra_context import first_code_line
+
+    store = DocumentStore()
+    text = '"""Doc."""\n\nimport os\nfrom x import (\n    a,\n)\n\nLIMIT = 1\n\n\ndef f():\n    pass\n'
+    doc = store.open("file:///w/a.py", text, 1, "python")
+    assert first_code_line(doc) == 7
+    ts = store.open(
+        "file:///w/a.ts", 'import {\n  a,\n} from "./x";\n// note\nexport const y = 1;\n', 1, "ts"
+    )
+    assert first_code_line(ts) == 4
+    extra = ExtraContext()
+    extra.opened(doc)
+    (chunk,) = list(extra.ring)
+    # a short file is one chunk; trimmed to a budget, it keeps the lines from its first definition on
+    assert chunk.text.split("\n")[chunk.center] == "LIMIT = 1"
