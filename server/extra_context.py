@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from dfim.server.chunk_ring import Chunk, ChunkRing, make_chunk
+from dfim.server.chunk_ring import MAX_LINE_CHARS, Chunk, ChunkRing, make_chunk
 from dfim.server.imports import Import, Target, file_imports, resolve
 from dfim.server.languages import Source, language_of_path
 from dfim.server.signatures import outline
@@ -136,6 +136,7 @@ def document_chunk(doc, around_line: int, lines: int, from_line: bool = False) -
     first = max(0, min(around if from_line else around - lines // 2, count - lines))
     last = min(count, first + lines)
     end = starts[last] if last < count else len(doc.text)
+    end = min(end, starts[first] + lines * MAX_LINE_CHARS)  # a 5 MB line is not copied per keystroke
     return make_chunk(doc.uri, doc.text[starts[first] : end], first, around - first)
 
 

@@ -44,7 +44,8 @@ class ExtraContextOptions:
     """Context beyond the cursor's file (server/extra_context.py): a comment block at the start of the
     prefix window, its tokens taken from the far end of the file's own prefix."""
 
-    enabled: bool = True
+    # Off until a checkpoint is trained to read it: dfim-base ignores it (decision 75, scripts/eval_cross_file.py)
+    enabled: bool = False
     share: float = field(default=0.25, metadata=_bounds(0.0, 0.5))  # most of the prefix budget it may take
     imports: bool = True  # definitions of the names the file imports from the workspace
     chunks: bool = True  # chunks of other open and recently edited files

@@ -11,7 +11,11 @@ from tests.server_helpers import Session, random_checkpoint
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-SETTINGS = {"sampling": {"maxSteps": 2, "maxCanvas": 32}, "telemetry": {"enabled": False}}
+SETTINGS = {
+    "sampling": {"maxSteps": 2, "maxCanvas": 32},
+    "telemetry": {"enabled": False},
+    "context": {"extra": {"enabled": True}},  # off by default (decision 75)
+}
 UTIL = '''def slugify(text: str, sep: str = "-") -> str:
     """Turn text into a URL slug."""
     return text.replace(" ", sep).lower()
@@ -56,7 +60,7 @@ async def test_imported_definitions_and_other_files_reach_the_model_and_go_when_
     uri = (root / "pkg" / "main.py").as_uri()
     session.open(uri, MAIN)
     prefix = await prefix_read(session, uri, 4, 12)
-    assert prefix.startswith("# file: pkg/util.py\n# def slugify(text: str, sep: str = \"-\") -> str:\n")
+    assert prefix.startswith('# file: pkg/util.py\n# def slugify(text: str, sep: str = "-") -> str:\n')
     assert "# REMEMBER_0 = 0" in prefix and "# file: notes.py" in prefix
     assert prefix.endswith("# file: pkg/main.py\n" + MAIN[:-1])  # then the file, up to the cursor
     assert "return text.replace" not in prefix  # a definition, not its body

@@ -19,8 +19,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 SETTINGS = {
     "sampling": {"maxSteps": 2, "actionMaxSteps": 3, "maxCanvas": 32},
     "telemetry": {"enabled": False},
-    # other open files' chunks would change add.py's context when hole.py opens (no cache hit to test)
-    "context": {"extra": {"enabled": False}},
 }
 NONCE = "dGVzdC1ub25jZS0xMjM0NTY3OA"
 PY = "def add(a, b):\n    return \n\n\ndef main():\n    print(add(1, 2))\n"
