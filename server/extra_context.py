@@ -23,7 +23,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from dfim.server.chunk_ring import MAX_LINE_CHARS, Chunk, ChunkRing, make_chunk
 from dfim.server.imports import Import, Target, file_imports, resolve
@@ -45,10 +44,10 @@ COMMENTS = {
 
 def uri_path(uri: str) -> Path | None:
     """The file a `file:` URI names (None for other schemes: an unsaved buffer has no place in a project)."""
-    parsed = urlparse(uri)
-    if parsed.scheme != "file":
-        return None
-    return Path(unquote(parsed.path))
+    from pygls.uris import to_fs_path
+
+    path = to_fs_path(uri) if uri.startswith("file:") else None
+    return Path(path) if path else None
 
 
 @dataclass

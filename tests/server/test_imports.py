@@ -104,7 +104,9 @@ def test_python_outline_keeps_signatures_and_first_doc_lines_and_drops_bodies():
     got = outline(Source(PY_MODULE, "python"))
     assert list(got) == ["LIMIT", "slugify", "Table"]
     assert got["LIMIT"] == "LIMIT = 10"
-    assert got["slugify"] == 'def slugify(text: str, sep: str = "-") -> str:\n    """Turn text into a slug."""'
+    assert (
+        got["slugify"] == 'def slugify(text: str, sep: str = "-") -> str:\n    """Turn text into a slug."""'
+    )
     assert got["Table"] == (
         "@dataclass\n"
         "class Table(Base):\n"
@@ -147,7 +149,9 @@ def test_typescript_imports_are_read_and_resolved_to_project_files(tmp_path):
     found = [resolve(imp, here, "typescript", [tmp_path], on_disk) for imp in imports]
     assert found[0] == [Target(tmp_path / "src/util.ts", ("parse", "format"))]
     assert found[1] == [Target(tmp_path / "store.tsx", ("default",))]
-    assert found[2] == [Target(tmp_path / "src/api/index.ts", (), "api")]  # `.js` in an import names the `.ts`
+    assert found[2] == [
+        Target(tmp_path / "src/api/index.ts", (), "api")
+    ]  # `.js` in an import names the `.ts`
     assert found[3] == []  # a package
 
 
@@ -175,12 +179,16 @@ export type Id = string | number;
 def test_typescript_outline_keeps_signatures_members_and_short_types():
     got = outline(Source(TS_MODULE, "typescript"))
     assert got["parse"] == "/** Parse a number. */\nexport function parse(s: string, radix = 10): number"
-    assert got["Store"] == got["default"] == (
-        "export default class Store<T> extends Base implements Iface {\n"
-        "  items: T[] = [];\n"
-        "  constructor(name: string);\n"
-        "  add(item: T): void;\n"
-        "}"
+    assert (
+        got["Store"]
+        == got["default"]
+        == (
+            "export default class Store<T> extends Base implements Iface {\n"
+            "  items: T[] = [];\n"
+            "  constructor(name: string);\n"
+            "  add(item: T): void;\n"
+            "}"
+        )
     )
     assert got["format"] == "export const format = (n: number, digits?: number): string =>"
     assert got["Point"] == "export interface Point { x: number; y: number }"
@@ -219,4 +227,6 @@ def test_go_rust_and_java_imports_resolve_in_simple_projects(tmp_path):
     assert resolve(java_imp, here, "java", [tmp_path], on_disk, java) == [
         Target(tmp_path / "src/main/java/com/x/util/Helper.java", ("Helper",))
     ]
-    assert outline(Source((tmp_path / "util/util.go").read_text(), "go")) == {"Slug": "func Slug(s string) string"}
+    assert outline(Source((tmp_path / "util/util.go").read_text(), "go")) == {
+        "Slug": "func Slug(s string) string"
+    }
