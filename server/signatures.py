@@ -186,7 +186,9 @@ def _ts_class(source: Source, node) -> str:
         if member.type in ("method_definition", "abstract_method_signature", "method_signature"):
             lines.append("  " + _head(source, member) + ";")
         elif member.type in ("public_field_definition", "field_definition"):
-            lines.append("  " + _one_line(text.split("\n")[0]).rstrip(";") + ";")
+            # a field set to something long (a function, an object) shows its name and type only
+            shown = text if "\n" not in text else text.split("=", 1)[0].rstrip() + " = ..."
+            lines.append("  " + _one_line(shown).rstrip(";") + ";")
         else:
             continue
         members += 1

@@ -165,6 +165,9 @@ export function parse(s: string, radix = 10): number {
 
 export default class Store<T> extends Base implements Iface {
   items: T[] = [];
+  static EMPTY = (() => {
+    return new Store<never>("");
+  })();
   private secret = 1;
   constructor(name: string) { super(); }
   add(item: T): void { this.items.push(item); }
@@ -185,6 +188,7 @@ def test_typescript_outline_keeps_signatures_members_and_short_types():
         == (
             "export default class Store<T> extends Base implements Iface {\n"
             "  items: T[] = [];\n"
+            "  static EMPTY = ...;\n"  # a long initializer: the name only
             "  constructor(name: string);\n"
             "  add(item: T): void;\n"
             "}"
