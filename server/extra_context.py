@@ -147,7 +147,7 @@ class ExtraContext:
         self.ring = ring or ChunkRing()
         self.last_line: dict[str, int] = {}
         self._files: OrderedDict[Path, tuple[object, _Parsed]] = OrderedDict()
-        self._head: tuple[str, list[Import]] = ("", [])
+        self._head: tuple[tuple[str, str], list[Import]] = (("", ""), [])  # (language, head) -> imports
 
     # ---- document events ---------------------------------------------------------------------------
 
@@ -213,8 +213,8 @@ class ExtraContext:
         head = text[:HEAD_CHARS]
         if len(text) > HEAD_CHARS:
             head = head[: head.rfind("\n") + 1]
-        if self._head[0] != head:
-            self._head = (head, file_imports(Source(head, lang)))
+        if self._head[0] != (lang, head):
+            self._head = ((lang, head), file_imports(Source(head, lang)))
         return self._head[1]
 
     # ---- the block -----------------------------------------------------------------------------------
