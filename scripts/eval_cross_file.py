@@ -11,6 +11,10 @@ tree-sitter reading, and drawn with a fixed seed, `--per-project` from each pack
 load: every problem is asked with the extra context off, then on (the settings change clears the cache).
 
     python scripts/eval_cross_file.py .venv/lib/python3.11/site-packages/{pygls,cattrs} --per-project 50
+
+The files of earlier problems stay in the server's chunk ring (closed documents keep their chunks), so
+`on` also places chunks of other files of the package; a problem's own file is never among them. Results
+of dfim-base: docs/decisions.md, decision 75.
 """
 
 from __future__ import annotations
