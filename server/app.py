@@ -22,6 +22,7 @@ from pygls.lsp.server import LanguageServer
 from dfim.server import gate
 from dfim.server.documents import DocumentStore, choose_encoding
 from dfim.server.engine_host import EngineHost
+from dfim.server.extra_context import ExtraContext
 from dfim.server.inline import ResultCache, ShownSuggestion
 from dfim.server.options import Options, merge_options, snake
 from dfim.server.protocol import DEFAULT_CLIENT_TIMEOUT_S, DfimProtocol
@@ -58,6 +59,7 @@ class DfimServer(LanguageServer):
         self.max_message_bytes = max_message_bytes
         self.protocol.client_timeout = client_timeout
         self.docs = DocumentStore()
+        self.extra = ExtraContext()  # other files' chunks and imported definitions (context.extra)
         self.options = Options()
         self.options.model.path, self.options.model.device = model, device
         self.host = EngineHost()
@@ -286,13 +288,14 @@ def build_server(
     client_timeout: float = DEFAULT_CLIENT_TIMEOUT_S,
 ) -> DfimServer:
     """A fresh server with every feature registered (tests may build several in one process)."""
-    from dfim.server import code_actions, inline, trace_feature
+    from dfim.server import code_actions, extra_context, inline, trace_feature
 
     ls = DfimServer(model, device, max_message_bytes, client_timeout)
     _register_lifecycle(ls)
     inline.register(ls)
     code_actions.register(ls)
     trace_feature.register(ls)
+    extra_context.register(ls)
     return ls
 
 
@@ -328,15 +331,17 @@ def _register_lifecycle(ls: DfimServer) -> None:
     @ls.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: DfimServer, params: types.DidOpenTextDocumentParams) -> None:
         doc = params.text_document
-        ls.docs.open(doc.uri, doc.text, doc.version, doc.language_id)
+        ls.extra.opened(ls.docs.open(doc.uri, doc.text, doc.version, doc.language_id))
 
     @ls.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: DfimServer, params: types.DidChangeTextDocumentParams) -> None:
         uri = params.text_document.uri
-        if ls.docs.change(uri, params.text_document.version, params.content_changes) is None:
+        changed = ls.docs.change(uri, params.text_document.version, params.content_changes)
+        if changed is None:
             log.warning("didChange for %s, which is not open: ignored", uri)
         else:  # anything but accepting (or typing) the suggestion shown drops the fill ahead of its accept
             ls.speculations.changed(uri, ls.docs.get(uri).text)
+            ls.extra.changed(changed, params.content_changes)
         in_flight = ls.inflight.get(uri)
         if in_flight is not None:  # its answer would be placed in the text before this change
             in_flight.set()

@@ -232,3 +232,7 @@ class DocumentStore:
 
     def __contains__(self, uri: str) -> bool:
         return uri in self._docs
+
+    def all(self) -> list[Document]:
+        """Every open document."""
+        return list(self._docs.values())

@@ -29,6 +29,7 @@ from dfim.server.rules import fit_whitespace
 
 if TYPE_CHECKING:
     from dfim.server.documents import Document
+    from dfim.server.extra_context import Extra
 
 log = logging.getLogger("dfim.server")
 
@@ -323,23 +324,27 @@ def result_key(lang: str | None, ctx: FillContext, options: Options, model: obje
 
 
 def inline_context(
-    ls, text: str, cursor: int, language_id: str, uri: str, options: Options
-) -> tuple[FillContext, str] | None:
-    """The fill context of an inline request at `cursor` in `text` and its result-cache key; None where no
-    inline fill applies (a block whose span leaves the cursor out). The request and the Tab-Tab speculation
+    ls, snapshot: Document, cursor: int, options: Options
+) -> tuple[FillContext, str, Extra] | None:
+    """The fill context of an inline request at `cursor` in `snapshot`, its result-cache key and the extra
+    context from other files (dfim.server.extra_context; empty when off); None where no inline fill applies
+    (a block whose span leaves the cursor out). The request and the Tab-Tab speculation
     (dfim.server.speculation) both build it here: the same document state must give the same key."""
     from dfim.server.context import build_context, single_line
+    from dfim.server.extra_context import extra_for
     from dfim.server.languages import language_for
 
-    lang = language_for(language_id, uri)
+    text, uri = snapshot.text, snapshot.uri
+    lang = language_for(snapshot.language_id, uri)
     prefix_tokens, suffix_tokens = ls.host.context_budget(
         options.context.prefix_tokens, options.context.suffix_tokens
     )
+    extra = extra_for(ls, snapshot, cursor, lang, prefix_tokens)  # other files: from the far prefix's share
     ctx = build_context(
         text,
         cursor,
         lang,
-        prefix_tokens=prefix_tokens,
+        prefix_tokens=prefix_tokens - extra.tokens,
         suffix_tokens=suffix_tokens,
         max_canvas=options.sampling.max_canvas,
         count_tokens=ls.host.count_tokens if ls.host.ready else None,
@@ -348,7 +353,10 @@ def inline_context(
         return None
     if not options.inline.multiline:
         ctx = single_line(ctx, text, cursor)
-    return ctx, result_key(lang, ctx, options, ls.model_key)
+    key = result_key(lang, ctx, options, ls.model_key)
+    if extra.text:
+        key = ResultCache.key(key, extra.text)
+    return ctx, key, extra
 
 
 async def fill_for_inline(
@@ -359,6 +367,7 @@ async def fill_for_inline(
     fill_once: Callable[[FillRequest], Awaitable[FillResult | None]],
     cancelled: Callable[[], bool],
     invoked: bool = False,
+    extra: Extra | None = None,
 ) -> tuple[list[str], int, int, FillConfidence | None] | None:
     """(cleaned candidates, steps, fills, the first candidate's confidence) of the engine for an inline
     context, best first; None if a fill was cancelled. Every suggestion the model makes for the editor comes from here, whether a request waits for
@@ -366,8 +375,11 @@ async def fill_for_inline(
     only replay what came out of it. `invoked`: an explicit request, which gets several distinct
     candidates to cycle through (dfim.server.cycling)."""
     from dfim.server.cycling import add_distinct, cycle_plan
+    from dfim.server.extra_context import with_extra
 
     plan = plan_fill(ctx, text, ls.host.engine.settings, options, ls.host.count_tokens)
+    if extra is not None:
+        plan = with_extra(plan, extra)  # the model reads the other files' block first
     if invoked:
         plan = cycle_plan(plan, options.inline.cycle_candidates)
     fills = gate.LastFill(fill_once)
@@ -529,10 +541,10 @@ async def complete(ls, params):
     ls.shown.pop(uri, None)
 
     # 2. the context, and the cache keyed by exactly what the model would see
-    found = inline_context(ls, text, cursor, doc.language_id, uri, options)
+    found = inline_context(ls, snapshot, cursor, options)
     if found is None:
         return None
-    ctx, key = found
+    ctx, key, extra = found
     if invoked:
         key = cycle_key(key, options)
     # the Tab-Tab speculation started when the suggestion before was shown, if this is the state it assumed
@@ -560,7 +572,7 @@ async def complete(ls, params):
         if flag.is_set():
             return None
     outcome = await fill_for_inline(
-        ls, ctx, text, options, lambda r: run_fill(ls, r, flag), flag.is_set, invoked
+        ls, ctx, text, options, lambda r: run_fill(ls, r, flag), flag.is_set, invoked, extra
     )
     if outcome is None:
         return None

@@ -43,6 +43,18 @@ class SamplingOptions:
 
 
 @dataclass
+class ExtraContextOptions:
+    """Context beyond the cursor's file (server/extra_context.py): a comment block at the start of the
+    prefix window, its tokens taken from the far end of the file's own prefix."""
+
+    # Off until a checkpoint is trained to read it: dfim-base ignores it (decision 75, scripts/eval_cross_file.py)
+    enabled: bool = False
+    share: float = field(default=0.25, metadata=_bounds(0.0, 0.5))  # most of the prefix budget it may take
+    imports: bool = True  # definitions of the names the file imports from the workspace
+    chunks: bool = True  # chunks of other open and recently edited files
+
+
+@dataclass
 class ContextOptions:
     prefix_tokens: int = field(default=1024, metadata=_bounds(16, 8192))
     suffix_tokens: int = field(default=256, metadata=_bounds(0, 8192))
@@ -50,6 +62,7 @@ class ContextOptions:
     # exactly its width, so this only helps when the width is right: off by default (the rest of the line
     # still conditions the fill as the head of the suffix).
     pin_rest_of_line: bool = False
+    extra: ExtraContextOptions = field(default_factory=ExtraContextOptions)
 
 
 @dataclass

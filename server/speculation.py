@@ -167,22 +167,30 @@ class Speculations:
             self.counters["speculation_cancelled"] += 1
 
     async def _run(self, ls, spec: Speculation, language_id: str) -> list[str] | None:
+        from dfim.server.documents import Document
         from dfim.server.inline import fill_for_inline, inline_context
 
         await asyncio.sleep(0)  # the answer that showed the suggestion goes out first
         if spec.flag.is_set() or not ls.host.ready:
             return None
         options = ls.options
-        found = inline_context(ls, spec.text, spec.cursor, language_id, spec.uri, options)
+        snapshot = Document(uri=spec.uri, text=spec.text, language_id=language_id)
+        found = inline_context(ls, snapshot, spec.cursor, options)
         if found is None:
             return None
-        ctx, spec.key = found
+        ctx, spec.key, extra = found
         cached = ls.cache.get(spec.key)
         if cached is not None:
             return cached
         try:
             outcome = await fill_for_inline(
-                ls, ctx, spec.text, options, lambda r: speculative_fill(ls, r, spec), spec.flag.is_set
+                ls,
+                ctx,
+                spec.text,
+                options,
+                lambda r: speculative_fill(ls, r, spec),
+                spec.flag.is_set,
+                extra=extra,
             )
         except Exception:  # a speculation's failure is nobody's error: the request after it fills anew
             log.exception("speculative fill failed")

@@ -7,7 +7,7 @@ server holds one trace at most (a few thousand numbers for an inline fill; of a 
 steps, its last MAX_FRAMES). A cancelled or failed fill leaves the last trace as it was.
 
 Request params: `{"nonce"?: string}`. Result: null before any fill completed, else
-`{"html", "fill", "steps", "frames", "latencyMs", "stopReason", "model", "randomModel"}`, where
+`{"html", "fill", "steps", "frames", "latencyMs", "stopReason", "model", "randomModel", "prefix"}`, where
 `html` is `dfim.engine.inference.trace.build_html` (one view for the CLI and the editors); with a nonce its
 Content-Security-Policy allows only the style and script blocks carrying it (an editor's webview).
 """
@@ -34,6 +34,7 @@ class LastTrace:
 
     def __init__(self) -> None:
         self.trace: Trace | None = None
+        self.prefix = ""  # the whole prefix the last traced fill read (the trace keeps only its tail)
         self.recorded = 0  # completed fills seen (tests)
         self._lock = threading.Lock()
 
@@ -59,6 +60,7 @@ class LastTrace:
             trace.prefix, trace.suffix = context_tail(trace.prefix), context_head(trace.suffix)
             with self._lock:
                 self.trace = trace
+                self.prefix = request.prefix
                 self.recorded += 1
 
         return finish
@@ -103,6 +105,9 @@ def register(ls) -> None:
     @ls.feature(LAST_TRACE_METHOD)
     def last_trace(ls, params: Any = None) -> dict | None:
         try:
-            return last_trace_result(keeper.get(), _param(params, "nonce"))
+            result = last_trace_result(keeper.get(), _param(params, "nonce"))
         except ValueError as exc:
             raise JsonRpcInvalidParams(f"dfim: {exc}") from None
+        if result is not None:
+            result["prefix"] = keeper.prefix  # extra context included (server/extra_context.py)
+        return result

@@ -82,6 +82,7 @@ class Session:
         apply_edit: bool = True,
         args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        root_uri: str | None = None,
     ) -> types.InitializeResult:
         """Start `dfim serve` (with extra command-line `args` and `env` variables) and initialize it."""
         self.data_dir = Path(data_dir)
@@ -94,6 +95,7 @@ class Session:
                 process_id=os.getpid(),
                 capabilities=client_capabilities(encodings, resolve, apply_edit),
                 initialization_options=init_options,
+                root_uri=root_uri,
             )
         )
         self.client.initialized(types.InitializedParams())

@@ -64,7 +64,11 @@ class Client:
         def show_message(params: Any) -> None:  # the status notification says the same: the caller reports it
             return None
 
-    async def start(self, model: str, device: str, init_options: dict, data_dir: str) -> Any:
+    async def start(
+        self, model: str, device: str, init_options: dict, data_dir: str, root_uri: str | None = None
+    ) -> Any:
+        """Start the server and initialize it (`root_uri`: the workspace folder it may read project files
+        from, for the extra context of other files)."""
         t = self.types
         env = {**os.environ, "DFIM_DATA_DIR": data_dir, "PYTHONPATH": str(ROOT)}
         args = ["-m", "dfim", "serve", "--device", device] + (["--model", model] if model else [])
@@ -79,6 +83,7 @@ class Client:
                     workspace=t.WorkspaceClientCapabilities(apply_edit=True),
                 ),
                 initialization_options=init_options,
+                root_uri=root_uri,
             )
         )
         self.lsp.initialized(t.InitializedParams())
@@ -142,6 +147,13 @@ class Client:
             command=f"dfim.{name}", arguments=[uri, self.lsp.protocol._converter.unstructure(rng)]
         )
         return await self.lsp.workspace_execute_command_async(params)
+
+    def configure(self, settings: dict) -> None:
+        """Push new settings (`workspace/didChangeConfiguration`; this client has no `configuration`)."""
+        t = self.types
+        self.lsp.workspace_did_change_configuration(
+            t.DidChangeConfigurationParams(settings={"dfim": settings})
+        )
 
     async def stats(self) -> Any:
         return await self.lsp.protocol.send_request_async("dfim/stats", {})
