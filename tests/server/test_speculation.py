@@ -65,7 +65,7 @@ def shown(ls, insert: str = "a + b"):
 
 
 def key_at(ls, text: str, cursor: int) -> str:
-    return inline_context(ls, text, cursor, "python", URI, ls.options)[1]
+    return inline_context(ls, Document(URI, text, language_id="python"), cursor, ls.options)[1]
 
 
 async def test_the_request_after_an_accept_takes_what_a_fresh_fill_gives(server):
@@ -75,7 +75,7 @@ async def test_the_request_after_an_accept_takes_what_a_fresh_fill_gives(server)
     key = key_at(server, text, cursor)
     taken = await server.speculations.take(URI, text, cursor, key)  # waits for it to finish
     assert taken and spec.key == key  # the random model writes something at this spot
-    ctx = inline_context(server, text, cursor, "python", URI, server.options)[0]
+    ctx = inline_context(server, Document(URI, text, language_id="python"), cursor, server.options)[0]
 
     async def fresh(request: FillRequest) -> FillResult:
         return await server.host.fill(request, threading.Event(), urgent=True)
