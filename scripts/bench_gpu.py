@@ -38,28 +38,15 @@ except ImportError:  # a bare checkout
 
 from dfim.engine.inference.fast_backend import fixed_step_block  # noqa: E402
 from dfim.engine.model import fast_check  # noqa: E402
-from dfim.engine.model.config import ModelConfig  # noqa: E402
+from dfim.engine.model.config import (
+    RELEASED_26B_A4B,  # noqa: E402
+    ModelConfig,  # noqa: E402
+)
 from dfim.engine.model.fast import FastDiffusionGemma, expected_experts_touched, weight_bytes  # noqa: E402
 from dfim.engine.model.fast_check import transformers_view  # noqa: E402
 from dfim.engine.model.network import DiffusionGemma  # noqa: E402
 
-# The released google/diffusiongemma-26B-A4B-it text stack (Gemma-4 26B-A4B): 25.25 B parameters.
-BIG = dict(
-    vocab_size=262_144,
-    hidden_size=2816,
-    intermediate_size=2112,
-    num_hidden_layers=30,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=256,
-    global_head_dim=512,
-    num_global_key_value_heads=2,
-    sliding_window=1024,
-    num_experts=128,
-    top_k_experts=8,
-    moe_intermediate_size=704,
-    canvas_length=256,
-)
+BIG = RELEASED_26B_A4B
 SMALL = dict(
     vocab_size=512,
     hidden_size=64,

@@ -31,24 +31,10 @@ from dfim.engine.api import StepInfo  # noqa: E402
 from dfim.engine.inference.chat import load_tokenizer  # noqa: E402
 from dfim.engine.model import fast_check  # noqa: E402
 from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, load_model  # noqa: E402
+from dfim.engine.model.config import RELEASED_26B_A4B  # noqa: E402
 from dfim.engine.model.fast import FastDiffusionGemma  # noqa: E402
 
-# The released google/diffusiongemma-26B-A4B-it text stack (as scripts/bench_gpu.py BIG).
-BIG = dict(
-    vocab_size=262_144,
-    hidden_size=2816,
-    intermediate_size=2112,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=256,
-    global_head_dim=512,
-    num_global_key_value_heads=2,
-    sliding_window=1024,
-    num_experts=128,
-    top_k_experts=8,
-    moe_intermediate_size=704,
-    canvas_length=256,
-)
+BIG = RELEASED_26B_A4B
 # A tiny shape for a dry run on the CPU (--device cpu): the script's own logic, in seconds.
 TINY = dict(BIG, vocab_size=512, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, global_head_dim=32, num_global_key_value_heads=1, sliding_window=32, num_experts=16,

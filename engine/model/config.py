@@ -215,3 +215,23 @@ class ModelConfig:
             names = ", ".join(repr(k) for k in unknown)
             raise ValueError(f"unknown model config key{'s' if len(unknown) > 1 else ''} {names}")
         return cls(**values)
+
+
+# The text stack of the released google/diffusiongemma-26B-A4B-it (Gemma-4 26B-A4B: 25.25 B parameters), for
+# the GPU benchmark and its correctness check, which run its shape with random weights.
+RELEASED_26B_A4B: dict = dict(
+    vocab_size=262_144,
+    hidden_size=2816,
+    intermediate_size=2112,
+    num_hidden_layers=30,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=256,
+    global_head_dim=512,
+    num_global_key_value_heads=2,
+    sliding_window=1024,
+    num_experts=128,
+    top_k_experts=8,
+    moe_intermediate_size=704,
+    canvas_length=256,
+)
