@@ -35,7 +35,7 @@ test("every declared server key is nested camelCase under its group", () => {
   assert.equal((defaults.sampling as Record<string, unknown>).maxSteps, 8);
   assert.equal((defaults.model as Record<string, unknown>).path, "");
   assert.deepEqual(defaults.languages, ["*"]);
-  for (const key of keys) assert.match(key, /^[a-z]+(\.[a-z][A-Za-z]*)?$/, key);
+  for (const key of keys) assert.match(key, /^[a-z]+(\.[a-z][A-Za-z]*)*$/, key);
 });
 
 test("undefined values are left out, null and falsy values are kept", () => {
@@ -110,29 +110,32 @@ function modelOf(levels: Parameters<typeof fakeConfig>[0]): unknown {
 
 test("--model/--device in serverArgs are not overridden by the defaults of model.path/model.device", () => {
   // nothing set anywhere: the defaults (what `dfim serve` has without flags)
-  assert.deepEqual(modelOf({}), { path: "", device: "cpu" });
+  assert.deepEqual(modelOf({}), { path: "", device: "cpu", fast: true });
   // flags only: the server keeps them
   assert.deepEqual(modelOf({ user: { serverArgs: ["--model", "/ckpt", "--device", "cuda"] } }), {
     path: "/ckpt",
     device: "cuda",
+    fast: true,
   });
   assert.deepEqual(modelOf({ workspace: { serverArgs: ["--model=/a", "--device=cuda", "--model=/b"] } }), {
     path: "/b",
     device: "cuda",
+    fast: true,
   });
   // a value set in the settings, at any level, wins over the flag; the folder's over the workspace's and the user's
   assert.deepEqual(
     modelOf({ user: { serverArgs: ["--model", "/ckpt", "--device", "cuda"], "model.device": "cpu" } }),
-    { path: "/ckpt", device: "cpu" },
+    { path: "/ckpt", device: "cpu", fast: true },
   );
   assert.deepEqual(
     modelOf({ user: { "model.path": "/u" }, workspace: { "model.path": "/w" }, folder: { "model.path": "/f" } }),
-    { path: "/f", device: "cpu" },
+    { path: "/f", device: "cpu", fast: true },
   );
   // set explicitly to the default value is still set: "" = the shipped model, even with --model given
   assert.deepEqual(modelOf({ user: { serverArgs: ["--model", "/ckpt"] }, workspace: { "model.path": "" } }), {
     path: "",
     device: "cpu",
+    fast: true,
   });
   // other keys are read as before
   const cfg = fakeConfig({ user: { "sampling.maxSteps": 8 } });
