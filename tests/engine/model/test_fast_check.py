@@ -13,22 +13,11 @@ import torch
 
 from dfim.engine.model.fast import FastDiffusionGemma
 from dfim.engine.model.fast_check import FAST_TOLERANCE, check_fast, check_model, transformers_view
+from tests.engine.model.test_fast_path import CONFIG
 
-SHAPE = dict(
-    vocab_size=96,
-    hidden_size=32,
-    intermediate_size=48,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    global_head_dim=16,
-    num_global_key_value_heads=1,
-    sliding_window=6,
-    num_experts=16,
-    top_k_experts=4,
-    moe_intermediate_size=16,
-    canvas_length=8,
-)
+SHAPE = {
+    key: value for key, value in CONFIG.items() if key != "num_hidden_layers"
+}  # the check sets its layers
 CONTEXT = 14  # past the window and three prefill chunks
 
 
