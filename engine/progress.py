@@ -13,7 +13,8 @@ import time
 from typing import Any, TextIO
 
 
-def _fmt_time(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
+    """`3m10s`: how progress lines write an elapsed time or an ETA."""
     seconds = int(seconds)
     return f"{seconds // 60}m{seconds % 60:02d}s"
 
@@ -91,9 +92,9 @@ class Progress:
         elapsed = now - self.start
         eta = elapsed / self.done * (self.total - self.done) if self.done else None
         line = f"{self.desc}: {self.done}/{self.total} {self.unit} ({100 * self.done // self.total}%)"
-        line += f", {_fmt_time(elapsed)} elapsed"
+        line += f", {format_duration(elapsed)} elapsed"
         if eta is not None and self.done < self.total:
-            line += f", ETA {_fmt_time(eta)}"
+            line += f", ETA {format_duration(eta)}"
         if self.note:
             line += f"  {self.note}"
         self.stream.write(line + "\n")

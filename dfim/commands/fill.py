@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dfim.commands import options
 from dfim.cursor_fill import fill_at_cursor
+from dfim.engine.progress import Progress
 from dfim.server.languages import language_of_path
 
 
@@ -120,8 +121,6 @@ class StepProgress:
     def on_step(self, info) -> None:  # StepInfo; step 0 is the draft, before any denoising
         if not self.enabled or info.step == 0:
             return
-        from dfim.engine.progress import Progress
-
         if info.block != self.block or self.bar is None:
             self.close()
             self.block = info.block

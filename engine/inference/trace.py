@@ -175,12 +175,7 @@ def build_html(trace: Trace, nonce: str | None = None) -> str:
     if nonce is not None and not NONCE.fullmatch(nonce):
         raise ValueError("a nonce is 16-128 characters of A-Z a-z 0-9 + / = _ -")
     data = asdict(trace)
-    healed = (
-        trace.prefix[: len(trace.prefix) - len(trace.heal)]
-        if trace.prefix.endswith(trace.heal)
-        else trace.prefix
-    )
-    data["prefix"] = context_tail(healed)
+    data["prefix"] = context_tail(trace.prefix.removesuffix(trace.heal))
     data["suffix"] = context_head(trace.suffix)
     # JSON inside <script>: escape "<" so no "</script>" or "<!--" in the text can end the block.
     payload = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dfim.engine.progress import format_duration
 from dfim.engine.training.examples import Batch
 from dfim.engine.training.run import Run
 
@@ -98,5 +99,4 @@ def done_and_eta(run: Run, t_start: float) -> str:
     fraction = min(max(fraction, 0.0), 1.0)
     if fraction <= 0:
         return ""
-    left = int(elapsed * (1 - fraction) / fraction)
-    return f" {fraction:.0%} ETA {left // 60}m{left % 60:02d}s"
+    return f" {fraction:.0%} ETA {format_duration(elapsed * (1 - fraction) / fraction)}"
