@@ -161,8 +161,10 @@ class EngineHost:
 
     def _run_urgent(self, nested: bool = False) -> None:
         """Run the urgent fills waiting, oldest first (in the worker thread). Nested in a code action's step,
-        only those already waiting: the action takes a step between batches, however fast the user types."""
-        budget = len(self._urgent) if nested else float("inf")
+        only the oldest one: the action takes a step between any two urgent fills, so a steady stream of
+        inline requests over many documents (each a full fill, the action's step a fraction of one) slows
+        an action down by a bounded factor instead of starving it."""
+        budget = 1 if nested else float("inf")
         while self._urgent and budget > 0:
             budget -= 1
             job, work = self._urgent.popleft()

@@ -77,6 +77,12 @@ def test_nested_urgent_fills_leave_the_action_a_step_and_never_move_the_model():
     assert ran == ["a"] and len(host._urgent) == 1  # "b" waits for the action's next step
     host._run_urgent()
     assert ran == ["a", "b"] and not host._urgent  # on an idle worker, everything waiting runs
+    for name in "cde":  # three documents waiting at once: the action steps between any two of them
+        host._urgent.append((job(name), Future()))
+    host._run_urgent(nested=True)
+    assert ran[-1] == "c" and len(host._urgent) == 2
+    host._run_urgent()
+    assert ran[-2:] == ["d", "e"] and not host._urgent
 
     class OutOfMemoryOnGpu:  # a CUDA engine whose fills always run out of memory (no GPU here)
         device = torch.device("cuda")
