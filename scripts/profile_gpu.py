@@ -161,7 +161,9 @@ def table(title: str, rows: dict[str, float], per: float, log: Tee, unit: str) -
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--small", action="store_true", help="a tiny config on the CPU (smoke run)")
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=16)
@@ -224,7 +226,9 @@ def main() -> int:
                 for event in prof.events():
                     if not event.name.startswith("dfim::"):
                         by_scope[scope_of(event)] += event.self_cpu_time_total / 1e3
-            table(f"eager step by part ({'device' if found else 'CPU'} time)", by_scope, args.steps, log, unit)
+            table(
+                f"eager step by part ({'device' if found else 'CPU'} time)", by_scope, args.steps, log, unit
+            )
         by_group: dict[str, float] = defaultdict(float)
         by_name: dict[str, float] = defaultdict(float)
         for name, us, _event in found:
