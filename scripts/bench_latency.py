@@ -30,7 +30,7 @@ from dfim.engine import Engine
 from dfim.engine.api import FillRequest
 from dfim.engine.evaluation.metrics import percentile
 from dfim.server.context import MAX_TOKENS
-from dfim.server.inline import ShownSuggestion, typed_ahead
+from dfim.server.inline_plan import ShownSuggestion, typed_ahead
 from dfim.server.options import SamplingOptions
 
 # The file typed into: a frozen copy of engine/inference/sampler.py (as of 79e2a05), ~1k tokens before the cursor.

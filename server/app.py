@@ -23,7 +23,7 @@ from dfim.server import gate
 from dfim.server.documents import DocumentStore, choose_encoding
 from dfim.server.engine_host import EngineHost
 from dfim.server.extra_context import ExtraContext
-from dfim.server.inline import ResultCache, ShownSuggestion
+from dfim.server.inline_plan import ResultCache, ShownSuggestion
 from dfim.server.options import Options, merge_options, snake
 from dfim.server.protocol import DEFAULT_CLIENT_TIMEOUT_S, DfimProtocol
 from dfim.server.speculation import Speculations

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from dfim.engine.api import FillRequest, FillResult
-from dfim.server.inline import FillPlan, ResultCache, fill_until_shown
+from dfim.server.inline_plan import FillPlan, ResultCache, fill_until_shown
 from dfim.server.options import Options
 
 INVOKED = 1  # lsprotocol's InlineCompletionTriggerKind.Invoked

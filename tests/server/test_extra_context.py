@@ -143,7 +143,7 @@ def test_the_block_is_written_in_the_language_of_the_file():
 
 def test_the_plan_reads_the_block_first_and_the_settings_turn_it_off():
     from dfim.engine.api import FillRequest
-    from dfim.server.inline import FillPlan
+    from dfim.server.inline_plan import FillPlan
 
     def request(prefix: str) -> FillRequest:
         return FillRequest(prefix=prefix, suffix="\n")

@@ -12,7 +12,8 @@ from dfim.engine.api import FillRequest, FillResult, SamplerSettings
 from dfim.server import context
 from dfim.server.cycling import add_distinct, cycle_key, cycle_plan, is_invoked
 from dfim.server.documents import Document
-from dfim.server.inline import FillPlan, fill_for_inline, inline_context
+from dfim.server.inline import fill_for_inline, inline_context
+from dfim.server.inline_plan import FillPlan
 from dfim.server.post_context import post_context
 from dfim.server.speculation import Speculation, digest
 from tests.server.helpers import ctx_for

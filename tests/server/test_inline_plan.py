@@ -1,17 +1,17 @@
-"""Unit tests of server/inline.py: fill requests, retries, typed-ahead reuse, one-line edits, the cache."""
+"""Unit tests of server/inline_plan.py: fill requests, retries, typed-ahead reuse, one-line edits, the cache."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from dfim.engine.api import SamplerSettings
-from dfim.server import context, inline, options, postprocess
+from dfim.server import context, inline_plan, options, postprocess
 from dfim.server.post_context import post_context
 from tests.server.helpers import ctx_for, split
 
 
 def test_an_empty_brace_body_fill_stays_on_the_cursors_line():
-    from dfim.server.inline import fit_body_fill, one_line_edit
+    from dfim.server.inline_plan import fit_body_fill, one_line_edit
 
     for src in ("function f(w) {\n  |\n}\n", "function f(w) {\n\n  |\n\n}\n", "function f(w) {|\n}\n"):
         text, cursor = split(src)
@@ -46,7 +46,7 @@ def test_fill_until_shown_asks_again_with_the_next_seed_only_when_nothing_is_lef
 
         request = FillRequest(prefix=ctx.prefix, suffix=ctx.suffix, seed=7)
         out = asyncio.run(
-            inline.fill_until_shown(fill_once, request, post_context(ctx), "", retries, lambda: cancelled)
+            inline_plan.fill_until_shown(fill_once, request, post_context(ctx), "", retries, lambda: cancelled)
         )
         return out, seeds
 
@@ -86,7 +86,7 @@ def test_a_drafted_fills_retries_draft_again_avoiding_what_was_dropped():
     )
     again = replace(drafted, candidates=2)
     out = asyncio.run(
-        inline.fill_until_shown(fill_once, drafted, post_context(ctx), "", 2, lambda: False, again=again)
+        inline_plan.fill_until_shown(fill_once, drafted, post_context(ctx), "", 2, lambda: False, again=again)
     )
     assert out == (["y += 1"], 3, 3)
     assert asked == [(True, 1, 7, ()), (True, 2, 8, ("return y",)), (True, 2, 9, ("return y", "   "))]
@@ -109,15 +109,15 @@ def test_a_drafted_lines_retry_adds_canvases_from_noise_only_at_a_lines_start():
     for src, candidates in cases.items():
         text, cursor = split(src)
         ctx = context.single_line(context.build_context(text, cursor, "python"), text, cursor)
-        request, _ = inline.fill_request(ctx, settings, opts, len)
+        request, _ = inline_plan.fill_request(ctx, settings, opts, len)
         assert request.settings.draft and request.candidates == 1, src
-        again = inline.retry_request(request, ctx, opts)
+        again = inline_plan.retry_request(request, ctx, opts)
         assert again is not None and again.candidates == candidates, src
         assert replace(again, candidates=1) == request
     # a fill that is not drafted retries as it was asked
     ctx = ctx_for("def f(x):\n    return x +|\n")
-    request, _ = inline.fill_request(ctx, SamplerSettings(draft=False), opts, len)
-    assert inline.retry_request(request, ctx, opts) is None
+    request, _ = inline_plan.fill_request(ctx, SamplerSettings(draft=False), opts, len)
+    assert inline_plan.retry_request(request, ctx, opts) is None
 
 
 def test_a_column_0_cursor_on_a_blank_line_gets_its_indentation_typed_on_the_last_try():
@@ -153,7 +153,7 @@ def test_a_column_0_cursor_on_a_blank_line_gets_its_indentation_typed_on_the_las
     request = FillRequest(prefix=ctx.prefix, suffix=ctx.suffix, seed=7)
     last_try = (FillRequest(prefix=led.prefix, suffix=ctx.suffix, seed=7), post_context(led))
     out = asyncio.run(
-        inline.fill_until_shown(
+        inline_plan.fill_until_shown(
             fill_once, request, post_context(ctx), "", 1, lambda: False, last_try=last_try
         )
     )
@@ -161,31 +161,31 @@ def test_a_column_0_cursor_on_a_blank_line_gets_its_indentation_typed_on_the_las
 
 
 def test_typed_ahead_serves_the_rest():
-    shown = inline.ShownSuggestion("id", "x = fo", ")\n", "o(a, b")
-    assert inline.typed_ahead(shown, "x = foo(", ")\n") == "a, b"
-    assert inline.typed_ahead(shown, "x = fx", ")\n") is None  # typed something else
-    assert inline.typed_ahead(shown, "x = foo(a, b", ")\n") is None  # typed all of it
-    assert inline.typed_ahead(shown, "x = foo(", "]\n") is None  # the text after changed
+    shown = inline_plan.ShownSuggestion("id", "x = fo", ")\n", "o(a, b")
+    assert inline_plan.typed_ahead(shown, "x = foo(", ")\n") == "a, b"
+    assert inline_plan.typed_ahead(shown, "x = fx", ")\n") is None  # typed something else
+    assert inline_plan.typed_ahead(shown, "x = foo(a, b", ")\n") is None  # typed all of it
+    assert inline_plan.typed_ahead(shown, "x = foo(", "]\n") is None  # the text after changed
 
 
 def test_one_line_edit():
     text = "function f(x) {\n  \n}\n"
     start, end, cursor = 15, 19, 18
-    assert inline.one_line_edit(text, start, end, "\n  return x;\n", cursor) == (18, 18, "return x;")
+    assert inline_plan.one_line_edit(text, start, end, "\n  return x;\n", cursor) == (18, 18, "return x;")
     text = "def f(x):\n    \n"
-    assert inline.one_line_edit(text, 10, 14, "    return x", 14) == (14, 14, "return x")
-    assert inline.one_line_edit("ab\ncd", 0, 5, "zz\nzz", 4) is None
+    assert inline_plan.one_line_edit(text, 10, 14, "    return x", 14) == (14, 14, "return x")
+    assert inline_plan.one_line_edit("ab\ncd", 0, 5, "zz\nzz", 4) is None
 
 
 def test_result_cache_is_lru():
-    cache = inline.ResultCache(2)
+    cache = inline_plan.ResultCache(2)
     for k in "abc":
         cache.put(k, [k])
     assert cache.get("a") is None and cache.get("c") == ["c"]
 
 
 def test_a_python_body_after_a_blank_line_shows_its_fill_without_a_stray_line():
-    from dfim.server.inline import fit_body_fill, one_line_edit
+    from dfim.server.inline_plan import fit_body_fill, one_line_edit
 
     text, cursor = split("def f():\n\n    |\n")
     ctx = context.build_context(text, cursor, "python")
@@ -194,7 +194,7 @@ def test_a_python_body_after_a_blank_line_shows_its_fill_without_a_stray_line():
 
 
 def test_the_inline_request_drafts_a_single_line_and_denoises_the_rest():
-    """`inline.fill_request`: a single-line open hole is drafted on one canvas and stops at the line break;
+    """`inline_plan.fill_request`: a single-line open hole is drafted on one canvas and stops at the line break;
     several lines or a pinned rest of the line denoise `inline.candidates` canvases from noise."""
     from dataclasses import replace
 
@@ -206,43 +206,43 @@ def test_the_inline_request_drafts_a_single_line_and_denoises_the_rest():
     count = len  # one token per character: the pinned hole's width is easy to predict
 
     line = context.one_line(ctx_for("def f(x):\n    y = x\n    return |\n"))
-    request, pinned = inline.fill_request(line, settings, opts, count)
+    request, pinned = inline_plan.fill_request(line, settings, opts, count)
     assert (request.settings.draft, request.candidates, request.stop, pinned) == (True, 1, ("\n",), "")
     assert (request.settings.max_steps, request.settings.entropy_bound) == (9, 0.3)  # the server's settings
     assert request.prefix == line.prefix and request.suffix == line.suffix and request.middle == ()
 
     no_draft = replace(opts, inline=replace(opts.inline, draft=False))
-    request, _ = inline.fill_request(line, settings, no_draft, count)
+    request, _ = inline_plan.fill_request(line, settings, no_draft, count)
     assert (request.settings.draft, request.candidates) == (False, opts.inline.candidates)
 
     block = ctx_for("def f(x):\n    |\n")
     assert block.mode != "line"
-    request, _ = inline.fill_request(block, settings, opts, count)
+    request, _ = inline_plan.fill_request(block, settings, opts, count)
     assert (request.settings.draft, request.candidates, request.stop) == (False, opts.inline.candidates, ())
 
     inside = ctx_for("def f(x):\n    return g(|x, y, z)\n")
     assert inside.rest_of_line == "x, y, z)"
     pin = replace(opts, context=replace(opts.context, pin_rest_of_line=True))
-    request, pinned = inline.fill_request(inside, settings, pin, count)
+    request, pinned = inline_plan.fill_request(inside, settings, pin, count)
     assert pinned == "x, y, z)" and request.middle == (Hole(16), "x, y, z)")  # twice the rest's tokens
     assert request.suffix == inside.suffix[len(pinned) :]
     assert (request.settings.draft, request.candidates) == (False, opts.inline.candidates)
 
     above = ctx_for("def f(x):\n|    return x\n")
     assert above.opens_line
-    request, _ = inline.fill_request(above, settings, opts, count)
+    request, _ = inline_plan.fill_request(above, settings, opts, count)
     assert request.scored_suffix == "\n" + above.before_on_line + above.suffix
 
 
 def test_a_fill_plan_works_out_its_contexts_once_before_the_engine_runs():
     text, cursor = split("def f(xs):\n    for x in xs:\n|\n\n    return xs\n")
     ctx = context.one_line(context.build_context(text, cursor, "python"))
-    plan = inline.plan_fill(ctx, text, SamplerSettings(draft=True), options.Options(), len)
+    plan = inline_plan.plan_fill(ctx, text, SamplerSettings(draft=True), options.Options(), len)
     assert plan.post == post_context(ctx) and plan.pinned == ""
     led_request, led_post = plan.last_try
     assert led_post.lead == "        " and led_request.prefix == ctx.prefix + "        "
     assert plan.again is not None and plan.again.settings.draft  # a drafted line's retry drafts again
     text, cursor = split("x = foo(|)\n")
     ctx = context.build_context(text, cursor, "python")
-    plan = inline.plan_fill(ctx, text, SamplerSettings(draft=True), options.Options(), len)
+    plan = inline_plan.plan_fill(ctx, text, SamplerSettings(draft=True), options.Options(), len)
     assert plan.last_try is None and plan.post.outer == ("(",) and plan.post.may_close == 0
