@@ -2,10 +2,10 @@
 real Python packages, for `dfim replay --git` (which types each run of added lines in place, with the
 rest of the file as prefix and suffix).
 
-    python scripts/gate_dev_set.py OUT --packages pygls cattrs pydantic [--files 6] [--functions 2]
+    python scripts/gate_dev_set.py OUT --packages pygls [--files 6] [--functions 2]
 
 Source: the Python files of packages installed in this interpreter that dfim-base never trained on (the
-script refuses a package its data manifest, docs/bench/data_manifest-dfim-base.jsonl.gz, names, and any
+script refuses a package its data manifests, docs/bench/data_manifest-dfim-base*.jsonl.gz, name, and any
 file whose bytes the manifest holds) and whose licence is permissive. None of them is an evaluation set
 (HumanEval, the held-out corpus, this repository's own code). Files are chosen by a hash of their path
 (deterministic, spread over the package), 3-40 KB, tests left out; in each, up to `--functions` function
@@ -26,18 +26,29 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MANIFEST = ROOT / "docs" / "bench" / "data_manifest-dfim-base.jsonl.gz"
+# The data build's manifest (versions 1-2), and the Python shard version 3 added (the corpus builder's
+# manifest: a `source` such as "pypi:cattrs==26.2.1" or "deb-src:python-attrs", and sha256 of the text).
+MANIFESTS = sorted((ROOT / "docs" / "bench").glob("data_manifest-dfim-base*.jsonl.gz"))
 PERMISSIVE = ("MIT", "Apache-2.0", "BSD", "ISC")
 
 
+def dist_name(row: dict) -> str:
+    """A manifest row's distribution name, normalised: its `dist`, else the package in its `source`."""
+    name = row.get("dist") or row.get("source", "").split(":", 1)[-1].split("==")[0]
+    name = name.lower().replace("_", "-")
+    return name.removeprefix("python-") if row.get("source", "").startswith("deb") else name
+
+
 def trained() -> tuple[set[str], set[str]]:
-    """(distribution names, file sha1s) of dfim-base's training data."""
+    """(distribution names, file sha1s and sha256s) of dfim-base's training data."""
     names, hashes = set(), set()
-    with gzip.open(MANIFEST, "rt", encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            names.add(row["dist"].lower().replace("_", "-"))
-            hashes.add(row.get("sha1", ""))
+    for manifest in MANIFESTS:
+        with gzip.open(manifest, "rt", encoding="utf-8") as f:
+            for line in f:
+                row = json.loads(line)
+                names.add(dist_name(row))
+                hashes.update(row.get(key, "") for key in ("sha1", "sha256"))
+    hashes.discard("")
     return names, hashes
 
 
@@ -104,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             if taken >= args.files:
                 break
             raw = path.read_bytes()
-            if hashlib.sha1(raw).hexdigest() in hashes:
+            if hashlib.sha1(raw).hexdigest() in hashes or hashlib.sha256(raw).hexdigest() in hashes:
                 continue
             source = raw.decode("utf-8")
             spans = functions(source)
