@@ -3,11 +3,17 @@ CPU engine, training and the GPU fast path all call `Experts.forward`, which pic
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
 from dfim.engine.model.config import ModelConfig
 from dfim.engine.model.ops import Packed, RMSNorm, gelu, linear
+
+if TYPE_CHECKING:
+    from dfim.engine.model.experts_fp8 import Fp8Experts
 
 
 class Router(nn.Module):
@@ -39,6 +45,8 @@ class Experts(nn.Module):
     # "gathered"), which CUDA graphs can capture (`pick_gpu_kernel`).
     mode = "auto"
     dense_max_experts = 8
+    # FP8 copies of the weights for the kernels of `FP8_KERNELS` (dfim.engine.model.experts_fp8)
+    fp8: Fp8Experts | None = None
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -57,6 +65,10 @@ class Experts(nn.Module):
             mode = "sparse" if cpu_inference or self.num_experts > self.dense_max_experts else "dense"
         if mode in GPU_KERNELS:
             return GPU_KERNELS[mode](x, weights, index, self.gate_up_proj, self.down_proj)
+        if mode in FP8_KERNELS:
+            if self.fp8 is None:
+                raise RuntimeError(f"experts mode {mode!r} without FP8 weights (experts_fp8.use_fp8_experts)")
+            return FP8_KERNELS[mode](x, weights, index, self.fp8)
         return self._dense(x, weights, index) if mode == "dense" else self._sparse(x, weights, index)
 
     def _dense(self, x: Tensor, weights: Tensor, index: Tensor) -> Tensor:
@@ -152,6 +164,8 @@ def moe_gathered(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, dow
 
 
 GPU_KERNELS = {"grouped": moe_grouped, "padded": moe_padded, "gathered": moe_gathered}
+# Kernels over `Experts.fp8`, registered by dfim.engine.model.experts_fp8 (which imports this module)
+FP8_KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor, Fp8Experts], Tensor]] = {}
 
 
 def pick_gpu_kernel(experts: Experts, device: torch.device, dtype: torch.dtype, graphs: bool = False) -> str:

@@ -1,0 +1,129 @@
+"""FP8 expert weights for the GPU fast path: W8A8 grouped GEMMs.
+
+A denoising step of the 26B-A4B shape reads every expert's weights (256 canvas tokens at top-8 of 128
+experts touch all of them), so the experts' bytes set the step's floor: 45.7 GB in bf16, 13.6 ms at an
+H100's 3.35 TB/s (docs/gpu.md, "Where a step's time goes"). Kept in FP8 (e4m3, one scale per expert and
+output channel) they are half of that. The activations are quantized per row on the fly (one scale per
+token row), and `torch._scaled_grouped_mm` (CUTLASS, SM90) multiplies both for all experts in one kernel per
+projection, accumulating in fp32 and writing the activation dtype. Routing, sorting and the weighted sum
+are those of the bf16 grouped kernel (`dfim.engine.model.experts.moe_grouped`).
+
+`moe_fp8_reference` runs the same arithmetic with dequantized tensors, expert by expert, on any device:
+the CPU tests check the quantization against it, and the GPU check compares the kernel with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dfim.engine.model.experts import FP8_KERNELS, Experts, _sort_by_expert
+from dfim.engine.model.ops import gelu
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0  # largest finite e4m3 value
+
+
+@dataclass
+class Fp8Experts:
+    """One layer's experts in FP8: each weight row (expert, output channel) times its scale."""
+
+    gate_up: Tensor  # [E, 2I, H] e4m3
+    gate_up_scale: Tensor  # [E, 2I] float32
+    down: Tensor  # [E, H, I] e4m3
+    down_scale: Tensor  # [E, H] float32
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in vars(self).values())
+
+
+def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
+    """w [..., K] -> (q [..., K] e4m3, scale [...] float32) with w ~= q * scale, row by row. An all-zero
+    row gets a tiny scale instead of a division by zero."""
+    amax = w.abs().amax(dim=-1).float().clamp(min=1e-12)
+    scale = amax / E4M3_MAX
+    q = (w.float() / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return q, scale
+
+
+def dequantize_rows(q: Tensor, scale: Tensor) -> Tensor:
+    return q.float() * scale[..., None]
+
+
+def quantize_experts(gate_up: Tensor, down: Tensor) -> Fp8Experts:
+    """A layer's bf16 expert tensors (checkpoint layout: gate_up [E, 2I, H], down [E, H, I]) in FP8."""
+    gate_up_q, gate_up_scale = quantize_rows(gate_up)
+    down_q, down_scale = quantize_rows(down)
+    return Fp8Experts(gate_up_q, gate_up_scale, down_q, down_scale)
+
+
+def moe_grouped_fp8(x: Tensor, weights: Tensor, index: Tensor, experts: Fp8Experts) -> Tensor:
+    """x [N, H], weights/index [N, k] -> [N, H]: the grouped kernel with FP8 weights and activations.
+    No host sync, so CUDA graphs capture it where the scaled grouped GEMM itself can be captured."""
+    n, k = index.shape
+    order, _, _, offs = _sort_by_expert(index, experts.gate_up.shape[0])
+    xq, x_scale = quantize_rows(x[order // k])  # [N*k, H], grouped by expert
+    gate_up = torch._scaled_grouped_mm(
+        xq, experts.gate_up.transpose(1, 2), x_scale, experts.gate_up_scale, offs=offs, out_dtype=x.dtype
+    )
+    gate, up = gate_up.chunk(2, dim=-1)
+    hq, h_scale = quantize_rows(gelu(gate) * up)
+    y = torch._scaled_grouped_mm(
+        hq, experts.down.transpose(1, 2), h_scale, experts.down_scale, offs=offs, out_dtype=x.dtype
+    )
+    unsorted = torch.empty_like(y)
+    unsorted[order] = y  # slot order again: [N, k, H]
+    return (unsorted.view(n, k, -1).float() * weights[..., None]).sum(dim=1).to(x.dtype)
+
+
+def moe_fp8_reference(x: Tensor, weights: Tensor, index: Tensor, experts: Fp8Experts) -> Tensor:
+    """`moe_grouped_fp8`'s arithmetic in fp32 from dequantized tensors, one (token, expert) pair at a time:
+    the same quantization of weights and activations, none of the kernel's accumulation order."""
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    for token in range(x.shape[0]):
+        xq, x_scale = quantize_rows(x[token : token + 1])
+        xd = dequantize_rows(xq, x_scale)
+        for slot, expert in enumerate(index[token].tolist()):
+            w_gate_up = dequantize_rows(experts.gate_up[expert], experts.gate_up_scale[expert])
+            gate, up = (xd @ w_gate_up.t()).to(x.dtype).chunk(2, dim=-1)
+            hq, h_scale = quantize_rows(gelu(gate) * up)
+            w_down = dequantize_rows(experts.down[expert], experts.down_scale[expert])
+            y = (dequantize_rows(hq, h_scale) @ w_down.t()).to(x.dtype)
+            out[token] += y[0].float() * weights[token, slot].float()
+    return out.to(x.dtype)
+
+
+def fp8_kernel_works(experts: Fp8Experts, device: torch.device, dtype: torch.dtype) -> str | None:
+    """None if `moe_grouped_fp8` runs on this device and agrees with the reference; else why not."""
+    if device.type != "cuda" or not hasattr(torch, "_scaled_grouped_mm"):
+        return "needs CUDA and torch._scaled_grouped_mm (SM90)"
+    try:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        e, hidden = experts.gate_up.shape[0], experts.gate_up.shape[2]
+        x = torch.randn(5, hidden, generator=g).to(device, dtype)
+        index = torch.stack([torch.randperm(e, generator=g)[:2] for _ in range(5)]).to(device)
+        weights = torch.rand(5, 2, generator=g).to(device)
+        got = moe_grouped_fp8(x, weights, index, experts).float()
+        want = moe_fp8_reference(x, weights, index, experts).float()
+        err = float((got - want).norm() / want.norm().clamp(min=1e-12))
+    except Exception as exc:  # noqa: BLE001 - any failure of the kernel means: not here
+        return f"{type(exc).__name__}: {exc}"
+    return None if err < 2e-2 else f"relative error {err:.3g} against the reference"
+
+
+FP8_KERNELS["grouped_fp8"] = moe_grouped_fp8
+
+
+def use_fp8_experts(experts: Experts, drop_bf16: bool = False) -> Fp8Experts:
+    """Quantize a layer's experts to FP8 and run them with `moe_grouped_fp8` from now on. `drop_bf16`
+    frees the bf16 tensors (a 26B model's bf16 and FP8 experts together do not fit an 80 GB card); the
+    layer then runs only in this mode."""
+    experts.fp8 = quantize_experts(experts.gate_up_proj.data, experts.down_proj.data)
+    experts.mode = "grouped_fp8"
+    if drop_bf16:
+        for param in (experts.gate_up_proj, experts.down_proj):
+            param.data = param.data.new_empty(0)
+    return experts.fp8
