@@ -37,6 +37,7 @@ from bench_gpu import BIG, SMALL, Tee, build_model  # noqa: E402
 from dfim.engine.inference.fast_backend import fixed_step_block  # noqa: E402
 from dfim.engine.model.attention import Attention  # noqa: E402
 from dfim.engine.model.config import ModelConfig  # noqa: E402
+from dfim.engine.model.experts_fp8 import use_fp8_experts  # noqa: E402
 from dfim.engine.model.fast import FastDiffusionGemma  # noqa: E402
 from dfim.engine.model.network import RMSNorm  # noqa: E402
 
@@ -177,6 +178,7 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=25, help="kernels listed by name")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "profile_gpu.txt"))
     parser.add_argument("--trace", default="", help="also write the graph profile's Chrome trace here")
+    parser.add_argument("--fp8", action="store_true", help="experts in FP8 (dfim.engine.model.experts_fp8)")
     args = parser.parse_args()
     log = Tee(args.out)
     small = args.small or not torch.cuda.is_available()
@@ -189,6 +191,11 @@ def main() -> int:
     if device.type == "cuda":
         log(f"GPU {torch.cuda.get_device_properties(0).name}")
     model = build_model(config, device, dtype)
+    moe = "auto"
+    if args.fp8:
+        for layer in model.decoder.layers:
+            use_fp8_experts(layer.experts, drop_bf16=True)
+        moe = "grouped_fp8"
     g = torch.Generator(device="cpu").manual_seed(1)
     context = torch.randint(16, config.vocab_size, (1, context_len), generator=g).to(device)
     bucket = 16 if small else 256
@@ -214,14 +221,14 @@ def main() -> int:
         graphs = mode == "graphs" and device.type == "cuda"
         if graphs:  # captured under the profiler (see device_kernels_after), then timed without it
             with profile(activities=activities) as prof:
-                fast = FastDiffusionGemma(model, max_len=max_len, bucket=bucket, graphs=True)
+                fast = FastDiffusionGemma(model, max_len=max_len, bucket=bucket, graphs=True, moe=moe)
                 fast.encode(context)
                 block(fast)  # warm-up and the graph capture
                 with record_function("dfim::measured"):
                     block(fast)
             found = device_kernels_after(prof, "dfim::measured")
         else:
-            fast = FastDiffusionGemma(model, max_len=max_len, bucket=bucket, graphs=False)
+            fast = FastDiffusionGemma(model, max_len=max_len, bucket=bucket, graphs=False, moe=moe)
             fast.encode(context)
             block(fast)  # warm-up
         t0 = time.perf_counter()
