@@ -60,12 +60,22 @@ def quantize_experts(gate_up: Tensor, down: Tensor) -> Fp8Experts:
     return Fp8Experts(gate_up_q, gate_up_scale, down_q, down_scale)
 
 
+def grouped_rows(x: Tensor, index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The expert GEMM's input: x [N, H] quantized, one row per (token, chosen expert) pair sorted by
+    expert -> (rows [N*k, H] e4m3, their scales [N*k], the pairs' order, the groups' end offsets [E]).
+    The N token rows are quantized once and their k copies gathered (k times less work than quantizing
+    the gathered rows); the gather goes through uint8, as not every index kernel takes float8."""
+    order, _, _, offs = _sort_by_expert(index, num_experts)
+    xq, x_scale = quantize_rows(x)
+    token = order // index.shape[1]
+    return xq.view(torch.uint8)[token].view(E4M3), x_scale[token], order, offs
+
+
 def moe_grouped_fp8(x: Tensor, weights: Tensor, index: Tensor, experts: Fp8Experts) -> Tensor:
     """x [N, H], weights/index [N, k] -> [N, H]: the grouped kernel with FP8 weights and activations.
     No host sync, so CUDA graphs capture it where the scaled grouped GEMM itself can be captured."""
     n, k = index.shape
-    order, _, _, offs = _sort_by_expert(index, experts.gate_up.shape[0])
-    xq, x_scale = quantize_rows(x[order // k])  # [N*k, H], grouped by expert
+    xq, x_scale, order, offs = grouped_rows(x, index, experts.gate_up.shape[0])
     gate_up = torch._scaled_grouped_mm(
         xq, experts.gate_up.transpose(1, 2), x_scale, experts.gate_up_scale, offs=offs, out_dtype=x.dtype
     )

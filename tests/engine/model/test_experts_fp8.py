@@ -13,6 +13,7 @@ from dfim.engine.model.experts_fp8 import (
     E4M3_MAX,
     dequantize_rows,
     fp8_kernel_works,
+    grouped_rows,
     moe_fp8_reference,
     quantize_experts,
     quantize_rows,
@@ -61,3 +62,19 @@ def test_fp8_mode_runs_only_with_its_weights():
     assert fp8.nbytes == 4 * 32 * 32 + 4 * 32 * 4 + 4 * 32 * 16 + 4 * 32 * 4  # 1-byte weights, fp32 scales
     # No SM90 GPU here: the kernel reports why it cannot run instead of failing later.
     assert fp8_kernel_works(fp8, torch.device("cpu"), torch.float32) is not None
+
+
+def test_grouped_rows_are_each_pairs_token_quantized_and_sorted_by_expert():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 48, generator=g)
+    index = torch.tensor([[3, 0], [1, 3], [0, 2], [3, 1], [2, 0]])
+    rows, scales, order, offs = grouped_rows(x, index, num_experts=4)
+    assert rows.dtype == torch.float8_e4m3fn and rows.shape == (10, 48)
+    assert offs.tolist() == [3, 5, 7, 10]  # experts 0..3 chose 3, 2, 2 and 3 pairs
+    experts = index.reshape(-1)[order]
+    assert experts.tolist() == sorted(experts.tolist())
+    q, s = quantize_rows(x)
+    for row, pair in enumerate(order.tolist()):
+        token = pair // 2
+        assert torch.equal(rows[row].view(torch.uint8), q[token].view(torch.uint8))
+        assert scales[row] == s[token]
