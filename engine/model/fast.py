@@ -92,6 +92,8 @@ class FastDiffusionGemma:
         self.use_graphs = (self.device.type == "cuda") if graphs is None else graphs
         # The network's own experts, run by a kernel CUDA graphs can capture (no host sync).
         experts = self.layers[0].experts
+        if moe == "auto" and experts.fp8 is not None:  # quantized by experts_fp8.use_fp8_experts
+            moe = "grouped_fp8"
         self.moe = (
             pick_gpu_kernel(experts, self.device, self.dtype, graphs=self.use_graphs)
             if moe == "auto"
