@@ -370,7 +370,8 @@ def build(args: argparse.Namespace) -> None:
     log(f"{len(archs)} archives downloaded of those listed")
     if args.cached_only:
         uncached = [a for a in archs if not cache_path(tmp / "cache", a).exists()]
-        drops["archive:not_cached"] += len(uncached)
+        if uncached:
+            drops["archive:not_cached"] += len(uncached)
         archs = [a for a in archs if a not in uncached]
     recs, errors = [], []
     for i, res in enumerate(read_archives(archs, tmp / "cache", args.humaneval, args.workers)):
@@ -404,7 +405,8 @@ def build(args: argparse.Namespace) -> None:
             "projects": len({r["project"] for r in written}),
         },
         "shards": {args.shard_name: dest.stat().st_size},
-        **{f"per_{key}": aggregate(written, key) for key in ("language", "license", "project", "source")},
+        "per_language": aggregate(written, "lang"),
+        **{f"per_{key}": aggregate(written, key) for key in ("license", "project", "source")},
         "drop_reasons": dict(drops.most_common()),
         "dedup": dict(dedup_counts.most_common()),
         "archive_errors": errors,
