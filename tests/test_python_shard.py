@@ -309,3 +309,24 @@ def test_the_shard_is_filled_to_its_target_and_never_over_its_limit(shard_module
     assert summary["drop_reasons"]["select:over_budget"] == 100 - len(records)
     with gzip.open(out / "manifest.jsonl.gz", "rt") as f:
         assert sorted(json.loads(row)["path"] for row in f) == sorted(r["path"] for r in records)
+
+
+def test_fetch_downloads_the_listed_debian_files_from_the_pool(shard_module, tmp_path):
+    """A local mirror (file:// URL) in Debian's pool layout stands in for deb.debian.org."""
+    pool = tmp_path / "mirror" / "pool" / "main" / "p" / "python-alpha"
+    pool.mkdir(parents=True)
+    (pool / "python-alpha_1.0.orig.tar.gz").write_bytes(b"upstream")
+    packages = tmp_path / "python_packages.txt"
+    packages.write_text(
+        "deb-src python-alpha version=1.0-1 files=python-alpha_1.0.orig.tar.gz,python-alpha_1.0-1.debian.tar.xz\n"
+    )
+    scratch = tmp_path / "scratch"
+    shard_module.main(
+        ["fetch", "--packages", str(packages), "--scratch", str(scratch)]
+        + ["--debian-mirror", (tmp_path / "mirror").as_uri()]
+    )
+    got = scratch / "src" / "py"
+    assert (got / "python-alpha_1.0.orig.tar.gz").read_bytes() == b"upstream"
+    assert sorted(p.name for p in got.iterdir()) == [
+        "python-alpha_1.0.orig.tar.gz"
+    ]  # the missing file is not faked

@@ -75,10 +75,12 @@ def read_list(path: Path) -> list[dict[str, Any]]:
 
 
 def deb_dir(scratch: Path) -> Path:
+    """Debian tarballs; the layout train-02..04 were built from, so their cache keys still match."""
     return scratch / "src" / "py"
 
 
 def pypi_dir(scratch: Path) -> Path:
+    """PyPI sdists."""
     return scratch / "pypi-py"
 
 
@@ -105,13 +107,13 @@ def fetch(args: argparse.Namespace) -> None:
 
     def get(e: dict[str, Any]) -> list[str]:
         if e["kind"] == "pypi":
-            if not (pypi_dir(args.scratch) / e["files"][0]).exists():
-                bc.fetch_pypi_sdist(
-                    e["name"], pypi_dir(args.scratch), version=e["version"], filename=e["files"][0]
-                )
-            return []
-        # Debian's pool layout: pool/main/<first letter>/<source>/<file>
-        base = f"{args.debian_mirror}/pool/main/{e['name'][0]}/{e['name']}"
+            sdist = pypi_dir(args.scratch) / e["files"][0]
+            if not sdist.exists():
+                bc.fetch_pypi_sdist(e["name"], sdist.parent, version=e["version"], filename=sdist.name)
+            return [] if sdist.exists() else [f"pypi {e['name']}=={e['version']}: {sdist.name}"]
+        # Debian's pool layout: pool/main/<first letter, or lib + one letter>/<source>/<file>
+        prefix = e["name"][:4] if e["name"].startswith("lib") else e["name"][0]
+        base = f"{args.debian_mirror}/pool/main/{prefix}/{e['name']}"
         errors = (_download(f"{base}/{f}", deb_dir(args.scratch) / f) for f in e["files"])
         return [err for err in errors if err]
 
