@@ -170,16 +170,29 @@ def fetch(args: argparse.Namespace) -> None:
     npm_p.wait()
 
 
-def fetch_pypi_sdist(name: str, dest: Path, index: str = "https://pypi.org") -> None:
-    """Download the newest sdist of ``name`` via PyPI's JSON API (relative URLs resolved against the index)."""
+def fetch_pypi_sdist(
+    name: str, dest: Path, index: str = "https://pypi.org", version: str = "", filename: str = ""
+) -> None:
+    """Download an sdist of ``name`` via PyPI's JSON API (relative URLs resolved against the index).
+
+    The newest by default; ``version`` (and ``filename``, when a release has several sdists) pin the
+    one a recorded build used, so the build can be repeated.
+    """
     import urllib.parse
     import urllib.request
 
     try:
-        meta_url = f"{index}/pypi/{name}/json"
+        meta_url = f"{index}/pypi/{name}/{version}/json" if version else f"{index}/pypi/{name}/json"
         with urllib.request.urlopen(meta_url, timeout=60) as r:
             d = json.load(r)
-        url = next((f["url"] for f in d["urls"] if f["packagetype"] == "sdist"), None)
+        url = next(
+            (
+                f["url"]
+                for f in d["urls"]
+                if f["packagetype"] == "sdist" and (not filename or f["filename"] == filename)
+            ),
+            None,
+        )
         if not url:
             log("no sdist:", name)
             return
@@ -404,6 +417,8 @@ def process_archive(arch: dict[str, Any]) -> dict[str, Any]:
             continue
         if lang == "python" and not arch.get("python"):
             continue
+        if arch.get("python_only") and lang != "python":
+            continue  # a Python shard keeps only the Python files of a mixed-language project
         if lang == "c" and rel.lower().endswith(".h"):
             lang = h_lang
         reason = cl.path_reject(rel)
