@@ -8,6 +8,9 @@
 #   bash scripts/train_base_on_device.sh fetch         # export (15 MiB parts), logs, data summary -> $OUT
 #   bash scripts/train_base_on_device.sh status       # what is there, what runs
 #
+# The machine goes back after about 30 s without a call, and the run dies with it: issue the `wait` calls
+# back to back, and do nothing else between the calls of a running lease.
+#
 # Every stage can be run again: unpack skips shards already there, start does nothing while a run is
 # alive and continues a stopped one, fetch copies whatever is finished. Settings (environment):
 #   TRAIN_MINUTES=21  wall clock of both phases together, from the end of the data build
