@@ -193,7 +193,8 @@ def test_tab_tab_the_suggestion_after_an_accept_comes_from_the_speculation(tmp_p
 
 def test_cycling_shows_the_servers_other_candidates_and_accepts_the_one_shown(tmp_path, checkpoint):
     """<M-]> on an automatic suggestion asks the server for alternatives (triggerKind Invoked) and shows another
-    of them; <M-]> again steps on and <M-[> back, without asking; <Tab> accepts the one on screen."""
+    of them; <M-]> again steps on and <M-[> back, without asking; <Tab> accepts the one on screen. Then on the
+    next suggestion: <M-]>, a word accepted (<M-Right>), and <M-]> asks again at the new cursor."""
     row, col = 2, len("    return ")
     out = run_nvim(tmp_path, checkpoint, row, col, driver=TABTAB, extra={"flow": "cycle"})
     first = out["first"]
@@ -223,3 +224,9 @@ def test_cycling_shows_the_servers_other_candidates_and_accepts_the_one_shown(tm
     assert out["accept_command"]["command"] == "dfim.inlineAccepted"
     assert out["accept_command"]["arguments"] == [first_next["id"]]
     assert first_next["id"] != first["id"]
+    # a word of a cycled suggestion accepted leaves one item: <M-]> asks for alternatives again, there
+    row_after, col_after = out["word_cursor"]
+    head = out["word_line"].encode()[:col_after].decode()
+    assert row_after - 1 == row and len(head) > len(out["line"])  # the cursor went on by the word
+    assert out["cycle_after_word"]["context"]["triggerKind"] == 1
+    assert out["cycle_after_word"]["position"] == {"line": row, "character": utf16_len(head)}

@@ -5,7 +5,8 @@
 -- tabtab: a suggestion is shown, the server speculates the next one; <Tab> accepts, the plugin asks at the
 --   new cursor by itself, and `dfim/stats` before and after say whether that answer came from the speculation.
 -- cycle: a suggestion is shown; <M-]> asks the server for alternatives and shows another one, <M-]> again
---   steps on without asking, <M-[> steps back; <Tab> accepts the one on screen.
+--   steps on without asking, <M-[> steps back; <Tab> accepts the one on screen. On the next suggestion,
+--   <M-]> then a word accepted (<M-Right>): <M-]> asks again at the new cursor.
 --
 -- Keys go through the typeahead and the main loop (as in first_keystroke.lua), so each step is a callback run
 -- once the condition before it holds.
@@ -157,7 +158,30 @@ local ok, err = pcall(function()
                 out.accept_command = out.commands[#out.commands]
                 out.line = vim.api.nvim_buf_get_lines(0, cfg.row, cfg.row + 1, false)[1]
                 out.lines = vim.api.nvim_buf_get_lines(0, 0, -1, false)
-                finish()
+                -- the next suggestion (asked after the accept), cycled to, and a word of it accepted: what is
+                -- left is one item, and <M-]> asks for alternatives again, at the new cursor
+                when('shown after the accept', function() return answered() and ghost.visible() end, cfg.wait_ms,
+                  function()
+                  local asked_before = #out.requests
+                  keys('<M-]>')
+                  when('cycled after the accept', function()
+                    return #out.requests > asked_before and answered() and (shown() or {}).invoked
+                  end, cfg.wait_ms, function()
+                    keys('<M-Right>')
+                    when('a word accepted', function() return vim.api.nvim_get_current_line() ~= out.line end, 5000,
+                      function()
+                      out.word_cursor = vim.api.nvim_win_get_cursor(0)
+                      out.word_line = vim.api.nvim_get_current_line()
+                      asked_before = #out.requests
+                      keys('<M-]>')
+                      when('cycled after the word', function() return #out.requests > asked_before end, 5000,
+                        function()
+                        out.cycle_after_word = out.requests[#out.requests].params
+                        finish()
+                      end)
+                    end)
+                  end)
+                end)
               end)
             end)
           end)

@@ -297,6 +297,7 @@ function M.accept_part(kind, bufnr)
   cand.end_col = col + math.max(cand.end_col - old_col, 0)
   st.items = { cand }
   st.index = 1
+  st.invoked = nil -- one item left: the next <M-]> asks for alternatives at the new cursor
   st.own_tick = vim.api.nvim_buf_get_changedtick(bufnr)
   if cand.id then
     notify(bufnr, 'dfim/inlinePartiallyAccepted', { id = cand.id, acceptedLength = st.accepted })
