@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "clients" / "nvim"
 DRIVER = PLUGIN / "tests" / "e2e.lua"
 FIRST_KEYSTROKE = PLUGIN / "tests" / "first_keystroke.lua"
+TABTAB = PLUGIN / "tests" / "tabtab.lua"
 TOKENIZER = ROOT / "engine" / "weights" / "dfim-small" / "tokenizer.json"
 
 NVIM = shutil.which("nvim")
@@ -43,7 +44,9 @@ def checkpoint(tmp_path_factory) -> Path:
     return write_random_checkpoint(tmp_path_factory.mktemp("ckpt"), TOKENIZER)
 
 
-def run_nvim(tmp: Path, checkpoint: Path, row: int, col: int, driver: Path = DRIVER) -> dict:
+def run_nvim(
+    tmp: Path, checkpoint: Path, row: int, col: int, driver: Path = DRIVER, extra: dict | None = None
+) -> dict:
     file = tmp / "work" / "example.py"
     file.parent.mkdir()
     file.write_text(SOURCE)
@@ -59,6 +62,7 @@ def run_nvim(tmp: Path, checkpoint: Path, row: int, col: int, driver: Path = DRI
         "cmd": [sys.executable, "-m", "dfim", "serve", "--model", str(checkpoint)],
         # two denoising steps: the random model's text does not matter, only the round trip
         "settings": {"sampling": {"maxSteps": 2}, "telemetry": {"dataDir": str(data)}},
+        **(extra or {}),  # what a driver reads besides, e.g. tabtab.lua's `flow`
     }
     env = {
         **os.environ,
@@ -148,3 +152,81 @@ def test_the_first_keystroke_of_a_session_gets_a_suggestion(tmp_path, checkpoint
     assert out["accepted"]["requests"] >= 1
     # the request made during the load was held by the server, or made again when the status turned ready
     assert out["stats"]["held_for_model"] >= 1 or out["first"]["requests"] >= 2, out
+
+
+def utf16_len(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def test_tab_tab_the_suggestion_after_an_accept_comes_from_the_speculation(tmp_path, checkpoint):
+    """<Tab> on a shown suggestion in insert mode: the plugin asks at the new cursor by itself, and the server
+    answers from the fill it speculated when the suggestion was shown (no fill of its own), which the plugin
+    shows as the next ghost text."""
+    row, col = 2, len("    return ")
+    out = run_nvim(tmp_path, checkpoint, row, col, driver=TABTAB, extra={"flow": "tabtab"})
+    first = out["first"]
+    assert first["text"] and (first["row"], first["col"]) == (row, col), out
+    # one line from the seeded random model: the cursor arithmetic below relies on it
+    assert "\n" not in first["text"]
+    # the accept put the suggestion in, and the plugin asked right after it, at the new cursor, automatically
+    assert out["line"] == out["line_before"] + first["text"] and out["mode"] == "i"
+    assert out["asked_after"] == 1
+    asked = out["after_accept"]["params"]
+    assert asked["position"] == {"line": row, "character": utf16_len(out["line"])}
+    assert asked["context"]["triggerKind"] == 2  # Automatic
+    # ...and the server answered from the speculation it started when it showed the first: a hit, no fill
+    before, after = out["before"], out["after"]
+    assert before["speculations"] >= 1
+    assert after["speculation_hits"] == before["speculation_hits"] + 1, (before, after)
+    assert after["fills"] == before["fills"]
+    # the answer is the next ghost text, at the new cursor (the speculation's suggestion, by telemetry)
+    items = out["after_accept"]["items"]
+    assert items, "the speculated answer was empty"
+    second = out["second"]
+    assert second and (second["row"], second["col"]) == (row, len(out["line"].encode()))
+    assert second["text"] == items[0]["insertText"] and second["marks"] >= 1
+    events = [json.loads(line) for line in (out["data_dir"] / "telemetry.jsonl").read_text().splitlines()]
+    shown = {e["id"]: e for e in events if e["event"] == "shown"}
+    assert shown[second["id"]]["source"] == "speculation"
+    assert shown[first["id"]]["source"] != "speculation"
+
+
+def test_cycling_shows_the_servers_other_candidates_and_accepts_the_one_shown(tmp_path, checkpoint):
+    """<M-]> on an automatic suggestion asks the server for alternatives (triggerKind Invoked) and shows another
+    of them; <M-]> again steps on and <M-[> back, without asking; <Tab> accepts the one on screen. Then on the
+    next suggestion: <M-]>, a word accepted (<M-Right>), and <M-]> asks again at the new cursor."""
+    row, col = 2, len("    return ")
+    out = run_nvim(tmp_path, checkpoint, row, col, driver=TABTAB, extra={"flow": "cycle"})
+    first = out["first"]
+    assert first["text"] and not first["invoked"], out
+    asked = out["cycle_request"]["params"]
+    assert asked["context"]["triggerKind"] == 1  # Invoked
+    assert asked["position"] == {"line": row, "character": col}
+    # the server returned several distinct candidates (what the rest relies on), all of them to cycle through
+    candidates = [item["insertText"] for item in out["cycle_request"]["items"]]
+    assert len(candidates) >= 2 and len(set(candidates)) == len(candidates), candidates
+    # the suggestion that was on screen stays in the cycle (first, unless the server returned it again)
+    cycle = candidates if first["text"] in candidates else [first["text"], *candidates]
+    first_next = out["next1"]
+    assert first_next["invoked"] and first_next["texts"] == cycle
+    # the first step shows a candidate other than the one that was on screen: the one after it in the cycle
+    assert first_next["index"] == cycle.index(first["text"]) % len(cycle) + 2
+    assert first_next["text"] != first["text"] and first_next["text"] in candidates
+    assert first_next["marks"] >= 1
+    # the next step moves on through the same list, and the previous one comes back, with no new request
+    second_next = out["next2"]
+    assert second_next["index"] == first_next["index"] % len(cycle) + 1
+    assert second_next["text"] == cycle[second_next["index"] - 1] != first_next["text"]
+    assert out["back"]["text"] == first_next["text"]
+    assert out["asked_while_cycling"] == 0
+    # <Tab> accepted the candidate on screen: its text in the line, its own id to the server's accept command
+    assert out["line"] == out["line_before"] + first_next["text"].split("\n")[0]
+    assert out["accept_command"]["command"] == "dfim.inlineAccepted"
+    assert out["accept_command"]["arguments"] == [first_next["id"]]
+    assert first_next["id"] != first["id"]
+    # a word of a cycled suggestion accepted leaves one item: <M-]> asks for alternatives again, there
+    row_after, col_after = out["word_cursor"]
+    head = out["word_line"].encode()[:col_after].decode()
+    assert row_after - 1 == row and len(head) > len(out["line"])  # the cursor went on by the word
+    assert out["cycle_after_word"]["context"]["triggerKind"] == 1
+    assert out["cycle_after_word"]["position"] == {"line": row, "character": utf16_len(head)}

@@ -198,6 +198,7 @@ function M.request(bufnr, invoked, on_done)
       col = col,
       client_id = client.id,
       accepted = keep and old.accepted or 0,
+      invoked = invoked, -- alternatives asked for: next/previous step through these without asking again
     }
     render(bufnr, M.states[bufnr])
     if on_done then on_done(true) end
@@ -296,6 +297,7 @@ function M.accept_part(kind, bufnr)
   cand.end_col = col + math.max(cand.end_col - old_col, 0)
   st.items = { cand }
   st.index = 1
+  st.invoked = nil -- one item left: the next <M-]> asks for alternatives at the new cursor
   st.own_tick = vim.api.nvim_buf_get_changedtick(bufnr)
   if cand.id then
     notify(bufnr, 'dfim/inlinePartiallyAccepted', { id = cand.id, acceptedLength = st.accepted })
@@ -304,14 +306,38 @@ function M.accept_part(kind, bufnr)
   return true
 end
 
-function M.cycle(delta, bufnr)
+--- Next (`delta` 1) or previous (-1) suggestion. What an automatic request showed is one suggestion (or
+--- `inline.candidates`), not a choice: the first step asks the server for alternatives (triggerKind
+--- Invoked, several distinct candidates) and shows the one after (or before) the one on screen, which stays
+--- in the cycle; further steps go through that list without asking again.
+function M.cycle(delta, bufnr, on_done)
   bufnr = bufnr or vim.api.nvim_get_current_buf()
   local st = M.states[bufnr]
-  if not st or #st.items == 0 then
-    return M.request(bufnr, true)
+  if st and st.invoked and #st.items > 0 then
+    st.index = (st.index - 1 + delta) % #st.items + 1
+    render(bufnr, st)
+    if on_done then on_done(true) end
+    return
   end
-  st.index = (st.index - 1 + delta) % #st.items + 1
-  render(bufnr, st)
+  local was = st and st.items[st.index]
+  M.request(bufnr, true, function(got, err)
+    local now = M.states[bufnr]
+    if got and now and was then
+      local at -- where the suggestion that was on screen is among the alternatives
+      for i, cand in ipairs(now.items) do
+        if cand.text == was.text then
+          at = i
+        end
+      end
+      if not at then
+        table.insert(now.items, 1, was)
+        at = 1
+      end
+      now.index = (at - 1 + delta) % #now.items + 1
+      render(bufnr, now)
+    end
+    if on_done then on_done(got, err) end
+  end)
 end
 
 --- Autocommands for one buffer: request (debounced) on entering insert mode, after typing and when the cursor

@@ -24,6 +24,8 @@ const state = {
   panels: [] as FakePanel[],
   messages: [] as [string, string][],
   requests: [] as [string, unknown][],
+  notifications: [] as [string, unknown][],
+  changeListeners: [] as Fn[],
   answer: null as unknown,
   serverOptions: [] as unknown[],
   clientOptions: [] as Record<string, unknown>[],
@@ -85,7 +87,10 @@ const vscode = {
       update: async () => undefined,
     }),
     onDidChangeConfiguration: () => disposable,
-    onDidChangeTextDocument: () => disposable,
+    onDidChangeTextDocument: (fn: Fn) => {
+      state.changeListeners.push(fn);
+      return disposable;
+    },
     onDidCloseTextDocument: () => disposable,
   },
 };
@@ -110,7 +115,9 @@ class LanguageClient {
   onNotification() {
     return disposable;
   }
-  async sendNotification(): Promise<void> {}
+  async sendNotification(method: string, params: unknown): Promise<void> {
+    state.notifications.push([method, params]);
+  }
   async sendRequest(method: string, params: unknown): Promise<unknown> {
     state.requests.push([method, params]);
     if (state.answer instanceof Error) throw state.answer;
@@ -225,6 +232,76 @@ test("showCanvas before any fill says so and opens nothing", async () => {
   assert.equal(state.panels.length, panels);
   assert.equal(state.messages[0][0], "info");
   assert.match(state.messages[0][1], /no fill yet/);
+});
+
+// Inline completion itself is vscode-languageclient's provider and VS Code's own ghost text, next-suggestion
+// command and Tab: none of them runs in plain node (the real editor is driven by scripts/install-check.sh).
+// What the extension adds is its middleware around the provider and the accept command; these check that it
+// hands VS Code's cycling and Tab-Tab requests to the server as they are and every answer back.
+
+type Middleware = {
+  provideInlineCompletionItems: (document: unknown, position: unknown, context: unknown, token: unknown, next: Fn) => Promise<unknown>;
+  executeCommand: (command: string, args: unknown[], next: Fn) => Promise<unknown>;
+};
+const URI = "file:///work/add.py";
+const doc = { uri: { toString: () => URI } };
+const INVOKE = 0; // vscode.InlineCompletionTriggerKind.Invoke: the next-suggestion command, Alt+]
+const AUTOMATIC = 1; // vscode.InlineCompletionTriggerKind.Automatic: typing, or the edit of an accept
+const item = (id: string, text: string, line: number, character: number) => ({
+  insertText: text,
+  range: { start: { line, character }, end: { line, character } },
+  command: { title: "dfim: accepted", command: "dfim.inlineAccepted", arguments: [id] },
+});
+
+/** Ask through the middleware as vscode-languageclient's provider does; `answer` is what the server returns. */
+async function provide(position: { line: number; character: number }, triggerKind: number, answer: unknown) {
+  const middleware = (state.clientOptions.at(-1) as { middleware: Middleware }).middleware;
+  const context = { triggerKind, selectedCompletionInfo: undefined };
+  const token = { isCancellationRequested: false };
+  const calls: unknown[][] = [];
+  const result = await middleware.provideInlineCompletionItems(doc, position, context, token, async (...args: unknown[]) => {
+    calls.push(args);
+    return answer;
+  });
+  assert.equal(calls.length, 1, "the request went to the server once");
+  assert.deepEqual(calls[0], [doc, position, context, token]); // as it came: the trigger kind untouched
+  assert.equal(calls[0][2], context);
+  return result;
+}
+
+/** VS Code inserted `text` at `at` (an accept) and ran the item's accept command. */
+async function accept(text: string, at: { line: number; character: number }, id: string) {
+  const middleware = (state.clientOptions.at(-1) as { middleware: Middleware }).middleware;
+  for (const fn of state.changeListeners) {
+    fn({ document: doc, contentChanges: [{ range: { start: at, end: at }, rangeLength: 0, text }] });
+  }
+  const forwarded: unknown[][] = [];
+  await middleware.executeCommand("dfim.inlineAccepted", [id], async (...args: unknown[]) => void forwarded.push(args));
+  assert.deepEqual(forwarded, [["dfim.inlineAccepted", [id]]]); // the server records the accept of this id
+}
+
+test("cycling: VS Code's invoked request reaches the server as Invoked, and every candidate comes back", async () => {
+  const shown = { items: [item("a", "a + b", 1, 11)] };
+  assert.equal(await provide({ line: 1, character: 11 }, AUTOMATIC, shown), shown);
+  const candidates = { items: [item("c1", "a - b", 1, 11), item("c2", "b + a", 1, 11), item("c3", "sum((a, b))", 1, 11)] };
+  const result = (await provide({ line: 1, character: 11 }, INVOKE, candidates)) as typeof candidates;
+  assert.equal(result, candidates);
+  assert.deepEqual(result.items.map((i) => i.insertText), ["a - b", "b + a", "sum((a, b))"]);
+  // the user stepped to the second candidate and pressed Tab: its own id goes to the server
+  await accept("b + a", { line: 1, character: 11 }, "c2");
+});
+
+test("Tab-Tab: after an accept, the request at the new cursor goes to the server and its answer is shown", async () => {
+  state.notifications.length = 0;
+  const first = { items: [item("t1", "a + b", 1, 11)] };
+  assert.equal(await provide({ line: 1, character: 11 }, AUTOMATIC, first), first);
+  await accept("a + b", { line: 1, character: 11 }, "t1");
+  // VS Code asks at once at the new cursor; nothing on the client holds it back or answers it itself
+  const next = { items: [item("t2", "  # sum", 1, 16)] };
+  assert.equal(await provide({ line: 1, character: 16 }, AUTOMATIC, next), next);
+  // the accepted suggestion was not reported rejected when the next one replaced it
+  const rejected = state.notifications.filter(([method, params]) => method === "dfim/inlineRejected" && (params as { id: string }).id === "t1");
+  assert.deepEqual(rejected, []);
 });
 
 test("showCanvas on a server without dfim/lastTrace is an error message", async () => {
