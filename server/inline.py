@@ -205,6 +205,8 @@ def inline_items(ls, place: Place, candidates: list[str], ctx: FillContext, sour
                 latencyMs=round(latency, 1),
                 **fields,
             )
+        elif rank > 0:  # cycling's other candidates: telemetry learns of one when it is accepted
+            ls.tracker.alternative(Shown(suggestion_id, snapshot.uri, insert, snapshot.language_id))
         out.append(
             types.InlineCompletionItem(
                 insert_text=insert,

@@ -6,7 +6,8 @@ Events are appended as JSON lines to `<data dir>/telemetry.jsonl` and never leav
      "chars": 17, "acceptedChars": 0, "latencyMs": 84.2, "steps": 6, "source": "model"}
 
 `event` is one of shown | accepted | partial | rejected | hidden (the confidence gate hid it: no id, no
-outcome; dfim.server.gate); `source` (shown only) is model | cache | typed.
+outcome; dfim.server.gate); `source` (shown only) is model | cache | typed | speculation | cycled (a
+candidate after the first, counted shown when its accept arrives: the first then ends as rejected).
 `acceptedChars` counts what the user kept (all of it for accepted, a prefix for partial). A partial accept
 may be followed by more of the same suggestion (accept word, accept word, accept all): each is recorded
 again with the running total, and the summary counts only the last outcome of each id.
@@ -142,15 +143,38 @@ class SuggestionTracker:
         # Partly accepted suggestions, which may still grow to accepted: VS Code inserts a whole accepted
         # item first and runs its accept command afterwards, so a client's watcher reports "partial" first.
         self.partial: dict[str, Shown] = {}
+        # The other candidates of an answer (cycling): not shown until the user cycles to one, which the
+        # server learns only when it is accepted (the client runs that item's command).
+        self.alternatives: dict[str, Shown] = {}
 
     def shown(self, shown: Shown, **fields) -> None:
         self.supersede(shown.uri)
+        self._drop_alternatives(shown.uri)  # a new answer's first candidate: the old one's others are moot
         self.pending[shown.uri] = shown
         self.by_id[shown.id] = shown
         if len(self.by_id) > 1000:
             for key in list(self.by_id)[:500]:
                 self.by_id.pop(key, None)
         self.telemetry.record("shown", id=shown.id, language=shown.language, chars=len(shown.text), **fields)
+
+    def alternative(self, shown: Shown) -> None:
+        """A candidate returned after the first one: shown only if the user cycles to it."""
+        self.alternatives[shown.id] = shown
+        if len(self.alternatives) > 1000:
+            for key in list(self.alternatives)[:500]:
+                self.alternatives.pop(key, None)
+
+    def _drop_alternatives(self, uri: str) -> None:
+        for key in [key for key, other in self.alternatives.items() if other.uri == uri]:
+            del self.alternatives[key]
+
+    def _cycled_to(self, suggestion_id: str) -> Shown | None:
+        """An alternative the client reports taken: it was on screen after all, in place of the first
+        candidate, which ends as not taken (`shown` supersedes it); the answer's other candidates are moot."""
+        shown = self.alternatives.pop(suggestion_id, None)
+        if shown is not None:
+            self.shown(shown, source="cycled")
+        return shown
 
     def typed(self, uri: str, count: int) -> None:
         """The user has typed the first `count` characters of the pending suggestion."""
@@ -162,12 +186,16 @@ class SuggestionTracker:
             self._finish(shown, "accepted", len(shown.text))
 
     def accepted(self, suggestion_id: str) -> None:
-        shown = self.by_id.get(suggestion_id) or self.partial.get(suggestion_id)
+        shown = (
+            self.by_id.get(suggestion_id) or self.partial.get(suggestion_id) or self._cycled_to(suggestion_id)
+        )
         if shown is not None:
             self._finish(shown, "accepted", len(shown.text))
 
     def partially_accepted(self, suggestion_id: str, accepted_chars: int) -> None:
-        shown = self.by_id.get(suggestion_id) or self.partial.get(suggestion_id)
+        shown = (
+            self.by_id.get(suggestion_id) or self.partial.get(suggestion_id) or self._cycled_to(suggestion_id)
+        )
         if shown is None:
             return
         chars = max(0, min(accepted_chars, len(shown.text)))

@@ -151,3 +151,19 @@ def test_a_failing_report_does_not_break_the_record(tmp_path):
     t = telemetry.Telemetry(blocker / "dir", on_failure=broken)
     t.record("shown", id="1")  # never raises
     assert t.failed
+
+
+def test_accepting_a_cycled_candidate_counts_it_shown_and_accepted(tmp_path):
+    t = telemetry.Telemetry(tmp_path)
+    tracker = telemetry.SuggestionTracker(t)
+    tracker.shown(telemetry.Shown("first", "u", "abc", "python"), latencyMs=10.0, source="model")
+    tracker.alternative(telemetry.Shown("second", "u", "xyz", "python"))
+    tracker.alternative(telemetry.Shown("third", "u", "qrs", "python"))
+    tracker.accepted("second")  # the user cycled once and took it
+    tracker.accepted("third")  # a stale command of an answer already decided: nothing
+    events = [(e["event"], e.get("id")) for e in telemetry.read_events(t.path)]
+    assert events == [("shown", "first"), ("rejected", "first"), ("shown", "second"), ("accepted", "second")]
+    assert [e.get("source") for e in telemetry.read_events(t.path) if e["event"] == "shown"] == [
+        "model",
+        "cycled",
+    ]
