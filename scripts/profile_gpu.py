@@ -68,7 +68,7 @@ def scopes(fast: FastDiffusionGemma) -> Iterator[None]:
     """Name the parts of a step for the profiler: module hooks and wrapped methods, all undone after."""
     model = fast.model
     handles = []
-    saved: list[tuple[object, str, object]] = []
+    wrapped: list[tuple[object, str]] = []  # instance attributes that shadow a method until removed
 
     def hook(module: torch.nn.Module, name: str) -> None:
         state: dict[str, record_function] = {}
@@ -84,8 +84,8 @@ def scopes(fast: FastDiffusionGemma) -> Iterator[None]:
         handles.append(module.register_forward_hook(post))
 
     def wrap(owner: object, attr: str, name: str) -> None:
-        saved.append((owner, attr, getattr(owner, attr)))
-        setattr(owner, attr, scoped(name, getattr(owner, attr)))
+        setattr(owner, attr, scoped(name, getattr(owner, attr)))  # the bound method, wrapped
+        wrapped.append((owner, attr))
 
     for layer in fast.layers:
         hook(layer.mlp, "dense_mlp")
@@ -95,8 +95,8 @@ def scopes(fast: FastDiffusionGemma) -> Iterator[None]:
             if isinstance(module, RMSNorm) and module not in (layer.self_attn.q_norm, layer.self_attn.k_norm):
                 hook(module, "norms")
     hook(model.decoder.self_conditioning, "self_conditioning")
-    saved.append((Attention, "project", Attention.project))
-    Attention.project = scoped("qkv", Attention.project)  # type: ignore[method-assign]
+    project = Attention.project  # called as a method, not a module: wrapped on the class
+    Attention.project = scoped("qkv", project)  # type: ignore[method-assign]
     wrap(fast, "_attend_static", "attention")
     wrap(fast, "logits", "lm_head")
     wrap(fast, "embed", "embed")
@@ -106,11 +106,9 @@ def scopes(fast: FastDiffusionGemma) -> Iterator[None]:
     finally:
         for h in handles:
             h.remove()
-        for owner, attr, value in reversed(saved):
-            if owner is Attention:
-                Attention.project = value  # type: ignore[method-assign]
-            else:
-                delattr(owner, attr) if attr in vars(owner) else setattr(owner, attr, value)
+        Attention.project = project  # type: ignore[method-assign]
+        for owner, attr in wrapped:
+            delattr(owner, attr)
 
 
 def scope_of(event) -> str:
