@@ -253,7 +253,7 @@ class EngineHost:
     def count_tokens(self, text: str) -> int:
         """Tokens of `text` under the loaded model's tokenizer (an estimate before it loads)."""
         engine = self.engine
-        if engine is None:
+        if engine is None or engine.tokenizer is None:  # no tokenizer here for a served model
             return guess_tokens(text)
         return len(engine.tokenizer.encode(scrub(text)))
 
@@ -261,6 +261,8 @@ class EngineHost:
         """`text` split into the loaded tokenizer's tokens (bytes of a character split over tokens are kept
         together on the first of them, so the pieces always join back to `text`)."""
         tokenizer = self.engine.tokenizer
+        if tokenizer is None:  # a served model: the text is one piece
+            return [text]
         pieces: list[str] = []
         pending = b""
         for token_id in tokenizer.encode(scrub(text)):
@@ -286,6 +288,10 @@ def _tell_watcher(finish: Callable[[FillResult], None], result: FillResult) -> N
 
 
 def _load(path: str | None, device: str, fast: bool = True):
+    from dfim.engine.inference.vllm_served import ServedEngine, is_served_url
+
+    if is_served_url(path):  # a model served by `vllm serve` (docs/gpu.md): `device` is the server's
+        return ServedEngine.connect(path)
     from dfim.engine.inference.fill import (
         Engine,  # imported here: torch takes a second, initialize must not wait
     )

@@ -16,7 +16,10 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", default="", help="checkpoint folder or a shipped model's name (default: dfim-base)"
+        "--model",
+        default="",
+        help="checkpoint folder, a shipped model's name (default: dfim-base), "
+        "or the URL of a `vllm serve` (http://HOST:8000/v1; docs/gpu.md)",
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model runs")
     parser.add_argument(
