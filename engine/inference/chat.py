@@ -1,12 +1,13 @@
 """Instruction-tuned checkpoints in the in-process engine (e.g. diffusiongemma-26B-A4B-it).
 
 Such a checkpoint has no FIM tokens: its tokenizer is a chat vocabulary (Gemma's: SentencePiece pieces with
-"▁" for a space and `<0xNN>` byte fallbacks, `<start_of_turn>` / `<end_of_turn>` markup). `ChatTokenizer`
+"▁" for a space and `<0xNN>` byte fallbacks, turn markup: Gemma 4's `<|turn>` / `<turn|>`, Gemma 3's
+`<start_of_turn>` / `<end_of_turn>`). `ChatTokenizer`
 gives the engine the same interface as the FIM `Tokenizer` over such a vocabulary, and its
 `prompt_context` replaces `fim_context`: the encoder reads the request as one user turn (`dfim.engine.inference.prompts`:
 the code with a marker at the gap, "reply with exactly the missing text") rendered with the checkpoint's
 chat template, followed by the opening of the model's turn; the canvas is the model's answer, which ends at
-`<end_of_turn>`. A rewrite with an instruction (`FillRequest.instruction`) asks for the selection rewritten
+the end of its turn. A rewrite with an instruction (`FillRequest.instruction`) asks for the selection rewritten
 as told instead. The markup's special tokens come from the template; the user's code is encoded with
 special tokens read as plain text, so a file cannot inject a turn.
 
@@ -24,7 +25,14 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 
 from dfim.engine.api import FillRequest
-from dfim.engine.inference.prompts import infill_message, load_chat_template, render, rewrite_message
+from dfim.engine.inference.prompts import (
+    GEMMA4_TURNS,
+    GEMMA_TURNS,
+    infill_message,
+    load_chat_template,
+    render,
+    rewrite_message,
+)
 from dfim.engine.model.tokenizer import Tokenizer, _byte_decoder
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -78,8 +86,9 @@ class ChatTokenizer(Tokenizer):
         self.pad_id = need("<pad>")
         self.bos_id = need("<bos>")
         self.unk_id = hf.token_to_id("<unk>") if hf.token_to_id("<unk>") is not None else self.pad_id
-        # The answer is the model's turn: it ends at the end of that turn (or EOS where there is no markup).
-        self.eos_id = need("<end_of_turn>", "<eos>")
+        # The answer is the model's turn: it ends at the end of that turn, Gemma 4's `<turn|>` or Gemma 3's
+        # `<end_of_turn>` (or EOS where there is no markup).
+        self.eos_id = need("<turn|>", "<end_of_turn>", "<eos>")
         self.fim_prefix_id = self.fim_suffix_id = self.fim_middle_id = self.file_sep_id = -1
         self.num_special = 0
         self._special |= {self.pad_id, self.bos_id, self.eos_id}
@@ -90,7 +99,8 @@ class ChatTokenizer(Tokenizer):
             for i in range(self.vocab_size)
         ]
         # The turn around the user's text, rendered and encoded once (the template is the same every time).
-        head, _, tail = render(_USER, template).partition(_USER)
+        fallback = GEMMA4_TURNS if hf.token_to_id("<|turn>") is not None else GEMMA_TURNS
+        head, _, tail = render(_USER, template, fallback=fallback).partition(_USER)
         self._turn = (self.markup(head), self.markup(tail))
 
     def is_special(self, token_id: int) -> bool:

@@ -4,7 +4,8 @@ An infill or rewrite request becomes one user turn that shows the code before an
 asks for the missing part only; the model's answer (one canvas, cut at its end-of-turn/EOS) is the
 middle. The turn is rendered with the checkpoint's own chat template when it ships one
 (`chat_template.jinja`, `tokenizer_config.json` or `chat_template.json`) and jinja2 is installed;
-otherwise with Gemma's turn markup, which the released checkpoint uses.
+otherwise with Gemma's turn markup: Gemma 4's (the released DiffusionGemma's) where the vocabulary has
+its `<|turn>` token, Gemma 3's where it has `<start_of_turn>`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from pathlib import Path
 from dfim.engine.api import CheckpointError, FillRequest
 
 HOLE = "<|fill|>"  # where the answer goes, inside the shown code
+# The turn markup used when a checkpoint ships no chat template (or jinja2 is missing), by vocabulary:
+# Gemma 4's (DiffusionGemma's own) where the vocabulary has `<|turn>`, else Gemma 3's.
+GEMMA4_TURNS = "<bos><|turn>user\n{user}<turn|>\n<|turn>model\n"
 GEMMA_TURNS = "<bos><start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
 
 INFILL = (
@@ -69,8 +73,11 @@ def load_chat_template(folder: str | Path) -> str | None:
     return None
 
 
-def render(user: str, template: str | None = None, bos_token: str = "<bos>") -> str:
-    """One user turn followed by the opening of the model's turn (add_generation_prompt)."""
+def render(
+    user: str, template: str | None = None, bos_token: str = "<bos>", fallback: str = GEMMA_TURNS
+) -> str:
+    """One user turn followed by the opening of the model's turn (add_generation_prompt), by `template`
+    where there is one and jinja2 is installed, else by the `fallback` markup."""
     if template is not None:
         try:
             import jinja2
@@ -82,7 +89,7 @@ def render(user: str, template: str | None = None, bos_token: str = "<bos>") -> 
             return env.from_string(template).render(
                 messages=[{"role": "user", "content": user}], add_generation_prompt=True, bos_token=bos_token
             )
-    return GEMMA_TURNS.format(user=user)
+    return fallback.format(user=user)
 
 
 def _raise(message: str) -> None:

@@ -27,9 +27,9 @@ TEMPLATE = (
 )
 
 
-def gemma_like_tokenizer(path: Path) -> Path:
+def gemma_like_tokenizer(path: Path, specials: list[str] = SPECIALS) -> Path:
     """A tiny chat vocabulary in Gemma's shape: specials, 256 byte fallbacks, printable ASCII and "▁"."""
-    pieces = SPECIALS + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581"]
+    pieces = specials + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581"]
     pieces += [chr(c) for c in range(33, 127)] + ["\u2581def", "\u2581return", "ab"]
     vocab = {p: i for i, p in enumerate(pieces)}
     hf = HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
@@ -37,7 +37,7 @@ def gemma_like_tokenizer(path: Path) -> Path:
     hf.decoder = decoders.Sequence(
         [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     )
-    hf.add_special_tokens(SPECIALS)
+    hf.add_special_tokens(specials)
     hf.add_tokens(["<unused0>"])  # markup added without the special flag, as some vocabularies have it
     hf.save(str(path))
     return path
@@ -143,3 +143,14 @@ def test_a_vocabulary_with_neither_layout_is_refused_in_a_line(tmp_path):
     HFTokenizer(models.BPE(vocab={"a": 0, "b": 1}, merges=[])).save(str(tmp_path / "ckpt" / "tokenizer.json"))
     with pytest.raises(CheckpointError, match="not a usable tokenizer.*no <pad> token"):
         Engine.load(tmp_path / "ckpt")
+
+
+def test_a_gemma_4_vocabulary_without_a_template_gets_gemma_4_turns(tmp_path):
+    # DiffusionGemma's own markup: `<|turn>` opens a turn and `<turn|>` ends it (the answer's end)
+    gemma4 = ["<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>"]
+    path = gemma_like_tokenizer(tmp_path / "tokenizer.json", gemma4)
+    tok = ChatTokenizer(HFTokenizer.from_file(str(path)), template=None)
+    assert tok.eos_id == 5  # <turn|>, not <eos>
+    ids = tok.prompt_context(FillRequest(prefix="x = ", suffix="\n", max_tokens=8))
+    assert ids[:2] == [2, 4]  # <bos> <|turn>
+    assert tok.decode(ids).endswith("model\n") and ids[-3:] == tok.markup("<|turn>model\n")[-3:]
