@@ -90,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
         level=level, handlers=[handler], format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     from dfim.server.app import build_server
+    from dfim.server.memory_trace import start_if_asked
+
+    start_if_asked()  # a diagnostic for long soaks, off unless DFIM_TRACE_MEMORY names a file
 
     ls = build_server(
         model=args.model,
