@@ -130,11 +130,16 @@ def test_only_the_sandbox_starts_processes_or_evaluates_code():
     assert not found, found
 
 
+# The one module that talks to the network, and only when the user points `--model` at the URL of a served
+# model (a team's `vllm serve`, decision 84): the default path never imports it.
+NETWORK_BY_REQUEST = {"engine/inference/vllm_served.py"}
+
+
 def test_no_network_modules_in_engine_and_server():
     found = []
     for path in product_files():
         rel = str(path.relative_to(ROOT))
-        if rel.startswith("dfim/"):
+        if rel.startswith("dfim/") or rel in NETWORK_BY_REQUEST:
             continue
         names = dotted_names(code_tokens(path))
         found += [
@@ -306,3 +311,14 @@ def test_the_network_recorder_catches_a_connection(sandbox_dirs, tmp_path):
     code = "import socket\ntry:\n    socket.create_connection(('127.0.0.1', 9), timeout=1)\nexcept OSError:\n    pass\n"
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
     assert "create_connection" in log.read_text(encoding="utf-8")
+
+
+def test_the_network_client_is_imported_only_for_a_model_url():
+    """No module imports the served-model client at import time: it loads only for an http(s) `--model`."""
+    for path in product_files():
+        rel = str(path.relative_to(ROOT))
+        if rel in NETWORK_BY_REQUEST:
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.startswith(("import ", "from ")):  # module level only; a function may import it lazily
+                assert "vllm_served" not in line, f"{rel}: {line}"

@@ -46,7 +46,9 @@ def test_fill_until_shown_asks_again_with_the_next_seed_only_when_nothing_is_lef
 
         request = FillRequest(prefix=ctx.prefix, suffix=ctx.suffix, seed=7)
         out = asyncio.run(
-            inline_plan.fill_until_shown(fill_once, request, post_context(ctx), "", retries, lambda: cancelled)
+            inline_plan.fill_until_shown(
+                fill_once, request, post_context(ctx), "", retries, lambda: cancelled
+            )
         )
         return out, seeds
 
