@@ -392,4 +392,6 @@ def _register_lifecycle(ls: DfimServer) -> None:
             "status": ls.status.status.to_json(),
             "encoding": ls.docs.encoding,
             "gate": ls.gate_log.to_json(),
+            # handlers of client messages still running: a count that grows with the session is a leak
+            "pending_handlers": len(ls.protocol._request_futures),
         }

@@ -656,3 +656,19 @@ async def test_the_shipped_model_drafts_a_line_and_the_denoiser_confirms_it(tmp_
         assert s.statuses[-1].lastSteps > 1
     finally:
         await s.stop()
+
+
+async def test_notifications_leave_nothing_pending(session):
+    # pygls 2.1 kept the future of every didOpen/didChange/didClose (and every notification whose handler
+    # is a coroutine) forever: one per keystroke, the soak's slow RSS growth (server/protocol.py)
+    before = (await session.stats()).pending_handlers
+    uri = "file:///work/many_edits.py"
+    session.open(uri, "x = 1\n")
+    for i in range(300):
+        session.change(uri, f"x = {i}\n")
+    session.configure({"sampling": FAST["sampling"]})  # a coroutine notification too
+    session.client.text_document_did_close(
+        types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
+    )
+    after = (await session.stats()).pending_handlers  # answered after every notification before it
+    assert after <= before + 1, (before, after)  # the stats request itself may still count
