@@ -7,46 +7,8 @@
 -- insert mode without a cursor move, and an accept with <Tab> must each ask again. Keys go through the typeahead and the main loop (not `feedkeys(..., 'x')`, which would leave
 -- insert mode), so each step is a callback run when the condition before it holds.
 local cfg = vim.fn.json_decode(os.getenv('DFIM_E2E'))
-local out = { steps = {} }
-
-local function finish(err)
-  if err then
-    out.error = tostring(err)
-  end
-  local f = io.open(cfg.result, 'w')
-  f:write(vim.fn.json_encode(out))
-  f:close()
-  vim.cmd('qa!')
-end
-
---- Run `next` once `cond()` holds (checked every 20 ms); after `timeout_ms`, finish with an error.
-local function when(name, cond, timeout_ms, next)
-  local uv = vim.uv or vim.loop
-  local deadline = uv.now() + timeout_ms
-  local function poll()
-    local ok, held = pcall(cond)
-    if not ok then
-      return finish(held)
-    end
-    if held then
-      table.insert(out.steps, name)
-      local ran, err = pcall(next)
-      if not ran then
-        finish(err)
-      end
-    elseif uv.now() > deadline then
-      finish('timed out waiting for: ' .. name)
-    else
-      vim.defer_fn(poll, 20)
-    end
-  end
-  poll()
-end
-
---- Type `k` as a user would: through mappings (the plugin's <Tab>), unlike feedkeys' 'n' mode.
-local function keys(k)
-  vim.api.nvim_feedkeys(vim.api.nvim_replace_termcodes(k, true, false, true), 'm', false)
-end
+local steps = dofile(vim.fn.fnamemodify(debug.getinfo(1, 'S').source:sub(2), ':h') .. '/steps.lua')(cfg)
+local out, finish, when, keys = steps.out, steps.finish, steps.when, steps.keys
 
 local ok, err = pcall(function()
   vim.opt.runtimepath:prepend(cfg.plugin)
