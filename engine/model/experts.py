@@ -168,6 +168,17 @@ GPU_KERNELS = {"grouped": moe_grouped, "padded": moe_padded, "gathered": moe_gat
 FP8_KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor, Fp8Experts], Tensor]] = {}
 
 
+def probe_routing(
+    num_experts: int, hidden: int, device: torch.device, dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor]:
+    """A kernel's self-test input: 5 tokens [5, hidden], each routed to 2 distinct experts (weights, index)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(5, hidden, generator=g).to(device, dtype)
+    index = torch.stack([torch.randperm(num_experts, generator=g)[:2] for _ in range(5)]).to(device)
+    weights = torch.rand(5, 2, generator=g).to(device)
+    return x, weights, index
+
+
 def pick_gpu_kernel(experts: Experts, device: torch.device, dtype: torch.dtype, graphs: bool = False) -> str:
     """`grouped` if torch._grouped_mm exists and agrees with a per-expert reference on this device and
     dtype (with this checkpoint's real expert tensors and strides), and, with `graphs`, can be captured in a
@@ -176,11 +187,8 @@ def pick_gpu_kernel(experts: Experts, device: torch.device, dtype: torch.dtype, 
     if not hasattr(torch, "_grouped_mm"):
         return "padded"
     try:
-        g = torch.Generator(device="cpu").manual_seed(0)
         e, hidden = experts.gate_up_proj.shape[0], experts.gate_up_proj.shape[2]
-        x = torch.randn(5, hidden, generator=g).to(device, dtype)
-        index = torch.stack([torch.randperm(e, generator=g)[:2] for _ in range(5)]).to(device)
-        weights = torch.rand(5, 2, generator=g).to(device)
+        x, weights, index = probe_routing(e, hidden, device, dtype)
         got = moe_grouped(x, weights, index, experts.gate_up_proj, experts.down_proj).float()
         want = moe_gathered(x, weights, index, experts.gate_up_proj, experts.down_proj).float()
         err = (got - want).norm() / want.norm().clamp(min=1e-12)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dfim.engine.model.experts import FP8_KERNELS, Experts, _sort_by_expert
+from dfim.engine.model.experts import FP8_KERNELS, Experts, _sort_by_expert, probe_routing
 from dfim.engine.model.ops import gelu
 
 E4M3 = torch.float8_e4m3fn
@@ -111,11 +111,7 @@ def fp8_kernel_works(experts: Fp8Experts, device: torch.device, dtype: torch.dty
     if device.type != "cuda" or not hasattr(torch, "_scaled_grouped_mm"):
         return "needs CUDA and torch._scaled_grouped_mm (SM90)"
     try:
-        g = torch.Generator(device="cpu").manual_seed(0)
-        e, hidden = experts.gate_up.shape[0], experts.gate_up.shape[2]
-        x = torch.randn(5, hidden, generator=g).to(device, dtype)
-        index = torch.stack([torch.randperm(e, generator=g)[:2] for _ in range(5)]).to(device)
-        weights = torch.rand(5, 2, generator=g).to(device)
+        x, weights, index = probe_routing(experts.gate_up.shape[0], experts.gate_up.shape[2], device, dtype)
         got = moe_grouped_fp8(x, weights, index, experts).float()
         want = moe_fp8_reference(x, weights, index, experts).float()
         err = float((got - want).norm() / want.norm().clamp(min=1e-12))
