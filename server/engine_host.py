@@ -60,6 +60,7 @@ class EngineHost:
         self._urgent: deque[tuple[Callable[[], FillResult], Future]] = deque()  # urgent fills not started yet
         self.preempted = 0  # urgent fills run at a step boundary of another fill (tests read this)
         self._nested = 0  # > 0 while such a fill runs (in the worker thread)
+        self._drain_queued = False  # a `_run_urgent` is waiting in the executor's queue
         self.oom_retries = 0
         self._last_trim = 0.0
         self.fell_back_to_cpu = False  # set when CUDA ran out of memory and the model moved to the CPU
@@ -133,7 +134,12 @@ class EngineHost:
             request.cache_slot = URGENT_SLOT
             work: Future = Future()
             self._urgent.append((partial(self._run, engine, request, cancel, not speculative), work))
-            self._executor.submit(self._run_urgent)  # an idle worker starts it now; a busy one sooner
+            # An idle worker starts the drain now, a busy one sooner. One drain waiting in the executor is
+            # enough (it runs every urgent fill there is); a drain per fill piled up without end while a
+            # steady stream kept the running drain busy (the soak: one work item per keystroke).
+            if not self._drain_queued:
+                self._drain_queued = True
+                self._executor.submit(self._run_urgent)
         else:
             request.cache_slot = BACKGROUND_SLOT
             previous_hook = request.between_steps
@@ -165,6 +171,8 @@ class EngineHost:
         inline requests over many documents (each a full fill, the action's step a fraction of one) slows
         an action down by a bounded factor instead of starving it."""
         budget = 1 if nested else float("inf")
+        if not nested:
+            self._drain_queued = False  # from here on, a new urgent fill queues the next drain
         while self._urgent and budget > 0:
             budget -= 1
             job, work = self._urgent.popleft()

@@ -102,3 +102,35 @@ def test_nested_urgent_fills_leave_the_action_a_step_and_never_move_the_model():
     with pytest.raises(EngineError, match="while a code action runs"):
         work.result()
     assert host.engine is engine and not host.fell_back_to_cpu  # no move to the CPU for good
+
+
+async def test_urgent_fills_queue_one_drain_however_many_arrive(tmp_path) -> None:
+    import asyncio
+    import threading
+
+    from dfim.engine import Engine, FillRequest, SamplerSettings
+    from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
+    from dfim.server.engine_host import EngineHost
+
+    host = EngineHost()
+    host.engine = Engine.load(write_random_checkpoint(tmp_path, DEFAULT_MODEL_DIR / "tokenizer.json"))
+    busy = threading.Event()
+    host._executor.submit(busy.wait, 30)  # the worker is taken: everything else waits in its queue
+    fills = [
+        asyncio.ensure_future(
+            host.fill(
+                FillRequest(
+                    prefix=f"x = {i}", suffix="", max_tokens=4, settings=SamplerSettings(max_steps=1)
+                ),
+                threading.Event(),
+                urgent=True,
+            )
+        )
+        for i in range(50)
+    ]
+    await asyncio.sleep(0.1)
+    assert len(host._urgent) == 50 and host._executor._work_queue.qsize() == 1  # one drain, not 50
+    busy.set()
+    results = await asyncio.wait_for(asyncio.gather(*fills), 120)
+    assert len(results) == 50 and not host._urgent
+    host.shutdown()
