@@ -143,13 +143,12 @@ class SuggestionTracker:
         # Partly accepted suggestions, which may still grow to accepted: VS Code inserts a whole accepted
         # item first and runs its accept command afterwards, so a client's watcher reports "partial" first.
         self.partial: dict[str, Shown] = {}
-        # The other candidates of an answer (cycling): not shown until the user cycles to one, which the
-        # server learns only when it is accepted (the client runs that item's command).
-        self.alternatives: dict[str, Shown] = {}
+        # uri -> id -> the other candidates of its last answer (cycling): not shown until the user cycles to
+        # one, which the server learns only when it is accepted (the client runs that item's command).
+        self.alternatives: dict[str, dict[str, Shown]] = {}
 
     def shown(self, shown: Shown, **fields) -> None:
         self.supersede(shown.uri)
-        self._drop_alternatives(shown.uri)  # a new answer's first candidate: the old one's others are moot
         self.pending[shown.uri] = shown
         self.by_id[shown.id] = shown
         if len(self.by_id) > 1000:
@@ -159,21 +158,14 @@ class SuggestionTracker:
 
     def alternative(self, shown: Shown) -> None:
         """A candidate returned after the first one: shown only if the user cycles to it."""
-        self.alternatives[shown.id] = shown
-        if len(self.alternatives) > 1000:
-            for key in list(self.alternatives)[:500]:
-                self.alternatives.pop(key, None)
-
-    def _drop_alternatives(self, uri: str) -> None:
-        for key in [key for key, other in self.alternatives.items() if other.uri == uri]:
-            del self.alternatives[key]
+        self.alternatives.setdefault(shown.uri, {})[shown.id] = shown
 
     def _cycled_to(self, suggestion_id: str) -> Shown | None:
         """An alternative the client reports taken: it was on screen after all, in place of the first
         candidate, which ends as not taken (`shown` supersedes it); the answer's other candidates are moot."""
-        shown = self.alternatives.pop(suggestion_id, None)
+        shown = next((a[suggestion_id] for a in self.alternatives.values() if suggestion_id in a), None)
         if shown is not None:
-            self.shown(shown, source="cycled")
+            self.shown(shown, source="cycled")  # supersedes the first and drops the answer's others
         return shown
 
     def typed(self, uri: str, count: int) -> None:
@@ -210,7 +202,9 @@ class SuggestionTracker:
             self._finish(shown, "partial" if shown.typed else "rejected", shown.typed)
 
     def supersede(self, uri: str) -> None:
-        """A new suggestion (not a typed-ahead continuation) or a close ends the pending one."""
+        """A new suggestion (not a typed-ahead continuation) or a close ends the pending one, and the other
+        candidates of its answer."""
+        self.alternatives.pop(uri, None)
         shown = self.pending.get(uri)
         if shown is not None:
             self._finish(shown, "partial" if shown.typed else "rejected", shown.typed)
