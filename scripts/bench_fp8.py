@@ -83,12 +83,16 @@ def main() -> int:
         (layer.experts.gate_up_proj.numel() + layer.experts.down_proj.numel()) * 2
         for layer in model.decoder.layers
     )
-    ms = block_ms(fast, context, args.steps, args.reps)
-    results["bf16_ms_step"] = ms / args.steps
-    log(
-        f"bf16 ({fast.moe} experts, graphs {fast.use_graphs}): {ms / args.steps:.2f} ms/step, "
-        f"{config.canvas_length / (ms / 1e3):.0f} tok/s at {args.steps} steps"
-    )
+
+    def time_block(name: str, fast: FastDiffusionGemma) -> None:
+        ms = block_ms(fast, context, args.steps, args.reps)
+        results[f"{name}_ms_step"] = ms / args.steps
+        log(
+            f"{name} ({fast.moe} experts, graphs {fast.use_graphs}): {ms / args.steps:.2f} ms/step, "
+            f"{config.canvas_length / (ms / 1e3):.0f} tok/s at {args.steps} steps"
+        )
+
+    time_block("bf16", fast)
     want_logits = last_logits(fast, context)
     del fast
     gc.collect()
@@ -125,17 +129,12 @@ def main() -> int:
         f"GPU memory now {torch.cuda.memory_allocated() / 1e9:.1f} GB"
     )
     fast = FastDiffusionGemma(model, max_len=max_len, bucket=256, moe="grouped_fp8")
-    ms = block_ms(fast, context, args.steps, args.reps)
-    results["fp8_ms_step"] = ms / args.steps
-    log(
-        f"FP8 experts (graphs {fast.use_graphs}): {ms / args.steps:.2f} ms/step, "
-        f"{config.canvas_length / (ms / 1e3):.0f} tok/s at {args.steps} steps"
-    )
+    time_block("fp8", fast)
     got_logits = last_logits(fast, context)
     rel = float((got_logits - want_logits).norm() / want_logits.norm())
     agree = float((got_logits.argmax(-1) == want_logits.argmax(-1)).float().mean())
     log(
-        f"one denoising pass, 30 layers: logits relative error {rel:.3f}, argmax agreement {agree:.1%} "
+        f"one denoising pass, {config.num_hidden_layers} layers: logits relative error {rel:.3f}, argmax agreement {agree:.1%} "
         "(random weights: bf16 rounding alone moves these)"
     )
     bandwidth_floor = fp8_bytes / 3.35e12 * 1e3

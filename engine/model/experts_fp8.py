@@ -127,7 +127,8 @@ def use_fp8_experts(experts: Experts, drop_bf16: bool = False) -> Fp8Experts:
     """Quantize a layer's experts to FP8 and run them with `moe_grouped_fp8` from now on. `drop_bf16`
     frees the bf16 tensors (a 26B model's bf16 and FP8 experts together do not fit an 80 GB card); the
     layer then runs only in this mode."""
-    experts.fp8 = quantize_experts(experts.gate_up_proj.data, experts.down_proj.data)
+    if experts.fp8 is None:  # quantized once: a second call only switches the mode (or drops bf16)
+        experts.fp8 = quantize_experts(experts.gate_up_proj.data, experts.down_proj.data)
     experts.mode = "grouped_fp8"
     if drop_bf16:
         for param in (experts.gate_up_proj, experts.down_proj):
