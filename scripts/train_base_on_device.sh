@@ -158,22 +158,27 @@ stage_wait() {
 
 stage_fetch() {
   : "${OUT:?OUT must name the folder that comes back}"
-  local f phase
-  for f in data.log ar.log diff.log pipeline.log data_summary.json settings.env; do
-    [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/"
+  # At most 8 files and 64 MiB come back: the logs travel as one archive, the export as 15 MiB parts.
+  local f phase logs=()
+  for f in data.log ar.log diff.log pipeline.log data_summary.json settings.env probe-none.json probe-layers.json; do
+    [ -f "$RUN/$f" ] && logs+=("$f")
   done
   for phase in ar diff; do
-    cp "$RUN/$phase/train_log.jsonl" "$OUT/${phase}_train_log.jsonl" 2>/dev/null || true
+    cp "$RUN/$phase/train_log.jsonl" "$RUN/${phase}_train_log.jsonl" 2>/dev/null && logs+=("${phase}_train_log.jsonl")
   done
-  # The diffusion export is the product; the AR one comes too when asked (FETCH_AR=1) or alone.
+  [ ${#logs[@]} -gt 0 ] && tar -C "$RUN" -czf "$OUT/logs.tgz" "${logs[@]}"
+  # The int8 export ships (36 MB); the bf16 one (FETCH_BF16=1) or the AR one (FETCH_AR=1) on request.
+  local what=export-int8
+  [ "${FETCH_BF16:-0}" = 1 ] && what=export
   for phase in diff ar; do
-    [ -f "$RUN/$phase/export/config.json" ] || continue
-    tar -C "$RUN/$phase" -czf "/tmp/dfim-base-$phase.tgz" export
-    split -b 15m -d "/tmp/dfim-base-$phase.tgz" "$OUT/$phase-export.tgz.part"
-    say "$phase export: $(du -h "/tmp/dfim-base-$phase.tgz" | cut -f1), $(ls "$OUT"/$phase-export.tgz.part* | wc -l) parts"
-    [ "$phase" = diff ] && [ "${FETCH_AR:-0}" != 1 ] && break
+    [ "$phase" = ar ] && [ "${FETCH_AR:-0}" != 1 ] && continue
+    [ -f "$RUN/$phase/$what/config.json" ] || { [ -f "$RUN/$phase/export/config.json" ] && what=export; }
+    [ -f "$RUN/$phase/$what/config.json" ] || continue
+    tar -C "$RUN/$phase" -czf "/tmp/dfim-base-$phase.tgz" "$what"
+    split -b 15m -d "/tmp/dfim-base-$phase.tgz" "$OUT/$phase-$what.tgz.part"
+    say "$phase $what: $(du -h "/tmp/dfim-base-$phase.tgz" | cut -f1), $(ls "$OUT"/$phase-$what.tgz.part* | wc -l) parts"
   done
-  if [ -f "$DATA/manifest.jsonl" ]; then  # per-file provenance (path, language, licence), for the model card
+  if [ "${FETCH_MANIFEST:-0}" = 1 ] && [ -f "$DATA/manifest.jsonl" ]; then  # per-file provenance of the build
     gzip -c "$DATA/manifest.jsonl" > /tmp/data_manifest.jsonl.gz
     split -b 15m -d /tmp/data_manifest.jsonl.gz "$OUT/data_manifest.jsonl.gz.part"
   fi

@@ -109,5 +109,9 @@ else
   launch "$RUN/diff.log" "$DIFF_MIN" "${common[@]}" --out "$RUN/diff" "${INIT[@]}" --causal-weight 1.0 \
     --minutes "$DIFF_MIN" --plan-minutes "$DIFF_MIN" --name dfim-base
 fi
+# The int8 copy is what ships (and what comes back: the bf16 export is over a call's 64 MiB of files).
+if [ "$DRY_RUN" != 1 ] && [ ! -f "$RUN/diff/export-int8/config.json" ]; then
+  python3 scripts/quantize_checkpoint.py "$RUN/diff/export" "$RUN/diff/export-int8" || say "int8 conversion failed"
+fi
 [ "$DRY_RUN" = 1 ] || touch "$RUN/DONE"
 say "pipeline finished"

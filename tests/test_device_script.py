@@ -7,6 +7,7 @@ import lzma
 import os
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -90,5 +91,7 @@ def test_dry_run_stages(tmp_path: Path) -> None:
     ] == deadline
     out = tmp_path / "out"
     out.mkdir()
-    assert "data_summary.json" in stage({**env, "OUT": str(out)}, "fetch")
+    stage({**env, "OUT": str(out), "FETCH_MANIFEST": "1"}, "fetch")
+    with tarfile.open(out / "logs.tgz") as logs:
+        assert "data_summary.json" in logs.getnames()
     assert (out / "data_manifest.jsonl.gz.part00").is_file()
