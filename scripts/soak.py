@@ -76,6 +76,23 @@ def slope_per_min(samples: list[tuple[float, float]]) -> float:
     return sum((t - mean_t) * (v - mean_v) for t, v in samples) / var * 60.0
 
 
+def heap_summary(heap: list[tuple[float, object]], flat_mb: float) -> dict:
+    """The heap samples (dicts, or None off glibc) and, per part, its slope over the last half of the run."""
+
+    def as_dict(h: object) -> dict | None:  # the client hands JSON objects back as named tuples
+        if h is None or isinstance(h, dict):
+            return h
+        return h._asdict() if hasattr(h, "_asdict") else dict(vars(h))
+
+    timeline = [(t, as_dict(h)) for t, h in heap]
+    parts = {}
+    for part in ("in_use", "free", "mmapped"):
+        series = [(t, float(h[part])) for t, h in timeline if h and h.get(part) is not None]
+        if len(series) >= 2:
+            parts[part] = levelling(series, flat_mb)
+    return {"timeline": timeline, "levelling": parts}
+
+
 def levelling(samples: list[tuple[float, float]], flat_mb: float) -> dict:
     """Does RSS level off? The slope over the last half of the samples and the growth it predicts there."""
     half = samples[len(samples) // 2 :]
@@ -218,6 +235,10 @@ async def soak(
     inline, actions, resolves = Kind(), Kind(), Kind()
     pending: set[asyncio.Future] = set()
     samples: list[tuple[float, float]] = [(0.0, round(rss_before / MB, 1))]  # (seconds into the run, MB)
+    # glibc's heap beside each RSS sample (the server's `heap_mb`: in use, free but kept, mmapped), from the
+    # latest stats: a growing RSS is live native memory when `in_use` grows, the allocator's when `free` does
+    heap_last = getattr(before, "heap_mb", None)
+    heap: list[tuple[float, object]] = [(0.0, heap_last)]
 
     async def timed(
         kind: Kind, method: str, params, msg_id: str, cancel_after: float | None = None, classify=None
@@ -303,8 +324,9 @@ async def soak(
             stats_task = loop.create_task(session.stats())
 
             def sampled(t: asyncio.Task) -> None:
-                nonlocal queued_peak, live_peak
+                nonlocal queued_peak, live_peak, heap_last
                 if not t.cancelled() and t.exception() is None:
+                    heap_last = getattr(t.result(), "heap_mb", None)
                     queued_peak = max(queued_peak, t.result().engine_queued)
                     live_peak = max(live_peak, t.result().engine_queued_live)
 
@@ -313,6 +335,7 @@ async def soak(
             next_sample += sample_s
             mb = round(rss_bytes(session.pid) / MB, 1)
             samples.append((round(now - start, 1), mb))
+            heap.append((round(now - start, 1), heap_last))
             rss_peak = max(rss_peak, mb * MB)
             if log is not None:
                 errors = inline.summary()["error_count"] + actions.summary()["error_count"]
@@ -376,6 +399,7 @@ async def soak(
             "timeline": samples,
             "levelling": levelling(samples, flat_mb),
         },
+        "heap_mb": heap_summary(heap, flat_mb),
     }
 
 
@@ -422,6 +446,13 @@ def table(m: dict) -> str:
         ("server RSS before / peak / end", "{before} / {peak} / {end} MB".format(**m["rss_mb"])),
         ("RSS growth", f"{m['rss_mb']['growth']} MB"),
     ]
+    for part, lev in m.get("heap_mb", {}).get("levelling", {}).items():
+        rows.append(
+            (
+                f"C heap {part.replace('_', ' ')}: last sample / slope over the last half",
+                f"{m['heap_mb']['timeline'][-1][1][part]} MB / {lev['slope_mb_per_min']} MB/min",
+            )
+        )
     lev = m["rss_mb"].get("levelling")
     if lev:
         verdict = "levels off" if lev["flat"] else "still growing"
@@ -481,8 +512,13 @@ async def main(args: argparse.Namespace) -> int:
     load = os.getloadavg()
     m["machine"] = {"cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in load], "model": status.model}
     if args.csv:
+        heap_at = dict(m["heap_mb"]["timeline"])
+        lines = []
+        for t, v in m["rss_mb"]["timeline"]:
+            h = heap_at.get(t) or {}
+            lines.append(f"{t},{v},{h.get('in_use', '')},{h.get('free', '')},{h.get('mmapped', '')}\n")
         Path(args.csv).write_text(
-            "seconds,rss_mb\n" + "".join(f"{t},{v}\n" for t, v in m["rss_mb"]["timeline"]), encoding="utf-8"
+            "seconds,rss_mb,heap_in_use_mb,heap_free_mb,heap_mmapped_mb\n" + "".join(lines), encoding="utf-8"
         )
     if args.json:
         print(json.dumps(m, indent=2))

@@ -21,7 +21,7 @@ from pygls.lsp.server import LanguageServer
 
 from dfim.server import gate
 from dfim.server.documents import DocumentStore, choose_encoding
-from dfim.server.engine_host import EngineHost
+from dfim.server.engine_host import EngineHost, heap_usage
 from dfim.server.extra_context import ExtraContext
 from dfim.server.inline_plan import ResultCache, ShownSuggestion
 from dfim.server.options import Options, merge_options, snake
@@ -394,4 +394,5 @@ def _register_lifecycle(ls: DfimServer) -> None:
             "gate": ls.gate_log.to_json(),
             # handlers of client messages still running: a count that grows with the session is a leak
             "pending_handlers": len(ls.protocol._request_futures),
+            "heap_mb": heap_usage(),  # glibc's arenas: in use, free but kept, mmapped (None elsewhere)
         }

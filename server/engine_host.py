@@ -318,6 +318,43 @@ def _find_malloc_trim():
 _malloc_trim = _find_malloc_trim()
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                     "fordblks", "keepcost")
+    ]  # fmt: skip
+
+
+def _find_mallinfo2():
+    """glibc's mallinfo2 (2.33 and later), or None."""
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+_mallinfo2 = _find_mallinfo2()
+
+
+def heap_usage() -> dict[str, float] | None:
+    """The C heap, over all of glibc's arenas, in MB: what is allocated (`in_use`: live tensors and every
+    other native buffer), what is free but kept (`free`: fragmentation, or memory a trim has not returned
+    yet) and what lies in separate mmaps (`mmapped`: blocks above the mmap threshold). Tells a growing RSS
+    that is live memory from one that is the allocator's. None off glibc."""
+    if _mallinfo2 is None:
+        return None
+    info = _mallinfo2()
+    mb = 2**20
+    return {
+        "in_use": round(info.uordblks / mb, 1),
+        "free": round(info.fordblks / mb, 1),
+        "mmapped": round(info.hblkhd / mb, 1),
+    }
+
+
 def scrub(text: str) -> str:
     """`text` with lone surrogates replaced by U+FFFD: the same length in every position encoding, so offsets
     into the document still hold, and something the tokenizer accepts."""

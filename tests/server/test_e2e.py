@@ -672,3 +672,9 @@ async def test_notifications_leave_nothing_pending(session):
     )
     after = (await session.stats()).pending_handlers  # answered after every notification before it
     assert after <= before + 1, (before, after)  # the stats request itself may still count
+
+
+async def test_stats_report_the_c_heap(session):
+    heap = (await session.stats()).heap_mb  # glibc's arenas (scripts/soak.py samples them beside RSS)
+    if heap is not None:
+        assert heap.in_use > 0 and heap.free >= 0 and heap.mmapped >= 0

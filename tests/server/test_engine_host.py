@@ -134,3 +134,25 @@ async def test_urgent_fills_queue_one_drain_however_many_arrive(tmp_path) -> Non
     results = await asyncio.wait_for(asyncio.gather(*fills), 120)
     assert len(results) == 50 and not host._urgent
     host.shutdown()
+
+
+def test_heap_usage_counts_a_live_buffer_and_forgets_it_once_freed() -> None:
+    import platform
+
+    from dfim.server.engine_host import heap_usage
+
+    before = heap_usage()
+    if before is None:
+        libc, version = platform.libc_ver()
+        assert libc != "glibc" or tuple(int(x) for x in version.split(".")[:2]) < (2, 33), "mallinfo2 missing"
+        pytest.skip("no mallinfo2 (not glibc, or glibc before 2.33)")
+    assert set(before) == {"in_use", "free", "mmapped"} and all(v >= 0 for v in before.values())
+    block = bytearray(64 * 2**20)  # one live 64 MiB buffer: in an arena or its own mmap
+    during = heap_usage()
+    assert during is not None
+    grew = (during["in_use"] + during["mmapped"]) - (before["in_use"] + before["mmapped"])
+    assert grew >= 60, (before, during)
+    del block
+    after = heap_usage()
+    assert after is not None
+    assert (after["in_use"] + after["mmapped"]) < (during["in_use"] + during["mmapped"]) - 60
