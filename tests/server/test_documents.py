@@ -13,6 +13,7 @@ from dfim.server.documents import (
     PositionError,
     choose_encoding,
     column_to_index,
+    units,
 )
 
 
@@ -90,3 +91,30 @@ def test_utf8_change():
     doc = Document("file:///a.py", "é = 1\n")
     doc.apply_change(types.TextDocumentContentChangePartial(range=rng(0, 2, 0, 2), text="x"), UTF8)
     assert doc.text == "éx = 1\n"
+
+
+@pytest.mark.parametrize("text", ["a\nb\n", "a\r\nb\rc\n", "", "\n\n", "x" * 1000, "é\n😀\r\n"])
+def test_line_starts_match_a_scan_of_every_line_end(text):
+    import re
+
+    expected = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", text)]
+    assert Document("file:///t", text).line_starts == expected
+
+
+def test_a_snapshot_shares_line_starts_and_keeps_its_text_through_edits():
+    doc = Document("file:///t.py", "a = 1\nb = 2\n", version=1, language_id="python")
+    starts = doc.line_starts
+    snap = doc.snapshot()
+    assert snap.line_starts is starts and (snap.version, snap.language_id) == (1, "python")
+    doc.apply_change(types.TextDocumentContentChangePartial(range=rng(0, 0, 0, 0), text="# x\n"))
+    assert snap.text == "a = 1\nb = 2\n" and snap.line_starts == [0, 6, 12]
+    assert doc.line_starts == [0, 4, 10, 16]
+
+
+@pytest.mark.parametrize("encoding", [UTF8, UTF16, UTF32])
+def test_ascii_lines_take_the_column_as_the_index(encoding):
+    line = "x = [" + "1, " * 1000 + "]"
+    assert column_to_index(line, 7, encoding) == 7
+    assert units(line, encoding) == len(line)
+    with pytest.raises(PositionError):
+        column_to_index(line, len(line) + 1, encoding)

@@ -192,3 +192,11 @@ def test_an_invoked_request_denoises_more_canvases_and_fills_again_for_a_second_
     # one: one more fill at the next seed, avoiding it; only new candidates are added
     assert run((["y += 1"], 2, 1), [["y += 1", "y = y * 2"]]) == (["y += 1", "y = y * 2"], 3, 2)
     assert asked == [(8, ("y += 1",))]
+
+
+def test_digest_of_a_long_text_reads_its_length_and_ends():
+    long = "x = 1\n" * 100_000  # 600 k characters: over DIGEST_SPAN
+    assert digest(long) == digest("".join(long))  # an equal text that is another object
+    assert digest(long) != digest(long + "y")
+    assert digest(long) != digest("y" + long[1:])  # the same length, another first character
+    assert digest("a") != digest("b")
