@@ -147,12 +147,17 @@ def test_heap_usage_counts_a_live_buffer_and_forgets_it_once_freed() -> None:
         assert libc != "glibc" or tuple(int(x) for x in version.split(".")[:2]) < (2, 33), "mallinfo2 missing"
         pytest.skip("no mallinfo2 (not glibc, or glibc before 2.33)")
     assert set(before) == {"in_use", "free", "mmapped"} and all(v >= 0 for v in before.values())
-    block = bytearray(64 * 2**20)  # one live 64 MiB buffer: in an arena or its own mmap
-    during = heap_usage()
-    assert during is not None
-    grew = (during["in_use"] + during["mmapped"]) - (before["in_use"] + before["mmapped"])
-    assert grew >= 60, (before, during)
-    del block
-    after = heap_usage()
-    assert after is not None
-    assert (after["in_use"] + after["mmapped"]) < (during["in_use"] + during["mmapped"]) - 60
+    # 64 MiB is above glibc's largest mmap threshold (32 MiB), so the buffer is an mmap of its own, counted
+    # in `mmapped` until it is freed. Other threads of the test process allocate too: the best of 3 tries.
+    seen = []
+    for _ in range(3):
+        start = heap_usage()
+        block = bytearray(64 * 2**20)
+        during = heap_usage()
+        del block
+        after = heap_usage()
+        assert start is not None and during is not None and after is not None
+        seen.append((during["mmapped"] - start["mmapped"], during["mmapped"] - after["mmapped"]))
+        if seen[-1][0] >= 63 and seen[-1][1] >= 63:
+            break
+    assert any(grew >= 63 and freed >= 63 for grew, freed in seen), seen
