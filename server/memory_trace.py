@@ -31,7 +31,10 @@ def start_if_asked(warmup: float | None = None, interval: float = 60.0, top: int
             warmup = float(os.environ.get(ENV + "_WARMUP", "120"))
         except ValueError:
             warmup = 120.0
-    tracemalloc.start(10)
+    # tracemalloc with 10 frames slows a busy server several times over (a soak then measures its backlog);
+    # DFIM_TRACE_MEMORY_TRACEMALLOC=0 keeps only the census of live objects, which costs a pause a report.
+    if os.environ.get(ENV + "_TRACEMALLOC", "1") != "0":
+        tracemalloc.start(10)
     thread = threading.Thread(
         target=_report, args=(Path(path), warmup, interval, top), name="dfim-memory-trace", daemon=True
     )
@@ -106,20 +109,22 @@ def object_growth_lines(before: tuple, after: tuple, top: int) -> list[str]:
 
 
 def _report(path: Path, warmup: float, interval: float, top: int) -> None:
+    from dfim.server.engine_host import heap_usage
+
     time.sleep(warmup)
-    baseline = tracemalloc.take_snapshot()
+    traced = tracemalloc.is_tracing()
+    baseline = tracemalloc.take_snapshot() if traced else None
     objects = live_objects()
     started = time.monotonic()
     while True:
         time.sleep(interval)
-        now = tracemalloc.take_snapshot()
-        current, _peak = tracemalloc.get_traced_memory()
-        lines = growth_lines(baseline, now, top)
-        header = (
-            f"{time.monotonic() - started:.0f} s after the baseline; traced {current / 1e6:.1f} MB; "
-            f"growth by site:\n"
-        )
-        details = ["tracebacks of the top sites:", *traceback_lines(baseline, now, 5)]
-        details += ["live objects against the baseline:", *object_growth_lines(objects, live_objects(), 12)]
+        lines = [f"{time.monotonic() - started:.0f} s after the baseline; C heap {heap_usage()}"]
+        if baseline is not None:
+            now = tracemalloc.take_snapshot()
+            current, _peak = tracemalloc.get_traced_memory()
+            lines.append(f"traced {current / 1e6:.1f} MB; growth by site:")
+            lines += growth_lines(baseline, now, top)
+            lines += ["tracebacks of the top sites:", *traceback_lines(baseline, now, 5)]
+        lines += ["live objects against the baseline:", *object_growth_lines(objects, live_objects(), 12)]
         with path.open("a", encoding="utf-8") as out:
-            out.write(header + "\n".join(lines) + "\n" + "\n".join(details) + "\n\n")
+            out.write("\n".join(lines) + "\n\n")
