@@ -14,6 +14,7 @@ the server's side; a steady slope says the engine keeps memory.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,14 +37,10 @@ def rss_mb() -> float:
 
 
 def slope(points: list[tuple[int, float]]) -> float:
-    """Least-squares slope, per 1,000 fills."""
+    """Least-squares slope, per 1,000 fills (nan with fewer than 2 points)."""
     if len(points) < 2:
         return float("nan")
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    var = sum((x - mx) ** 2 for x, _ in points)
-    return sum((x - mx) * (y - my) for x, y in points) / var * 1000 if var else float("nan")
+    return statistics.linear_regression([x for x, _ in points], [y for _, y in points]).slope * 1000
 
 
 def main(argv: list[str] | None = None) -> int:
