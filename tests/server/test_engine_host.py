@@ -191,7 +191,9 @@ async def test_a_cancelled_fill_frees_its_memory_without_a_garbage_collection(tm
                 prefix=f"x = {i}\n",
                 suffix="\n",
                 max_tokens=16,
-                settings=SamplerSettings(max_steps=200, entropy_bound=0.0),  # a random model never stops early
+                settings=SamplerSettings(
+                    max_steps=200, entropy_bound=0.0
+                ),  # a random model never stops early
                 on_step=lambda info, steps=steps: steps.append(info.step),
             )
             refs.append(weakref.ref(request))
