@@ -39,7 +39,7 @@ from tests.robustness_helpers import ServerSession  # noqa: E402
 from tests.server_helpers import random_checkpoint  # noqa: E402
 
 TARGET_MS = 100.0
-SETTINGS = {"telemetry": {"enabled": False}, "inline": {"speculate": True}}
+SETTINGS = {"telemetry": {"enabled": False}}  # otherwise the server's defaults (Tab-Tab speculation on)
 
 
 def long_line(megabytes: float) -> str:

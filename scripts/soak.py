@@ -512,10 +512,9 @@ async def main(args: argparse.Namespace) -> int:
     load = os.getloadavg()
     m["machine"] = {"cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in load], "model": status.model}
     if args.csv:
-        heap_at = dict(m["heap_mb"]["timeline"])
-        lines = []
-        for t, v in m["rss_mb"]["timeline"]:
-            h = heap_at.get(t) or {}
+        lines = []  # one heap sample beside each RSS sample
+        for (t, v), (_, h) in zip(m["rss_mb"]["timeline"], m["heap_mb"]["timeline"], strict=True):
+            h = h or {}
             lines.append(f"{t},{v},{h.get('in_use', '')},{h.get('free', '')},{h.get('mmapped', '')}\n")
         Path(args.csv).write_text(
             "seconds,rss_mb,heap_in_use_mb,heap_free_mb,heap_mmapped_mb\n" + "".join(lines), encoding="utf-8"

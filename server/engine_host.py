@@ -318,15 +318,15 @@ def _load(path: str | None, device: str, fast: bool = True):
     return Engine.load(path or None, device=device, fast=fast and device.startswith("cuda"))
 
 
-def _find_malloc_trim():
-    """glibc's malloc_trim, or None (macOS, musl, Windows: nothing to do there)."""
+def _glibc_function(name: str, restype=None):
+    """A function of glibc by name, or None (macOS, musl, Windows, or a glibc too old to have it)."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        fn = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
     except (OSError, AttributeError):
         return None
-
-
-_malloc_trim = _find_malloc_trim()
+    if restype is not None:
+        fn.restype = restype
+    return fn
 
 
 class _MallInfo2(ctypes.Structure):
@@ -337,17 +337,8 @@ class _MallInfo2(ctypes.Structure):
     ]  # fmt: skip
 
 
-def _find_mallinfo2():
-    """glibc's mallinfo2 (2.33 and later), or None."""
-    try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.restype = _MallInfo2
-    return fn
-
-
-_mallinfo2 = _find_mallinfo2()
+_malloc_trim = _glibc_function("malloc_trim")
+_mallinfo2 = _glibc_function("mallinfo2", _MallInfo2)  # glibc 2.33 and later
 
 
 def heap_usage() -> dict[str, float] | None:

@@ -66,16 +66,14 @@ def traceback_lines(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, t
 def live_objects() -> tuple[dict[str, int], dict[str, tuple[int, int]]]:
     """(count of live gc-tracked objects by type name, torch tensors by "shape dtype": (count, bytes)).
     Tensors are counted by their own size, views included (a view's storage is its base's)."""
+    import torch
+
     by_type: dict[str, int] = {}
     tensors: dict[str, tuple[int, int]] = {}
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        torch = None
     for obj in gc.get_objects():
         name = type(obj).__name__
         by_type[name] = by_type.get(name, 0) + 1
-        if torch is not None and issubclass(type(obj), torch.Tensor):  # type(): no __class__ lookup
+        if issubclass(type(obj), torch.Tensor):  # type(): no __class__ lookup
             try:
                 key = f"{tuple(obj.shape)} {str(obj.dtype).removeprefix('torch.')}"
                 count, size = tensors.get(key, (0, 0))

@@ -24,7 +24,7 @@ import asyncio
 import hashlib
 import logging
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -51,23 +51,13 @@ def digest(text: str) -> str:
     A text over `DIGEST_SPAN` characters is fingerprinted by its length and its two ends, not all of it: in a
     5 MB file every request would otherwise spend ~10 ms of the event loop hashing. Two states of a document
     that this confuses cost nothing but a lookup: `take` serves a speculation only if its result-cache key
-    (the exact context the model read) is the request's. The last answers are kept by identity, since one
-    request asks for the same text more than once."""
-    for seen, value in _recent_digests:
-        if seen is text:
-            return value
-    data = (
-        text
-        if len(text) <= DIGEST_SPAN
-        else f"{len(text)}\0{text[: DIGEST_SPAN // 2]}\0{text[-DIGEST_SPAN // 2 :]}"
-    )
-    value = hashlib.blake2b(data.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-    _recent_digests.appendleft((text, value))
-    return value
+    (the exact context the model read) is the request's."""
+    if len(text) > DIGEST_SPAN:
+        text = f"{len(text)}\0{text[: DIGEST_SPAN // 2]}\0{text[-DIGEST_SPAN // 2 :]}"
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 DIGEST_SPAN = 256 * 1024  # characters of a text hashed in full
-_recent_digests: deque[tuple[str, str]] = deque(maxlen=4)  # (text, its digest): the texts stay alive
 
 
 @dataclass
