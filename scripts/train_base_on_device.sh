@@ -23,6 +23,8 @@
 #   COMPILE=layers    torch.compile of the layers (none: eager); PROBE=1 measures both on spare GPUs
 #                     during the data build and takes the faster (layers: 1.8x eager on an H200)
 #   DRY_RUN=1         start builds the shards and prints the torchrun commands without running them
+#   HOLD_OUT=         packages of this machine's Python left out of the data, as evaluation code the model
+#                     never saw (default: the cross-file evaluation's packages, scripts/eval_cross_file.py)
 #   PY_ROOTS=         .py folders instead of this machine's stdlib + site-packages (tests use it)
 #   HEADER_ROOTS=     header folders (default: /usr/include, torch's and CUDA's include folders)
 #   CARRIED=.corpus   where the unpack stage finds the carried shard; TOKENIZER_SRC: the vocabulary
@@ -108,6 +110,7 @@ INIT_FROM=${INIT_FROM:-}
 PROBE=${PROBE:-0}
 COMPILE=${COMPILE:-layers}
 DRY_RUN=${DRY_RUN:-0}
+HOLD_OUT='${HOLD_OUT-pygls lsprotocol cattrs attrs pydantic pydantic_core hypothesis tqdm rich _pytest}'
 PY_ROOTS='$(for r in ${PY_ROOTS:-}; do realpath "$r"; done | tr '\n' ' ')'
 HEADER_ROOTS='${HEADER_ROOTS-/usr/include $torch_include $cuda_include}'
 ENV

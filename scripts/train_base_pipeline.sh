@@ -17,7 +17,7 @@ PY=()
 [ -n "$PY_ROOTS" ] && PY=(--roots $PY_ROOTS)
 say "data: $DATA (corpus $CORPUS_DIR, headers: ${HEADERS[*]:-none})"
 python3 -m dfim.commands.data --out "$DATA" --tokenizer "$TOKENIZER" "${PY[@]}" \
-  --corpus "$CORPUS_DIR"/train-*.jsonl.xz "${HEADERS[@]}" --permissive-only \
+  --corpus "$CORPUS_DIR"/train-*.jsonl.xz "${HEADERS[@]}" --permissive-only --hold-out ${HOLD_OUT:-} \
   --workers "$(nproc)" --skip-if-built > "$RUN/data.log" 2>&1 &
 DATA_PID=$!
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from dfim.engine.inference.extra_block import COMMENTS, as_comment, render_block
 from dfim.server.chunk_ring import MAX_LINE_CHARS, Chunk, ChunkRing, make_chunk
 from dfim.server.imports import Import, Target, file_imports, resolve
 from dfim.server.languages import Source, language_of_path
@@ -35,11 +36,6 @@ LOCAL_LINES = 32  # lines each side of the cursor that a chunk must not repeat
 MAX_FILE_BYTES = 512 * 1024  # a project file bigger than this is not read from disk
 MIN_CHUNK_LINES = 4  # a chunk trimmed to fewer lines is not placed
 CACHE_FILES = 256  # parsed project files kept
-COMMENTS = {
-    "python": "# ", "ruby": "# ", "shell": "# ", "javascript": "// ", "typescript": "// ", "tsx": "// ",
-    "go": "// ", "rust": "// ", "java": "// ", "c": "// ", "cpp": "// ", "csharp": "// ", "kotlin": "// ",
-    "swift": "// ", "php": "// ", "lua": "-- ",
-}  # fmt: skip
 
 
 def uri_path(uri: str) -> Path | None:
@@ -100,13 +96,6 @@ def comment_of(lang: str | None, uri: str) -> str | None:
     """The line comment of the document's language (None: unknown, no block can be written safely)."""
     name = lang or language_of_path(uri.split("?")[0])
     return COMMENTS.get(name or "")
-
-
-def as_comment(text: str, comment: str) -> str:
-    """`text`'s lines, each commented (an empty line gets the bare comment marker)."""
-    return "".join(
-        comment + line + "\n" if line.strip() else comment.rstrip() + "\n" for line in text.split("\n")
-    )
 
 
 LEADING = re.compile(
@@ -423,10 +412,7 @@ def _render(pieces: list[_Piece], own: str, comment: str) -> str:
     groups: OrderedDict[str, list[str]] = OrderedDict()
     for piece in pieces:
         groups.setdefault(piece.file, []).append(piece.text)
-    body = "".join(
-        as_comment("file: " + name + "\n" + "\n".join(texts), comment) for name, texts in groups.items()
-    )
-    return body + as_comment("file: " + own, comment) if own else body
+    return render_block(list(groups.items()), own, comment)
 
 
 def workspace_roots(ls) -> list[Path]:

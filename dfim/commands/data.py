@@ -57,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-shard-tokens", type=int, default=2**26, help="tokens per shard file")
     parser.add_argument("--eval-data", type=Path, nargs="*", help="HumanEval-style folders to exclude")
+    parser.add_argument(
+        "--hold-out",
+        nargs="*",
+        default=[],
+        help="top-level packages or modules of the folders to leave out, to evaluate on them later",
+    )
     parser.add_argument("--skip-if-built", action="store_true", help="do nothing if DIR already matches")
 
 
@@ -105,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
             eval_filter=EvalFilter.load(eval_dirs),
             permissive_only=args.permissive_only,
             near_dedup=not args.no_near_dedup,
+            hold_out=frozenset(args.hold_out),
         )
     except BuildError as err:
         return fail(prog, str(err))

@@ -105,6 +105,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="share of training examples with 10-60%% of the canvas pinned (default 0.3)",
     )
     parser.add_argument(
+        "--cross-file-p",
+        type=float,
+        default=0.0,
+        help="share of training examples whose prefix starts with a block of other files of the project, "
+        "as the server's context.extra writes it (needs the data build's manifest.jsonl; default 0)",
+    )
+    parser.add_argument(
         "--stop-at-plan", action="store_true", help="stop once --plan-minutes of training are spent"
     )
     parser.add_argument(

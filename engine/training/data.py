@@ -211,9 +211,11 @@ def build(
     near_dedup: bool = True,
     log=print,
     progress: bool = True,
+    hold_out: frozenset[str] = frozenset(),
 ) -> dict:
     """`progress`: a bar (or sparse lines in a log) on stderr per phase: the folders' files, then each corpus
-    shard by its bytes read."""
+    shard by its bytes read. `hold_out`: top-level packages or modules of the folder roots that are left out
+    (`held_out`), so that an evaluation can use them as code the model never saw."""
     t0 = time.time()
     eval_filter = eval_filter if eval_filter is not None else EvalFilter.load(find_eval_dirs())
     if not eval_filter:
@@ -237,6 +239,8 @@ def build(
             continue
         for path, reason in iter_files(root):
             files_seen += 1
+            if hold_out and Path(path).relative_to(root.path).parts[0].removesuffix(".py") in hold_out:
+                reason = "held_out"
             if reason is None and root.kind == "headers":
                 found = header_licenses.find(path)
                 if found is None:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from dfim.engine.model.tokenizer import FIM_SPECIALS, Tokenizer, tail_within
+from dfim.engine.training.cross_file import CrossFileBlocks, CrossFileSettings, ProjectFiles
 from dfim.engine.training.shards import TokenShards
 
 
@@ -35,6 +36,9 @@ class ExampleSettings:
     pin_run_p: float = 0.1  # pin one contiguous run (a skeleton such as the rest of a line)
     pad_weight: float = 0.5  # loss weight of the pad positions after EOS
     chars_per_token_budget: float = 6.0  # text taken around the cut, per token of budget (slack)
+    # Share of examples whose prefix starts with a block of other files of the project (cross_file.py);
+    # needs the data build's manifest.jsonl beside the shards.
+    cross_file_p: float = 0.0
 
 
 @dataclass
@@ -50,9 +54,19 @@ class FimExamples:
     """Draws FIM examples from token shards. One instance per data-loader worker."""
 
     def __init__(
-        self, shards: TokenShards, tok: Tokenizer, settings: ExampleSettings, rng: random.Random
+        self,
+        shards: TokenShards,
+        tok: Tokenizer,
+        settings: ExampleSettings,
+        rng: random.Random,
+        projects: ProjectFiles | None = None,
     ) -> None:
         self.shards, self.tok, self.s, self.rng = shards, tok, settings, rng
+        self.blocks = (
+            CrossFileBlocks(projects, CrossFileSettings(p=settings.cross_file_p), rng, self.doc_text)
+            if projects is not None and settings.cross_file_p > 0
+            else None
+        )
         # Sample files by (capped) length, so big files are seen more but do not dominate.
         lengths = np.minimum(shards.lengths, 16384).astype(np.float64)
         keep = shards.lengths >= 8
@@ -60,13 +74,18 @@ class FimExamples:
         self.cum = np.cumsum(weights)
         self.np_rng = np.random.default_rng(rng.getrandbits(64))
 
-    def pick_doc(self) -> np.ndarray:
+    def pick_doc(self) -> int:
         i = int(np.searchsorted(self.cum, self.np_rng.random() * self.cum[-1], side="right"))
-        return self.shards.doc(min(i, len(self.shards) - 1))
+        return min(i, len(self.shards) - 1)
 
-    def window_text(self) -> tuple[str, int, bool, bool]:
-        """(text around an anchor token, anchor char offset, window starts at file start, ends at file end)."""
-        doc = self.pick_doc()
+    def doc_text(self, i: int) -> str:
+        table = self.tok.bytes_table
+        return b"".join([table[t] for t in self.shards.doc(i).tolist()]).decode("utf-8", errors="ignore")
+
+    def window_text(self, index: int) -> tuple[str, int, bool, bool]:
+        """(text around an anchor token of document `index`, anchor char offset, window starts at file start,
+        ends at file end)."""
+        doc = self.shards.doc(index)
         n = len(doc)
         a = self.rng.randrange(n)
         lo, hi = max(0, a - self.s.context_tokens - 64), min(n, a + self.s.context_tokens)
@@ -142,7 +161,8 @@ class FimExamples:
 
     def example(self, max_middle: int) -> Example:
         s_ = self.s
-        text, anchor, at_start, at_end = self.window_text()
+        index = self.pick_doc()
+        text, anchor, at_start, at_end = self.window_text(index)
         s, e, kind = self.choose_span(text, anchor)
         middle, e = self.fit_middle(text, s, e, max_middle)
 
@@ -158,14 +178,24 @@ class FimExamples:
                 suffix_text = suffix_text[: suffix_text.rfind("\n") + 1]
         suffix = self.tok.encode(suffix_text)[:suffix_budget]
         prefix_budget = budget - len(suffix)
+        block = ""
+        if self.blocks is not None and self.rng.random() < s_.cross_file_p:
+            share = self.rng.uniform(0.1, self.blocks.s.max_share)
+            near = text[max(0, s - 600) : e + 300]
+            block = self.blocks.block(index, text[s:e], near, int(prefix_budget * share), self.count_tokens)
+        prefix_budget -= self.count_tokens(block) if block else 0
         start = max(0, s - int(prefix_budget * s_.chars_per_token_budget))
         prefix_text = text[start:s]
         if (start > 0 or not at_start) and "\n" in prefix_text:  # start the window on a whole line
             prefix_text = prefix_text[prefix_text.find("\n") + 1 :]
         prefix = self.tok.encode(prefix_text)
         if len(prefix) > prefix_budget:  # code denser than the estimate: back to a whole line within budget
-            prefix_text = tail_within(prefix_text, prefix_budget, lambda t: len(self.tok.encode(t)))
+            prefix_text = tail_within(prefix_text, prefix_budget, self.count_tokens)
             prefix = self.tok.encode(prefix_text)
+        if block:  # encoded together, as the server encodes its block and the file's prefix
+            prefix = self.tok.encode(block + prefix_text)
+            if len(prefix) + len(suffix) > budget:  # the joint encoding came out longer: no block
+                prefix = self.tok.encode(prefix_text)
         context = self.tok.fim_context(prefix, suffix)
 
         needed = len(middle) + 1
@@ -187,7 +217,10 @@ class FimExamples:
                 last = self.rng.randint(first + 1, needed)
             for i in range(first, last):
                 pinned[i] = True
-        return Example(context, canvas, pinned, len(middle), kind)
+        return Example(context, canvas, pinned, len(middle), kind + ("+files" if block else ""))
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tok.encode(text))
 
 
 @dataclass
@@ -252,7 +285,13 @@ class BatchStream(torch.utils.data.IterableDataset):
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         rng = random.Random(self.seed * 1_000_003 + worker)
         tok = Tokenizer.from_file(self.tokenizer_path)
-        examples = FimExamples(TokenShards(self.data_dir, self.split), tok, self.settings, rng)
+        shards = TokenShards(self.data_dir, self.split)
+        projects = (
+            ProjectFiles.load(self.data_dir, self.split, len(shards))
+            if self.settings.cross_file_p > 0
+            else None
+        )
+        examples = FimExamples(shards, tok, self.settings, rng, projects)
         max_middle = max(self.settings.buckets) - 1
         pools: dict[int, list[Example]] = {b: [] for b in self.settings.buckets}
         while True:

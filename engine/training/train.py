@@ -38,6 +38,7 @@ import torch
 
 from dfim.engine.model.network import uncompile_layers
 from dfim.engine.model.tokenizer import Tokenizer
+from dfim.engine.training.cross_file import ProjectFiles
 from dfim.engine.training.distributed import (
     World,
     active_parameters,
@@ -60,6 +61,7 @@ from dfim.engine.training.objective import (
 )
 from dfim.engine.training.progress import Log, LogWindow, log_window
 from dfim.engine.training.run import Run, pick_device, resolve_context_tokens, setup
+from dfim.engine.training.shards import TokenShards
 from dfim.engine.training.state import save_state
 
 # Re-exported: tests, scripts and the command import these from here.
@@ -83,6 +85,17 @@ def example_mix(args: argparse.Namespace, settings: ExampleSettings) -> dict[str
         if not 0 <= pin_p <= 1 - settings.pin_run_p:
             raise SystemExit(f"--pin-subset-p must be in [0, {1 - settings.pin_run_p}]: {pin_p}")
         changes["pin_subset_p"] = pin_p
+    cross_file_p = getattr(args, "cross_file_p", 0.0) or 0.0
+    if cross_file_p:
+        if not 0 <= cross_file_p <= 1:
+            raise SystemExit(f"--cross-file-p must be in [0, 1]: {cross_file_p}")
+        shards = TokenShards(args.data, "train")
+        if ProjectFiles.load(args.data, "train", len(shards)) is None:
+            raise SystemExit(
+                f"--cross-file-p needs {args.data}/manifest.jsonl with one line per training file, as `dfim data` "
+                "writes it"
+            )
+        changes["cross_file_p"] = cross_file_p
     return changes
 
 

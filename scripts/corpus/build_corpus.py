@@ -112,6 +112,7 @@ def apt_opts(scratch: Path, suite: str) -> list[str]:
 def fetch(args: argparse.Namespace) -> None:
     """Download debs, Debian source packages and npm tarballs into ``--scratch``."""
     scratch: Path = args.scratch
+    scratch.mkdir(parents=True, exist_ok=True)
     pkgs = read_packages(args.packages)
     suites = args.suites.split(",")
     opts = {s: apt_opts(scratch, s) for s in suites}

@@ -387,3 +387,23 @@ def test_a_folder_of_your_own_code_is_read_in_every_served_language(tmp_path: Pa
     assert rows == {"dir:src/app.ts": "typescript", "dir:cmd/main.go": "go", "dir:include/vec.hpp": "cpp",
                     "dir:tools/area.py": "python"}  # fmt: skip
     assert summary["files_seen"] == 4
+
+
+def test_held_out_packages_are_left_out_and_counted(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    write(site, "geom/shapes.py", GOOD_A)
+    write(site, "pygls/server.py", GOOD_B)
+    write(site, "tqdm.py", GOOD_C)
+    out = tmp_path / "out"
+    summary = build(
+        out,
+        TOKENIZER_JSON,
+        [Root(site, "site-packages")],
+        workers=1,
+        val_fraction=0.0,
+        log=lambda *_: None,
+        hold_out=frozenset({"pygls", "tqdm"}),
+    )
+    kept = [json.loads(line)["path"] for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert kept == ["site-packages:geom/shapes.py"]
+    assert summary["dropped"]["held_out"] == 2
