@@ -183,13 +183,16 @@ def fetch_pypi_sdist(
     import urllib.request
 
     try:
-        meta_url = f"{index}/pypi/{name}/{version}/json" if version else f"{index}/pypi/{name}/json"
+        # The project's JSON lists every release: a registry proxy may serve it but not the per-version
+        # JSON (`/pypi/NAME/VERSION/json` answered 404 here for releases that exist).
+        meta_url = f"{index}/pypi/{name}/json"
         with urllib.request.urlopen(meta_url, timeout=60) as r:
             d = json.load(r)
+        files = d.get("releases", {}).get(version, []) if version else d["urls"]
         url = next(
             (
                 f["url"]
-                for f in d["urls"]
+                for f in files
                 if f["packagetype"] == "sdist" and (not filename or f["filename"] == filename)
             ),
             None,
