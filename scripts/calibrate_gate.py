@@ -2,7 +2,7 @@
 
     python scripts/gate_dev_set.py /tmp/gate-dev --packages pygls cattrs pydantic
     dfim replay --git /tmp/gate-dev --commits 1 --out runs/gate-dev     # the server's gate off: all scored
-    python scripts/calibrate_gate.py runs/gate-dev/report.json [--markdown]
+    python scripts/calibrate_gate.py runs/gate-dev/report.json --min-acceptance 0.5
 
 Every suggestion the replay showed carries its fill's confidence summary and its verdict. For each measure
 of dfim.server.gate.MEASURES and each threshold on a 0.01 grid, the reward of the suggestions a gate would
@@ -48,9 +48,11 @@ def outcomes(rows, measure: str) -> list[Outcome]:
     return [Outcome(None if c is None else MEASURES[measure](c), ok, n) for _, c, ok, n in rows]
 
 
-def best_threshold(items: list[Outcome]) -> float:
-    """The grid threshold of the highest reward; the lowest of equals (show the most for the same reward)."""
-    return max(GRID, key=lambda t: (tally(items, t)["reward"], -t))
+def best_threshold(items: list[Outcome], min_acceptance: float = 0.0) -> float:
+    """The grid threshold of the highest reward among those whose acceptance of shown suggestions is at least
+    `min_acceptance` (none: the highest threshold); the lowest of equals (show the most for the same reward)."""
+    allowed = [t for t in GRID if (tally(items, t)["acceptance_rate"] or 0.0) >= min_acceptance] or GRID[-1:]
+    return max(allowed, key=lambda t: (tally(items, t)["reward"], -t))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("reports", nargs="+", type=Path, help="report.json of ungated replays")
+    parser.add_argument(
+        "--min-acceptance",
+        type=float,
+        default=0.0,
+        help="only thresholds whose acceptance of shown suggestions is at least this (the default's 0.5)",
+    )
     args = parser.parse_args(argv)
     rows, chars = load(args.reports)
     if not rows:
@@ -79,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen: dict[str, float] = {}
     for measure in MEASURES:
         items = outcomes(rows, measure)
-        chosen[measure] = best_threshold(items)
+        chosen[measure] = best_threshold(items, args.min_acceptance)
         print(line(f"{measure} >= {chosen[measure]:.2f}", tally(items, chosen[measure])))
     print()
     print("per package, each measure at its threshold above (reward: off -> gated):")

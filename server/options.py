@@ -68,17 +68,18 @@ class ContextOptions:
 @dataclass
 class GateOptions:
     """Silence when unsure (dfim.server.gate): a suggestion whose fill was less sure than `threshold` is not
-    shown. Calibrated for +0.75 per accept and -0.25 per shown reject (decision 68)."""
+    shown. Calibrated for +0.75 per accept and -0.25 per shown reject, with at least half of what is shown
+    accepted (decisions 68 and 91)."""
 
     enabled: bool = True
     # The fill's confidence read as a probability (dfim.server.gate.MEASURES).
     measure: str = field(
-        default="mean_probability",
+        default="min_probability",
         metadata=_bounds(
             choices=("mean_probability", "min_probability", "mean_confidence", "min_confidence")
         ),
     )
-    threshold: float = field(default=0.39, metadata=_bounds(0.0, 1.0))
+    threshold: float = field(default=0.47, metadata=_bounds(0.0, 1.0))
 
 
 @dataclass

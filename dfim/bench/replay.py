@@ -14,8 +14,9 @@ trigger points). At every trigger point the client sends `textDocument/inlineCom
 first item against what the person types next:
 - **full accept**: the whole suggestion is what comes next (an item that also rewrites the rest of the line
   counts when that rest comes back unchanged); the cursor jumps past it;
-- **partial accept**: otherwise, its longest common prefix with what comes next, if at least `--min-partial`
-  characters (an editor's accept-word/accept-line, counted by characters);
+- **partial accept**: otherwise, its longest common prefix with what comes next, if it holds at least
+  `--min-partial` characters other than whitespace (an editor's accept-word/accept-line, counted by
+  characters; indentation alone is chance agreement, as an editor indents by itself);
 - otherwise rejected, and typing goes on.
 After an accept the next request goes out at once. Model time comes from the server (`dfim/stats`: the
 engine's own latency of the fill a request caused; cache hits and typed-ahead reuse cost none).
@@ -269,7 +270,10 @@ def judge(doc: str, cursor: int, start: int, end: int, insert: str, remaining: s
         if core and remaining.startswith(core):
             return "full", len(core)
     common = len(os.path.commonprefix([proposal, remaining]))
-    if common >= max(1, min_partial):  # an empty accept would resend the same request forever
+    # Whitespace does not count towards min_partial: an editor indents a new line by itself, so a suggestion
+    # that shares only the indentation with what comes next agreed by chance. An empty accept would resend
+    # the same request forever, hence at least one character.
+    if common >= 1 and len("".join(remaining[:common].split())) >= min_partial:
         return "partial", common
     return "rejected", 0
 

@@ -24,6 +24,9 @@ def test_judge_full_partial_rejected():
     assert replay.judge("f()\n", 2, 2, 3, "a)", "a", 3) == ("full", 1)
     # a common prefix long enough is a partial accept counted by characters
     assert replay.judge(doc, cursor, 4, 4, "foo(2)", "foo(1)\n", 3) == ("partial", 4)
+    # indentation alone is chance agreement however long; the whitespace before code is counted with it
+    assert replay.judge(doc, cursor, 4, 4, "\n        x = 1", "\n        return y\n", 3) == ("rejected", 0)
+    assert replay.judge(doc, cursor, 4, 4, "\n        retry()", "\n        return y\n", 3) == ("partial", 12)
     assert replay.judge(doc, cursor, 4, 4, "fox", "foo(1)\n", 3) == ("rejected", 0)
     # an item starting before the cursor must repeat what was typed
     assert replay.judge(doc, cursor, 2, 4, "= foo", "foo\n", 3) == ("full", 3)

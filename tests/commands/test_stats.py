@@ -137,7 +137,8 @@ def test_stats_report_the_gate_as_shown_and_gated(tmp_path, capsys):
             {"event": "rejected", "id": "e"},
         )
     )
-    report = json.loads(run_stats(tmp_path, capsys, "--json", "--gate-threshold", "0.3"))["gate"]
+    mean = ("--gate-measure", "mean_probability")
+    report = json.loads(run_stats(tmp_path, capsys, "--json", *mean, "--gate-threshold", "0.3"))["gate"]
     assert report["hidden"] == 1 and report["threshold"] == 0.3
     assert report["as_shown"] == {
         "shown": 4, "accepted": 2, "acceptance_rate": 0.5, "accepted_chars": 9, "reward": 1.0,
@@ -149,6 +150,6 @@ def test_stats_report_the_gate_as_shown_and_gated(tmp_path, capsys):
     strict = json.loads(run_stats(tmp_path, capsys, "--json", "--gate-measure", "min_probability",
                                   "--gate-threshold", "0.3"))["gate"]["gated"]  # fmt: skip
     assert (strict["shown"], strict["accepted"]) == (2, 1)
-    out = run_stats(tmp_path, capsys, "--gate-threshold", "0.3")
+    out = run_stats(tmp_path, capsys, *mean, "--gate-threshold", "0.3")
     assert "as shown: shown 4, accepted 2 (50.0% of shown), characters saved 9, reward 1.00" in out
     assert "gated (mean_probability >= 0.3): shown 3" in out and "the gate hid 1 suggestions" in out
