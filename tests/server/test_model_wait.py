@@ -56,7 +56,9 @@ async def test_the_first_keystroke_after_initialize_gets_the_shipped_models_line
     s = Session()
     # the longest bound: on a loaded machine the load can outlast the 10 s default, and what is checked here
     # is the hold, not how long a load takes
-    init = {"telemetry": {"enabled": False}, "inline": {"waitForModelMs": 120000}}
+    # The gate off: its default hides this line (the model gives it 0.39, under min_probability 0.47), and what
+    # is checked here is that the held request gets the model's line.
+    init = {"telemetry": {"enabled": False}, "inline": {"waitForModelMs": 120000, "gate": {"enabled": False}}}
     await s.start(DEFAULT_MODEL_DIR, tmp_path, init_options=init)
     try:
         s.open("file:///demo.py", demo)
