@@ -147,6 +147,7 @@ def test_heap_usage_counts_a_live_buffer_and_forgets_it_once_freed() -> None:
         assert libc != "glibc" or tuple(int(x) for x in version.split(".")[:2]) < (2, 33), "mallinfo2 missing"
         pytest.skip("no mallinfo2 (not glibc, or glibc before 2.33)")
     assert set(before) == {"in_use", "free", "mmapped"} and all(v >= 0 for v in before.values())
+
     # 64 MiB is above glibc's default mmap threshold, so the buffer is usually an mmap of its own (`mmapped`);
     # after a process has tuned its allocator it may come from the heap instead (`in_use`): count both.
     # Other threads of the test process allocate too: the best of 3 tries.
