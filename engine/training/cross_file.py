@@ -20,6 +20,7 @@ import json
 import random
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,6 +152,7 @@ def lines_from(text: str, start: int, count: int) -> str:
 
 
 def random_chunk(text: str, rng: random.Random) -> str:
+    """6-32 lines of `text` from a random place: what the server's ring of recent chunks may hold."""
     lines = text.split("\n")
     size = rng.randint(6, 32)
     at = rng.randrange(max(1, len(lines) - size))
@@ -160,10 +162,16 @@ def random_chunk(text: str, rng: random.Random) -> str:
 class CrossFileBlocks:
     """Builds the block for one example; `read(doc)` gives a document's text."""
 
-    def __init__(self, projects: ProjectFiles, settings: CrossFileSettings, rng: random.Random, read) -> None:
+    def __init__(
+        self,
+        projects: ProjectFiles,
+        settings: CrossFileSettings,
+        rng: random.Random,
+        read: Callable[[int], str],
+    ) -> None:
         self.projects, self.s, self.rng, self.read = projects, settings, rng, read
 
-    def block(self, doc: int, middle: str, near: str, budget: int, count_tokens) -> str:
+    def block(self, doc: int, middle: str, near: str, budget: int, count_tokens: Callable[[str], int]) -> str:
         """The block for an example of `doc` whose middle is `middle` and whose text near the cut is `near`,
         within `budget` tokens ("" when there is none to write)."""
         rng, s = self.rng, self.s
@@ -206,7 +214,9 @@ class CrossFileBlocks:
         return fit(pieces, own, comment, budget, count_tokens)
 
 
-def fit(pieces: list[tuple[str, str]], own: str, comment: str, budget: int, count_tokens) -> str:
+def fit(
+    pieces: list[tuple[str, str]], own: str, comment: str, budget: int, count_tokens: Callable[[str], int]
+) -> str:
     """The block of as many pieces as fit `budget` tokens, in order (the last one cut to whole lines)."""
     kept: list[tuple[str, str]] = []
     text = ""
@@ -225,6 +235,7 @@ def fit(pieces: list[tuple[str, str]], own: str, comment: str, budget: int, coun
 
 
 def render(pieces: list[tuple[str, str]], own: str, comment: str) -> str:
+    """The block of these pieces, each file's under one `file:` line, in the order the files first come."""
     files: dict[str, list[str]] = {}
     for path, piece in pieces:
         files.setdefault(path, []).append(piece)
