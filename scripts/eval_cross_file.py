@@ -14,7 +14,8 @@ load: every problem is asked with the extra context off, then on (the settings c
 
 The files of earlier problems stay in the server's chunk ring (closed documents keep their chunks), so
 `on` also places chunks of other files of the package; a problem's own file is never among them. Results
-of dfim-base: docs/decisions.md, decision 75.
+of dfim-base: docs/decisions.md, decisions 75 and 90 (those were measured with the gate of their time on; the
+script now turns the gate off unless --settings says otherwise).
 """
 
 from __future__ import annotations
@@ -165,7 +166,13 @@ async def run(args: argparse.Namespace) -> dict:
                 per_file[p.path] = per_file.get(p.path, 0) + 1
                 taken.append(p)
         problems += taken
-    base = {"telemetry": {"enabled": False}, **json.loads(args.settings)}
+    # The confidence gate off: this measures the model with and without the block, not what a gate hides
+    # (decision 91); --settings can turn it back on.
+    base = {
+        "telemetry": {"enabled": False},
+        "inline": {"gate": {"enabled": False}},
+        **json.loads(args.settings),
+    }
     results = {"off": [], "on": []}
     with tempfile.TemporaryDirectory() as data_dir:
         by_project: dict[str, list[Problem]] = {}
@@ -181,7 +188,9 @@ async def run(args: argparse.Namespace) -> dict:
                 if get_field(status, "state") != "ready":
                     raise SystemExit(f"the server is not ready: {status}")
                 for mode in ("off", "on"):
-                    client.configure({"context": {"extra": {"enabled": mode == "on"}}})
+                    context = base.get("context", {})
+                    extra = {**context.get("extra", {}), "enabled": mode == "on"}
+                    client.configure({**base, "context": {**context, "extra": extra}})
                     await asyncio.sleep(0.2)
                     for p in group:
                         text = Path(p.path).read_text(encoding="utf-8", errors="replace")
