@@ -47,7 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--every", type=int, default=8, help="characters between requests for --trigger chars"
     )
     parser.add_argument(
-        "--min-partial", type=int, default=3, help="shortest common prefix counted as accepted"
+        "--min-partial",
+        type=int,
+        default=3,
+        help="characters besides whitespace a common prefix needs to count as accepted",
     )
     parser.add_argument(
         "--max-chars", type=int, default=2000, help="characters replayed per file or added run"
