@@ -122,6 +122,8 @@ MORE_TRAIN_CASES = {
     "minutes_negative": (["--minutes", "-1"], ("--minutes",)),
     "minutes_within_reserve": (["--minutes", "0.1"], ("--minutes", "--reserve-seconds")),
     "span_mix": (["--span-mix", "1,2"], ("--span-mix",)),
+    "cross_file_p": (["--cross-file-p", "2"], ("--cross-file-p", "[0, 1]")),
+    "cross_file_without_manifest": (["--cross-file-p", "0.3"], ("--cross-file-p", "manifest.jsonl")),
 }
 
 
