@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dfim.engine.inference.extra_block import COMMENTS, as_comment, render_block
+from dfim.engine.inference.extra_block import COMMENTS, file_line, render_block
 from dfim.server.chunk_ring import MAX_LINE_CHARS, Chunk, ChunkRing, make_chunk
 from dfim.server.imports import Import, Target, file_imports, resolve
 from dfim.server.languages import Source, language_of_path
@@ -236,16 +236,14 @@ class ExtraContext:
             return path.name
 
         own = _Piece(show(here.resolve()) if here is not None else "", "")
-        own.tokens = count_tokens(as_comment("file: " + own.file, comment))
+        own.tokens = count_tokens(file_line(own.file, comment))
         left = budget - own.tokens
         pieces: list[_Piece] = []
         if imports and here is not None and lang is not None:
             headed: set[str] = set()
             found = self._definitions(doc.text, cursor, here.resolve(), lang, roots, open_docs, show)
             for piece in sorted(found, key=lambda p: (p.rank, p.order)):
-                header = (
-                    0 if piece.file in headed else count_tokens(as_comment("file: " + piece.file, comment))
-                )
+                header = 0 if piece.file in headed else count_tokens(file_line(piece.file, comment))
                 piece = _fit_piece(piece, left - header, comment, count_tokens)
                 if piece is not None:
                     pieces.append(piece)
@@ -386,7 +384,7 @@ def _trim_chunk(
     """The chunk's lines nearest its centre that fit `budget` tokens with its file line; None when fewer than
     MIN_CHUNK_LINES fit."""
     lines = chunk.text.rstrip("\n").split("\n")
-    header = count_tokens(as_comment(f"file: {name}", comment))
+    header = count_tokens(file_line(name, comment))
     costs = [count_tokens(comment + line + "\n") for line in lines]
     lo = hi = min(chunk.center, len(lines) - 1)
     used = header + costs[lo]
@@ -409,10 +407,7 @@ def _trim_chunk(
 
 def _render(pieces: list[_Piece], own: str, comment: str) -> str:
     """The block: each file's pieces under one `file:` line, in the pieces' order, then the current file's."""
-    groups: OrderedDict[str, list[str]] = OrderedDict()
-    for piece in pieces:
-        groups.setdefault(piece.file, []).append(piece.text)
-    return render_block(list(groups.items()), own, comment)
+    return render_block([(piece.file, piece.text) for piece in pieces], own, comment)
 
 
 def workspace_roots(ls) -> list[Path]:

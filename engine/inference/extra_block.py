@@ -29,8 +29,13 @@ def file_line(path: str, comment: str) -> str:
     return as_comment("file: " + path, comment)
 
 
-def render_block(files: Sequence[tuple[str, Sequence[str]]], own: str, comment: str) -> str:
-    """The block: each file's pieces (in order, joined by newlines) under its `file:` line, then the current
-    file's own `file:` line ("" = none)."""
-    body = "".join(as_comment("file: " + name + "\n" + "\n".join(texts), comment) for name, texts in files)
+def render_block(pieces: Sequence[tuple[str, str]], own: str, comment: str) -> str:
+    """The block of (path, text) pieces: each file's pieces, in order and joined by newlines, under one
+    `file:` line (files in the order they first come), then the current file's own `file:` line ("" = none)."""
+    files: dict[str, list[str]] = {}
+    for path, text in pieces:
+        files.setdefault(path, []).append(text)
+    body = "".join(
+        as_comment("file: " + name + "\n" + "\n".join(texts), comment) for name, texts in files.items()
+    )
     return body + file_line(own, comment) if own else body

@@ -49,12 +49,10 @@ COMMON = frozenset(
     "void int char bool float double long short unsigned string String this new null nil true false "
     "package use mut pub async await yield case switch default include define ifdef endif".split()
 )
-LANGUAGES = {"c_cpp": "cpp", "ts_js": "typescript", "headers": "cpp"}  # manifest languages -> comment style
 
 
 @dataclass
 class CrossFileSettings:
-    p: float = 0.0  # share of examples (in files whose project has other files) that get a block
     max_share: float = 0.25  # of the prefix budget, as the server's `context.extra.share`
     useful_p: float = 0.7  # a definition of a name the middle uses goes in, when one is found
     max_files: int = 8  # other files read per example to look for definitions
@@ -114,17 +112,6 @@ def project_and_path(manifest_path: str) -> tuple[str, str]:
     return f"{kind}:{top}", rel
 
 
-def comment_for(lang: str, path: str) -> str | None:
-    """The line comment a block in this file's language is written with."""
-    lang = LANGUAGES.get(lang, lang)
-    if lang in COMMENTS:
-        return COMMENTS[lang]
-    suffix = path.rsplit(".", 1)[-1].lower()
-    return {"py": "# ", "go": "// ", "rs": "// ", "java": "// ", "js": "// ", "ts": "// "}.get(
-        suffix, "// " if suffix in ("c", "h", "cc", "cpp", "hpp", "cxx", "hh") else None
-    )
-
-
 def definitions(text: str) -> dict[str, int]:
     """Defined name -> the character offset of its definition line (the first one)."""
     found: dict[str, int] = {}
@@ -177,7 +164,7 @@ class CrossFileBlocks:
         rng, s = self.rng, self.s
         others = self.projects.others(doc)
         own = self.projects.paths[doc]
-        comment = comment_for(self.projects.langs[doc], own)
+        comment = COMMENTS.get(self.projects.langs[doc])  # the manifest's languages are the server's names
         if others is None or comment is None or budget < 32:
             return ""
         picked = others if len(others) <= s.max_files else rng.sample(list(others), s.max_files)
@@ -224,7 +211,7 @@ def fit(
         lines = piece.split("\n")
         while lines:
             trial = kept + [(path, "\n".join(lines))]
-            rendered = render(trial, own, comment)
+            rendered = render_block(trial, own, comment)
             if count_tokens(rendered) <= budget:
                 kept, text = trial, rendered
                 break
@@ -232,11 +219,3 @@ def fit(
         if not lines:
             break
     return text
-
-
-def render(pieces: list[tuple[str, str]], own: str, comment: str) -> str:
-    """The block of these pieces, each file's under one `file:` line, in the order the files first come."""
-    files: dict[str, list[str]] = {}
-    for path, piece in pieces:
-        files.setdefault(path, []).append(piece)
-    return render_block(list(files.items()), own, comment)

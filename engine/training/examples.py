@@ -63,7 +63,7 @@ class FimExamples:
     ) -> None:
         self.shards, self.tok, self.s, self.rng = shards, tok, settings, rng
         self.blocks = (
-            CrossFileBlocks(projects, CrossFileSettings(p=settings.cross_file_p), rng, self.doc_text)
+            CrossFileBlocks(projects, CrossFileSettings(), rng, self.doc_text)
             if projects is not None and settings.cross_file_p > 0
             else None
         )

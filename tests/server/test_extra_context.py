@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dfim.engine.inference.extra_block import as_comment
 from dfim.server.documents import DocumentStore
-from dfim.server.extra_context import Extra, ExtraContext, as_comment, uri_path, with_extra
+from dfim.server.extra_context import Extra, ExtraContext, uri_path, with_extra
 from dfim.server.options import ExtraContextOptions, Options, merge_options
 
 UTIL = '''import re

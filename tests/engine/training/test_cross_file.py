@@ -63,10 +63,10 @@ def test_fit_keeps_whole_lines_within_the_budget() -> None:
         ("b.py", "def h():\n    pass"),
     ]
     count = len  # one token a character: easy to check by hand
-    whole = render_block([("a.py", [pieces[0][1]]), ("b.py", [pieces[1][1]])], "c.py", "# ")
+    whole = render_block(pieces, "c.py", "# ")
     assert fit(pieces, "c.py", "# ", len(whole), count) == whole
     cut = fit(pieces, "c.py", "# ", len(whole) - 1, count)
-    assert cut == render_block([("a.py", [pieces[0][1]]), ("b.py", ["def h():"])], "c.py", "# ")
+    assert cut == render_block([pieces[0], ("b.py", "def h():")], "c.py", "# ")
     assert fit(pieces, "c.py", "# ", 10, count) == ""
 
 
