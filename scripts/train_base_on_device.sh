@@ -18,6 +18,8 @@
 #   BATCH=auto        per-GPU batch size (1,024 context tokens + canvas: ~70k tokens a GPU per step at 64);
 #                     auto: 64 on cards of 100 GiB or more (H200), 32 below (an H100's 80 GB: 64 did not fit)
 #   EXTRA_TRAIN_ARGS= more flags for both phases
+#   EXTRA_TRAIN_ARGS_B= with INIT_FROM: a second diffusion run (diffb) beside the first, each on half the
+#                     GPUs, with these flags added (a controlled comparison; `fetch` with PHASES=diffb)
 #   INIT_FROM=        a checkpoint folder to continue (no AR phase); `INIT_SRC=engine/weights/dfim-base
 #                     unpack` copies a carried one to $ROOT/init (the pipeline waits up to 10 min for it)
 #   COMPILE=layers    torch.compile of the layers (none: eager); PROBE=1 measures both on spare GPUs
@@ -39,7 +41,7 @@ CARRIED=${CARRIED:-.corpus}                                          # where a c
 TOKENIZER_SRC=${TOKENIZER_SRC:-engine/weights/dfim-base/tokenizer.json}  # copied to the run's code
 say() { echo "[$(date -u +%H:%M:%S)] $*"; }
 alive() { [ -f "$RUN/pipeline.pid" ] && kill -0 "$(cat "$RUN/pipeline.pid")" 2>/dev/null; }
-logs() { ls -1tr "$RUN"/data.log "$RUN"/ar.log "$RUN"/diff.log "$RUN"/pipeline.log 2>/dev/null || true; }
+logs() { ls -1tr "$RUN"/data.log "$RUN"/ar.log "$RUN"/diff.log "$RUN"/diffb.log "$RUN"/pipeline.log 2>/dev/null || true; }
 
 stage_unpack() {
   mkdir -p "$CORPUS_DIR"
@@ -106,6 +108,7 @@ AR_SHARE=${AR_SHARE:-0.33}
 BATCH='$batch'
 LOADER_WORKERS=${LOADER_WORKERS:-12}
 EXTRA_TRAIN_ARGS='${EXTRA_TRAIN_ARGS:-}'
+EXTRA_TRAIN_ARGS_B='${EXTRA_TRAIN_ARGS_B:-}'
 INIT_FROM=${INIT_FROM:-}
 PROBE=${PROBE:-0}
 COMPILE=${COMPILE:-layers}
@@ -163,17 +166,18 @@ stage_fetch() {
   : "${OUT:?OUT must name the folder that comes back}"
   # At most 8 files and 64 MiB come back: the logs travel as one archive, the export as 15 MiB parts.
   local f phase logs=()
-  for f in data.log ar.log diff.log pipeline.log data_summary.json settings.env probe-none.json probe-layers.json; do
+  for f in data.log ar.log diff.log diffb.log pipeline.log data_summary.json settings.env probe-none.json probe-layers.json; do
     [ -f "$RUN/$f" ] && logs+=("$f")
   done
-  for phase in ar diff; do
+  for phase in ar diff diffb; do
     cp "$RUN/$phase/train_log.jsonl" "$RUN/${phase}_train_log.jsonl" 2>/dev/null && logs+=("${phase}_train_log.jsonl")
   done
   [ ${#logs[@]} -gt 0 ] && tar -C "$RUN" -czf "$OUT/logs.tgz" "${logs[@]}"
   # The int8 export ships (36 MB); the bf16 one (FETCH_BF16=1) or the AR one (FETCH_AR=1) on request.
   local what=export-int8
   [ "${FETCH_BF16:-0}" = 1 ] && what=export
-  for phase in diff ar; do
+  # PHASES picks the runs whose export comes back (two exports are over one call's 64 MiB).
+  for phase in ${PHASES:-diff ar}; do
     [ "$phase" = ar ] && [ "${FETCH_AR:-0}" != 1 ] && continue
     [ -f "$RUN/$phase/$what/config.json" ] || { [ -f "$RUN/$phase/export/config.json" ] && what=export; }
     [ -f "$RUN/$phase/$what/config.json" ] || continue

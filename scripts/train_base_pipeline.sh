@@ -68,9 +68,9 @@ AR_MIN=$(python3 -c "print(round($TRAIN_MINUTES * $AR_SHARE, 2))")
 common=(--data "$DATA" --tokenizer "$TOKENIZER" --model-config base --resume --log-every 50 --eval-every 500
         --workers "$LOADER_WORKERS" "${COMPILE_ARGS[@]}" $EXTRA_TRAIN_ARGS)
 [ -n "$BATCH" ] && common+=(--batch-size "$BATCH")
-torchrun_once() {  # torchrun_once LOG MINUTES ARGS...: every GPU, with a hard stop a few minutes past the plan
+torchrun_once() {  # torchrun_once LOG MINUTES ARGS...: NPROC GPUs, with a hard stop a few minutes past the plan
   local log=$1 minutes=$2; shift 2
-  local cmd=(torchrun --standalone --nproc_per_node="$NGPU" -m dfim.commands.train "$@")
+  local cmd=(torchrun --standalone --nproc_per_node="${NPROC:-$NGPU}" -m dfim.commands.train "$@")
   say "run: ${cmd[*]} > $log"
   if [ "$DRY_RUN" = 1 ]; then say "DRY_RUN: not started"; return 0; fi
   timeout --signal=TERM --kill-after=60 "$(python3 -c "print(int(($minutes + 4) * 60))")" "${cmd[@]}" > "$log" 2>&1
@@ -101,17 +101,33 @@ fi
 
 # Phase 2 gets what is left of the deadline (phase 1 or the data may have run long), at least 2 minutes.
 DIFF_MIN=$(python3 -c "import time; print(round(max(2.0, ($DEADLINE - time.time()) / 60), 2))")
-INIT=()
-[ -f "$RUN/diff/state/trainer.json" ] || INIT=(--init-from "${INIT_FROM:-$RUN/ar/export}")
-if [ -f "$RUN/diff/export/config.json" ]; then
-  say "phase 2 (diffusion) done already: $RUN/diff/export"
+diffusion() {  # diffusion NAME ARGS...: phase 2 into $RUN/NAME, then its int8 copy (what ships and comes back)
+  local name=$1; shift
+  local init=()
+  [ -f "$RUN/$name/state/trainer.json" ] || init=(--init-from "${INIT_FROM:-$RUN/ar/export}")
+  if [ -f "$RUN/$name/export/config.json" ]; then
+    say "phase 2 ($name) done already: $RUN/$name/export"
+  else
+    launch "$RUN/$name.log" "$DIFF_MIN" "${common[@]}" --out "$RUN/$name" "${init[@]}" --causal-weight 1.0 \
+      --minutes "$DIFF_MIN" --plan-minutes "$DIFF_MIN" --name dfim-base "$@" || return 1
+  fi
+  if [ "$DRY_RUN" != 1 ] && [ ! -f "$RUN/$name/export-int8/config.json" ]; then
+    python3 scripts/quantize_checkpoint.py "$RUN/$name/export" "$RUN/$name/export-int8" || say "int8 conversion failed"
+  fi
+}
+if [ -n "${EXTRA_TRAIN_ARGS_B:-}" ] && [ "$NGPU" -ge 2 ]; then
+  # A controlled comparison: run A (EXTRA_TRAIN_ARGS) on the first half of the GPUs and run B (the same
+  # plus EXTRA_TRAIN_ARGS_B) on the second half, side by side with the same steps and deadline.
+  half=$((NGPU / 2))
+  say "side by side: diff on GPUs 0-$((half - 1)), diffb ($EXTRA_TRAIN_ARGS_B) on GPUs $half-$((NGPU - 1))"
+  NPROC=$half CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((half - 1))) diffusion diff &
+  a_pid=$!
+  NPROC=$half CUDA_VISIBLE_DEVICES=$(seq -s, "$half" $((NGPU - 1))) diffusion diffb $EXTRA_TRAIN_ARGS_B &
+  b_pid=$!
+  wait "$a_pid" || say "run A failed"
+  wait "$b_pid" || say "run B failed"
 else
-  launch "$RUN/diff.log" "$DIFF_MIN" "${common[@]}" --out "$RUN/diff" "${INIT[@]}" --causal-weight 1.0 \
-    --minutes "$DIFF_MIN" --plan-minutes "$DIFF_MIN" --name dfim-base
-fi
-# The int8 copy is what ships (and what comes back: the bf16 export is over a call's 64 MiB of files).
-if [ "$DRY_RUN" != 1 ] && [ ! -f "$RUN/diff/export-int8/config.json" ]; then
-  python3 scripts/quantize_checkpoint.py "$RUN/diff/export" "$RUN/diff/export-int8" || say "int8 conversion failed"
+  diffusion diff
 fi
 [ "$DRY_RUN" = 1 ] || touch "$RUN/DONE"
 say "pipeline finished"

@@ -28,7 +28,7 @@ def test_scripts_parse() -> None:
         subprocess.run(["bash", "-n", str(REPO / "scripts" / name)], check=True)
 
 
-def test_dry_run_stages(tmp_path: Path) -> None:
+def carry_go_shard(tmp_path: Path) -> Path:
     carried = tmp_path / "carried"
     carried.mkdir()
     go = (REPO / "fixtures" / "example.go").read_text()
@@ -42,6 +42,19 @@ def test_dry_run_stages(tmp_path: Path) -> None:
                 "source": "t",
             }
             f.write((json.dumps(row) + "\n").encode())
+    return carried
+
+
+def wait_for(path: Path, text: str) -> str:
+    for _ in range(100):  # the background pipeline ends right after printing its commands
+        if path.is_file() and text in path.read_text():
+            break
+        time.sleep(0.2)
+    return path.read_text()
+
+
+def test_dry_run_stages(tmp_path: Path) -> None:
+    carried = carry_go_shard(tmp_path)
     pyroot = tmp_path / "py"
     pyroot.mkdir()
     (pyroot / "area.py").write_text("def area(r):\n    return 3.14159 * r * r\n")
@@ -95,3 +108,43 @@ def test_dry_run_stages(tmp_path: Path) -> None:
     with tarfile.open(out / "logs.tgz") as logs:
         assert "data_summary.json" in logs.getnames()
     assert (out / "data_manifest.jsonl.gz.part00").is_file()
+
+
+def test_dry_run_side_by_side(tmp_path: Path) -> None:
+    """EXTRA_TRAIN_ARGS_B on a 4-GPU machine: two diffusion runs of 2 processes each, B with its flags."""
+    carried = carry_go_shard(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"  # what the pipeline asks of the driver: the GPU list and their memory
+    fake.write_text(
+        '#!/bin/sh\nif [ "$1" = -L ]; then for i in 0 1 2 3; do echo "GPU $i: H200"; done; '
+        "else echo 143771; fi\n"
+    )
+    fake.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "DFIM_ROOT": str(tmp_path / "root"),
+        "CARRIED": str(carried),
+        "TOKENIZER_SRC": "engine/weights/dfim-small/tokenizer.json",
+        "DRY_RUN": "1",
+        "PY_ROOTS": str(tmp_path),
+        "HEADER_ROOTS": "",
+        "START_WAIT": "120",
+        "FIRST_LINES_WAIT": "0",
+        "INIT_FROM": str(REPO / "engine" / "weights" / "dfim-small"),
+        "EXTRA_TRAIN_ARGS": "--lr 3e-4",
+        "EXTRA_TRAIN_ARGS_B": "--cross-file-p 0.3",
+    }
+    stage(env, "unpack")
+    stage(env, "start")
+    log = wait_for(tmp_path / "root" / "run" / "pipeline.log", "pipeline finished")
+    runs = [line for line in log.splitlines() if "run: torchrun" in line]
+    assert len(runs) == 2, log
+    a, b = sorted(runs, key=lambda line: "/diffb" in line)
+    assert all("--nproc_per_node=2" in line and "--lr 3e-4" in line for line in runs)
+    assert "--out" in a and "/run/diff " in a and "--cross-file-p" not in a
+    assert "/run/diffb " in b and b.endswith(
+        "--cross-file-p 0.3 > " + str(tmp_path / "root" / "run" / "diffb.log")
+    )
+    assert "--objective causal" not in log  # continuing INIT_FROM: no AR phase
