@@ -320,6 +320,13 @@ def train_in_world(args: argparse.Namespace, world: World, device: torch.device)
             flush=True,
         )
 
+    if val_batches and run.step == 0 and args.init_from:
+        # The starting checkpoint's scores on this build's validation split: what a continued run is
+        # compared with (another build's split gives other numbers).
+        start = run.validate(val_batches)
+        log.write({"step": 0, "start": True, **start})
+        print(f"start ({args.init_from}): val {start['val_loss']:.4f} acc {start['val_acc']:.3f}", flush=True)
+
     last_save = time.time()
     window = LogWindow()
     losses: list[float] = []

@@ -149,6 +149,14 @@ def test_tiny_training_loss_falls_and_resume_continues(
     scalars = load_state(out, fresh, optimizer)
     assert scalars["step"] == 33 and len(optimizer.state) == len(list(fresh.parameters()))
 
+    # A run continuing the export first scores it on the validation split: the baseline it is compared with.
+    cont = tmp_path / "continued"
+    args = [a if a != str(out) else str(cont) for a in common]
+    train(parse(*args, "--steps", "1", "--init-from", str(out / "export")))
+    first_row = json.loads((cont / "train_log.jsonl").read_text().splitlines()[0])
+    assert first_row["step"] == 0 and first_row["start"] is True
+    assert first_row["val_loss"] == pytest.approx(rows[-1]["val_loss"], rel=0.02)
+
 
 def test_context_lm_branch_is_the_encoder_read_to_the_end() -> None:
     """The hidden states behind the context LM loss are the causal encoder's, last feed-forward
