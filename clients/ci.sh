@@ -7,9 +7,10 @@
 #   clients/ci.sh nvim       only the Neovim test
 #   clients/ci.sh trace      only the canvas view (dfim trace) rendered by headless Chromium
 #   clients/ci.sh install    the extension, then its .vsix installed into code-server (VS Code 1.139 from
-#                            npm), inline ghost text and the canvas webview driven there; not part of
-#                            `all`: the first run sets code-server up (cached in .cache/code-server; how
-#                            long it takes: docs/editors.md) (clients/vscode/scripts/install-check.sh)
+#                            npm), inline ghost text, cycling, Tab-Tab and the canvas webview driven there;
+#                            not part of `all`: the first run sets code-server up (cached in
+#                            .cache/code-server; how long it takes: docs/editors.md)
+#                            (clients/vscode/scripts/install-check.sh)
 #
 # Needs Node >= 20 with npm, and (for the Neovim test) the repo's .venv from ./install.sh --test.
 set -euo pipefail

@@ -7,9 +7,11 @@
 #
 # --webview also serves code-server with the extension and the real `dfim serve` (the repo's .venv, a random
 # tiny checkpoint), and drives it with headless Chromium (/usr/bin/chromium, or CHROMIUM) through
-# playwright-core (installed next to code-server): a fill, then "Show Denoising Canvas of the Last Fill",
-# whose webview must show the page with its script running (scripts/webview-check.js); before that, one
-# keystroke in the new window must show inline ghost text, which Tab accepts. Screenshot: $SHOT.
+# playwright-core (installed next to code-server), in scripts/webview-check.js: one keystroke in the new
+# window must show inline ghost text; Alt+] must show other candidates and come round to it, which Tab
+# accepts; then, with no other key, the next suggestion must show at the new cursor, answered from the
+# server's speculation (its telemetry says so); last a fill, then "Show Denoising Canvas of the Last Fill",
+# whose webview must show the page with its script running. Screenshot: $SHOT.
 #
 # CODE_SERVER=/path/to/bin/code-server uses that one. Otherwise code-server is set up once under
 # DFIM_CODE_SERVER_DIR (default .cache/code-server in the repo, which git ignores): Node 24 from the npm
@@ -99,7 +101,7 @@ done
 say "ok: dfim.dfim@$VERSION installed into $("$cs" --version | head -1 | sed 's/.*with //')"
 ((webview)) || exit 0
 
-# ---- --webview: the command in a running VS Code --------------------------------------------------------
+# ---- --webview: the extension in a running VS Code ------------------------------------------------------
 CHROMIUM=${CHROMIUM:-/usr/bin/chromium}
 DFIM=${DFIM:-$ROOT/.venv/bin/dfim}
 PY=${PYTHON:-$ROOT/.venv/bin/python}
@@ -147,9 +149,9 @@ for _ in $(seq 60); do
 done
 grep -q "HTTP server listening" "$tmp/code-server.log" || die "code-server did not start: $(tail -5 "$tmp/code-server.log")"
 say "code-server on 127.0.0.1:$port; driving it with $CHROMIUM"
-NODE_PATH=$node_dir/node_modules CHROMIUM=$CHROMIUM node "$HERE/scripts/webview-check.js" \
-  "http://127.0.0.1:$port/?folder=$tmp/project" "${SHOT:-}" || {
+NODE_PATH=$node_dir/node_modules CHROMIUM=$CHROMIUM TELEMETRY_DIR=$tmp/telemetry \
+  node "$HERE/scripts/webview-check.js" "http://127.0.0.1:$port/?folder=$tmp/project" "${SHOT:-}" || {
   find "$tmp/data/logs" -path '*dfim*' -name '*.log' -exec tail -20 {} + >&2 2>/dev/null
-  die "the canvas webview check failed"
+  die "the check in VS Code failed (scripts/webview-check.js)"
 }
-say "ok: the canvas of the last fill shows in a VS Code webview"
+say "ok: ghost text, cycling, Tab-Tab and the canvas webview in VS Code"
