@@ -388,6 +388,7 @@ def _register_lifecycle(ls: DfimServer) -> None:
             "engine_queued": ls.host.queued,
             "engine_queued_live": ls.host.queued_live,
             "oom_retries": ls.host.oom_retries,
+            "engine_path": ls.host.path_info(),  # device, dtype, fast path's graphs and kernels
             "engine_preempted": ls.host.preempted,
             "status": ls.status.status.to_json(),
             "encoding": ls.docs.encoding,

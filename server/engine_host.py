@@ -295,6 +295,11 @@ class EngineHost:
             pieces.append(pending.decode("utf-8", "replace"))
         return pieces
 
+    def path_info(self) -> dict | None:
+        """Where the loaded model's fills run (`Engine.path_info`); None before a load, and for a served model."""
+        describe = getattr(self.engine, "path_info", None)
+        return describe() if describe is not None else None
+
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 

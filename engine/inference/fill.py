@@ -355,6 +355,13 @@ class Engine:
             self._fast_backend = FastBackend(self.model, max_len=self.fast_max_len, bucket=self.fast_bucket)
         return self._fast_backend
 
+    def path_info(self) -> dict[str, object]:
+        """Where fills denoise (dfim/stats): device, weights' dtype, and what the fast path runs (None until
+        the first fill builds it)."""
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        fast = None if self._fast_backend is None else self._fast_backend.fast.describe()
+        return {"device": str(self.device), "dtype": dtype, "fast": self.fast, "fast_path": fast}
+
     def _score_likelihood(
         self, request: FillRequest, plan: CanvasPlan, candidates: list[_Candidate], cache: ContextCache
     ) -> None:

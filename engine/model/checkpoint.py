@@ -38,6 +38,7 @@ from dfim.engine.model.fp8 import (
 )
 from dfim.engine.model.int8 import INT8_METHOD
 from dfim.engine.model.network import DiffusionGemma
+from dfim.engine.model.random_init import RANDOM_INIT, RandomInit, parse_random_init, random_model
 
 WEIGHTS_DIR = Path(__file__).parents[1] / "weights"  # the checkpoints the package ships
 DEFAULT_MODEL_DIR = WEIGHTS_DIR / "dfim-base"
@@ -175,7 +176,16 @@ def _shard_files(folder: Path) -> dict[str, list[str]]:
         return files
     if (folder / SINGLE_FILE).exists():
         return {SINGLE_FILE: []}  # keys read from the file itself
-    raise CheckpointError(f"{folder}: no {INDEX_FILE} or {SINGLE_FILE}")
+    raise CheckpointError(
+        f"{folder}: no weights ({INDEX_FILE} or {SINGLE_FILE}), and its {INFO_FILE} does not ask for "
+        f'random ones ("{RANDOM_INIT}", engine/model/random_init.py)'
+    )
+
+
+def _stored_weights(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("model*.safetensors")) + (
+        [INDEX_FILE] if (folder / INDEX_FILE).exists() else []
+    )
 
 
 def _open_shards(folder: Path, stack: ExitStack) -> dict[str, Any]:
@@ -229,13 +239,20 @@ def load_model(
 
     Tensors are read one at a time from the memory-mapped shards and moved to `device` in `dtype`, so
     host memory holds one tensor, not the checkpoint. Scaled FP8 weights (see engine/model/fp8.py) are
-    dequantized on `device` as they are read."""
+    dequantized on `device` as they are read. A folder whose dfim.json has a `random_init` entry holds no
+    weights: they are made on `device` (engine/model/random_init.py)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: checkpoint folder not found")
     config = read_config(folder)
     quant = _read_quantization(folder)
     settings = read_settings(folder)
+    init = parse_random_init(read_info(folder), folder / INFO_FILE)
+    if init is not None:
+        stored = _stored_weights(folder)
+        if stored:  # which of the two was meant is not ours to guess
+            raise CheckpointError(f"{folder}: {INFO_FILE} asks for random weights, but it holds {stored[0]}")
+        return random_model(config, init, device, dtype), settings
     with torch.device("meta"):
         model = DiffusionGemma(config)
     expected = model.state_dict()
@@ -337,11 +354,17 @@ def save_model(
     settings = settings or SamplerSettings()
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
     write_shards(state, folder, max_shard_bytes)
+    return _write_notes(model.config, folder, settings, dtype, info)
 
+
+def _write_notes(
+    config: ModelConfig, folder: Path, settings: SamplerSettings, dtype: torch.dtype, info: dict | None
+) -> Path:
+    """config.json, generation_config.json and dfim.json: everything of a checkpoint but its weights."""
     dtype_name = str(dtype).removeprefix("torch.")
-    (folder / "config.json").write_text(json.dumps(model.config.to_hf(dtype_name), indent=2) + "\n")
+    (folder / "config.json").write_text(json.dumps(config.to_hf(dtype_name), indent=2) + "\n")
     (folder / "generation_config.json").write_text(
-        json.dumps(generation_config(model.config, settings), indent=2) + "\n"
+        json.dumps(generation_config(config, settings), indent=2) + "\n"
     )
     if info is not None:  # the notes' sampler entry always says what `settings` says
         info = {k: v for k, v in info.items() if k != "sampler"}
@@ -399,9 +422,19 @@ def generation_config(config: ModelConfig, settings: SamplerSettings) -> dict[st
 
 
 def write_random_checkpoint(
-    folder: str | Path, tokenizer_json: str | Path, seed: int = 0, **config_overrides: Any
+    folder: str | Path,
+    tokenizer_json: str | Path,
+    seed: int = 0,
+    *,
+    stored: bool = True,
+    init_dtype: torch.dtype | None = None,
+    name: str = "random-tiny",
+    **config_overrides: Any,
 ) -> Path:
-    """A small randomly initialised checkpoint for tests and demos. `dfim.json` marks it untrained."""
+    """A randomly initialised checkpoint (small unless `config_overrides` say otherwise) for tests, demos and
+    benchmarks. `dfim.json` marks it untrained. `stored=False` writes no weights: `dfim.json`'s `random_init`
+    has the loader make them on its device, in `init_dtype` (None: the dtype it is asked for), so a 26B shape
+    costs no 52 GB of files (engine/model/random_init.py)."""
     tokenizer_json = Path(tokenizer_json)
     vocab_size = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
     values: dict[str, Any] = {
@@ -422,10 +455,18 @@ def write_random_checkpoint(
     }
     values.update(config_overrides)
     config = ModelConfig.from_dict(values)
-    model = DiffusionGemma(config)
-    model.init_weights(generator=torch.Generator().manual_seed(seed))
     folder = Path(folder)
-    save_model(model, folder, dtype=torch.float32, info={"name": "random-tiny", "random": True, "seed": seed})
+    info: dict[str, Any] = {"name": name, "random": True, "seed": seed}
+    if stored:
+        model = DiffusionGemma(config)
+        model.init_weights(generator=torch.Generator().manual_seed(seed))
+        save_model(model, folder, dtype=torch.float32, info=info)
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in _stored_weights(folder):  # a folder written before with weights: they would be refused
+            (folder / old).unlink()
+        info[RANDOM_INIT] = RandomInit(seed=seed, dtype=init_dtype).to_json()
+        _write_notes(config, folder, SamplerSettings(), init_dtype or torch.float32, info)
     (folder / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
     return folder
 

@@ -101,6 +101,7 @@ class FastDiffusionGemma:
         )
         for layer in self.layers:
             layer.experts.mode = self.moe
+        self.compiled = compile
         if compile:
             compile_layers(model)
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
@@ -119,6 +120,12 @@ class FastDiffusionGemma:
         self.ar_pos = torch.zeros(1, dtype=torch.long, device=d)
         self.ar_idx = torch.zeros(1, dtype=torch.long, device=d)
         self.ar_out = torch.zeros(1, 4096, dtype=torch.long, device=d)
+
+    def describe(self) -> dict[str, object]:
+        """What a decoder pass runs (dfim/stats): graphs (a capture that fails turns them off for good), how
+        many are captured, the experts' kernel and whether the layers are compiled."""
+        graphs = {"graphs": self.use_graphs, "graphs_captured": len(self._graphs)}
+        return {**graphs, "experts": self.moe, "compiled": self.compiled}
 
     # --- cache ------------------------------------------------------------------------------------
 

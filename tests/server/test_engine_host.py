@@ -215,3 +215,15 @@ async def test_a_cancelled_fill_frees_its_memory_without_a_garbage_collection(tm
         gc.enable()
         host.shutdown()
     assert not alive, f"{len(alive)} of 3 cancelled requests still alive without a garbage collection"
+
+
+def test_path_info_is_the_engine_s_and_none_without_one(tmp_path) -> None:
+    from dfim.engine import Engine
+    from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint
+    from dfim.server.engine_host import EngineHost
+
+    host = EngineHost()
+    assert host.path_info() is None  # nothing loaded (a served model has no path_info either)
+    host.engine = Engine.load(write_random_checkpoint(tmp_path, DEFAULT_MODEL_DIR / "tokenizer.json"))
+    assert host.path_info() == {"device": "cpu", "dtype": "float32", "fast": False, "fast_path": None}
+    host.shutdown()
