@@ -162,7 +162,10 @@ class Engine:
             raise
         except Exception as err:  # tokenizers raises plain Exceptions for unreadable files
             raise CheckpointError(f"{tokenizer_path}: not a usable tokenizer ({err})") from None
-        model, settings = load_model(folder, device=str(dev))
+        # bf16 on a GPU, as the fast path and the checkpoints' own training run: fp32 would double the bytes
+        # every step reads. The CPU keeps fp32 (its products and int8 kernels are written for it).
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        model, settings = load_model(folder, device=str(dev), dtype=dtype)
         if tokenizer.chat and settings.draft:  # the draft reads the FIM layout (dfim.engine.inference.chat)
             settings = dataclasses.replace(settings, draft=False)
         if dev.type == "cpu":
