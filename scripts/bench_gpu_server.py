@@ -305,13 +305,7 @@ async def typing_pass(
     timed_pass = Pass(session, report, args, canvases)
     await timed_pass.ask(uri, line, ch, count=False)
     for k in range(0, len(typed), 3):
-        chunk = typed[k : k + 3]
-        at = types.Position(line, ch)
-        session.change(uri, chunk, types.Range(start=at, end=at))
-        if "\n" in chunk:
-            line, ch = line + chunk.count("\n"), len(chunk.rsplit("\n", 1)[1])
-        else:
-            ch += len(chunk)
+        line, ch = session.type_at(uri, typed[k : k + 3], line, ch)
         await timed_pass.ask(uri, line, ch)
     timed_pass.print()
 

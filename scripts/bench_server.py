@@ -174,12 +174,7 @@ async def typing(
     shown, engine, empty = [], [], 0
     for k in range(0, min(len(typed), 3 * requests), 3):
         chunk = typed[k : k + 3]
-        at = types.Position(line, ch)
-        session.change(uri, chunk, types.Range(start=at, end=at))
-        if "\n" in chunk:
-            line, ch = line + chunk.count("\n"), len(chunk.rsplit("\n", 1)[1])
-        else:
-            ch += len(chunk)
+        line, ch = session.type_at(uri, chunk, line, ch)
         before = await session.stats()
         t0 = time.perf_counter()
         result = await session.inline(uri, line, ch)

@@ -127,6 +127,14 @@ class Session:
             )
         )
 
+    def type_at(self, uri: str, text: str, line: int, ch: int) -> tuple[int, int]:
+        """Insert `text` at (line, ch) as a keystroke would -> the cursor's position after it."""
+        at = types.Position(line, ch)
+        self.change(uri, text, types.Range(start=at, end=at))
+        if "\n" in text:
+            return line + text.count("\n"), len(text.rsplit("\n", 1)[1])
+        return line, ch + len(text)
+
     def change(self, uri: str, text: str, rng: types.Range | None = None) -> None:
         """A ranged (incremental) change, or a whole-document change when `rng` is None."""
         self.version[uri] += 1
