@@ -89,19 +89,13 @@ else:
 TOKENIZER = DEFAULT_MODEL_DIR / "tokenizer.json"  # 16,384 ids: the model's others are banned by the engine
 SHAPES: dict[str, dict[str, Any]] = {
     "26b-a4b": RELEASED_26B_A4B,
-    # both layer kinds, more experts than a token picks, and ids beyond the tokenizer's, as the 26B has
+    # write_random_checkpoint's small shape with both layer kinds, more experts than a token picks, and ids
+    # beyond the tokenizer's, as the 26B has
     "tiny": dict(
         vocab_size=16_384 + 128,
-        hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=3,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        global_head_dim=64,
-        num_global_key_value_heads=1,
-        sliding_window=64,
         num_experts=8,
         top_k_experts=2,
         moe_intermediate_size=32,

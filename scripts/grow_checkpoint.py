@@ -31,14 +31,13 @@ from pathlib import Path
 import torch
 
 from dfim.engine.api import CheckpointError
-from dfim.engine.model.checkpoint import load_model, read_config, read_info, save_model
+from dfim.engine.model.checkpoint import MAX_SHARD_BYTES, load_model, read_config, read_info, save_model
 from dfim.engine.model.config import FULL, ModelConfig
 from dfim.engine.model.int8 import INT8_METHOD
 from dfim.engine.model.network import DiffusionGemma
 from dfim.engine.training.distributed import active_parameters
 from dfim.engine.training.grow import (
     BUDGET_BYTES,
-    MAX_SHARD_BYTES,
     ZERO_MODES,
     GrowthError,
     check_plan,

@@ -53,34 +53,34 @@ def wait_for(path: Path, text: str) -> str:
     return path.read_text()
 
 
-def test_dry_run_stages(tmp_path: Path) -> None:
-    carried = carry_go_shard(tmp_path)
-    pyroot = tmp_path / "py"
-    pyroot.mkdir()
-    (pyroot / "area.py").write_text("def area(r):\n    return 3.14159 * r * r\n")
-    env = {
+def dry_run_env(tmp_path: Path, py_roots: Path, path_first: str = "") -> dict[str, str]:
+    """The stages' environment for a dry run under tmp_path, with the carried Go shard."""
+    return {
         **os.environ,
         # python3 with dfim's dependencies, as on the GPU machine (where dfim itself is not installed).
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PATH": f"{path_first}{Path(sys.executable).parent}:{os.environ['PATH']}",
         "DFIM_ROOT": str(tmp_path / "root"),
-        "CARRIED": str(carried),
+        "CARRIED": str(carry_go_shard(tmp_path)),
         "TOKENIZER_SRC": "engine/weights/dfim-small/tokenizer.json",
         "DRY_RUN": "1",
-        "PY_ROOTS": str(pyroot),
+        "PY_ROOTS": str(py_roots),
         "HEADER_ROOTS": "",
         "START_WAIT": "120",
         "FIRST_LINES_WAIT": "0",
     }
+
+
+def test_dry_run_stages(tmp_path: Path) -> None:
+    pyroot = tmp_path / "py"
+    pyroot.mkdir()
+    (pyroot / "area.py").write_text("def area(r):\n    return 3.14159 * r * r\n")
+    env = dry_run_env(tmp_path, pyroot)
     assert "copied" in stage(env, "unpack")
     assert "there already" in stage(env, "unpack")
     started = stage(env, "start")
     assert "pipeline started" in started
     run = tmp_path / "root" / "run"
-    for _ in range(100):  # the background pipeline ends right after printing its commands
-        if "pipeline finished" in (run / "pipeline.log").read_text():
-            break
-        time.sleep(0.2)
-    log = (run / "pipeline.log").read_text()
+    log = wait_for(run / "pipeline.log", "pipeline finished")
     assert "--objective causal" in log and "--causal-weight 1.0" in log and "--init-from" in log
     assert "--model-config base" in log and "DRY_RUN: not started" in log
     summary = json.loads((run / "data_summary.json").read_text())
@@ -112,7 +112,6 @@ def test_dry_run_stages(tmp_path: Path) -> None:
 
 def test_dry_run_side_by_side(tmp_path: Path) -> None:
     """EXTRA_TRAIN_ARGS_B on a 4-GPU machine: two diffusion runs of 2 processes each, B with its flags."""
-    carried = carry_go_shard(tmp_path)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "nvidia-smi"  # what the pipeline asks of the driver: the GPU list and their memory
@@ -122,16 +121,7 @@ def test_dry_run_side_by_side(tmp_path: Path) -> None:
     )
     fake.chmod(0o755)
     env = {
-        **os.environ,
-        "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "DFIM_ROOT": str(tmp_path / "root"),
-        "CARRIED": str(carried),
-        "TOKENIZER_SRC": "engine/weights/dfim-small/tokenizer.json",
-        "DRY_RUN": "1",
-        "PY_ROOTS": str(tmp_path),
-        "HEADER_ROOTS": "",
-        "START_WAIT": "120",
-        "FIRST_LINES_WAIT": "0",
+        **dry_run_env(tmp_path, tmp_path, path_first=f"{bin_dir}:"),
         "INIT_FROM": str(REPO / "engine" / "weights" / "dfim-small"),
         "EXTRA_TRAIN_ARGS": "--lr 3e-4",
         "EXTRA_TRAIN_ARGS_B": "--cross-file-p 0.3",

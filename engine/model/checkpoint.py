@@ -41,6 +41,7 @@ from dfim.engine.model.network import DiffusionGemma
 from dfim.engine.model.random_init import RANDOM_INIT, RandomInit, parse_random_init, random_model
 
 WEIGHTS_DIR = Path(__file__).parents[1] / "weights"  # the checkpoints the package ships
+MAX_SHARD_BYTES = 16 * 2**20  # safetensors files stay under GitHub's and PyPI's comfortable sizes
 DEFAULT_MODEL_DIR = WEIGHTS_DIR / "dfim-base"
 
 
@@ -344,7 +345,7 @@ def save_model(
     model: DiffusionGemma,
     folder: str | Path,
     settings: SamplerSettings | None = None,
-    max_shard_bytes: int = 16 * 2**20,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
     dtype: torch.dtype = torch.bfloat16,
     info: dict[str, Any] | None = None,
 ) -> Path:
@@ -378,21 +379,28 @@ def _write_notes(
     return folder
 
 
-def write_shards(state: dict[str, torch.Tensor], folder: Path, max_shard_bytes: int = 16 * 2**20) -> int:
-    """Write `state` as safetensors shards of at most `max_shard_bytes` each (a tensor larger than that gets a
-    shard of its own) plus the index, replacing any shards already in `folder`; returns the total bytes."""
-    shards: list[dict[str, torch.Tensor]] = [{}]
+def shard_plan(sizes: dict[str, int], max_shard_bytes: int = MAX_SHARD_BYTES) -> list[list[str]]:
+    """The keys of each shard, from each tensor's bytes: sorted keys, a new shard when the next tensor would
+    pass `max_shard_bytes` (a tensor larger than that gets a shard of its own)."""
+    shards: list[list[str]] = [[]]
     size = 0
-    for key in sorted(state):
-        nbytes = state[key].numel() * state[key].element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
+    for key in sorted(sizes):
+        if shards[-1] and size + sizes[key] > max_shard_bytes:
+            shards.append([])
             size = 0
-        shards[-1][key] = state[key]
-        size += nbytes
+        shards[-1].append(key)
+        size += sizes[key]
+    return shards
 
-    for old in list(folder.glob("model*.safetensors")) + [folder / INDEX_FILE]:
-        old.unlink(missing_ok=True)
+
+def write_shards(state: dict[str, torch.Tensor], folder: Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> int:
+    """Write `state` as safetensors shards of at most `max_shard_bytes` each (`shard_plan`) plus the index,
+    replacing any shards already in `folder`; returns the total bytes."""
+    plan = shard_plan({key: t.numel() * t.element_size() for key, t in state.items()}, max_shard_bytes)
+    shards = [{key: state[key] for key in keys} for keys in plan]
+
+    for old in _stored_weights(folder):
+        (folder / old).unlink(missing_ok=True)
     weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards, start=1):
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from dfim.engine.model.checkpoint import MAX_SHARD_BYTES, shard_plan
 from dfim.engine.model.config import FULL, SLIDING, ModelConfig
 from dfim.engine.model.int8 import is_quantized_key
 from dfim.engine.model.network import DiffusionGemma
@@ -52,10 +53,8 @@ DECODER_LAYER = "model.decoder.layers."
 ENCODER_LAYER = "model.encoder.language_model.layers."
 _LAYER_KEY = re.compile(r"^(model\.decoder\.layers\.|model\.encoder\.language_model\.layers\.)(\d+)\.(.+)$")
 
-# The on-disk budget of the embedded model (decisions.md 56: the package carries at most 48 MB) and the
-# shard size the checkpoints are written with (`save_model`, `convert_checkpoint`).
+# The on-disk budget of the embedded model (decisions.md 56: the package carries at most 48 MB).
 BUDGET_BYTES = 48_000_000
-MAX_SHARD_BYTES = 16 * 2**20
 
 
 class GrowthError(ValueError):
@@ -188,14 +187,7 @@ def int8_disk_size(config: ModelConfig, max_shard_bytes: int = MAX_SHARD_BYTES) 
         dtype, shape = entries[key]
         return torch.Size(shape).numel() * dtype.itemsize
 
-    shards: list[list[str]] = [[]]
-    size = 0
-    for key in sorted(entries):  # write_shards' cut: sorted keys, a new shard past the limit
-        if shards[-1] and size + nbytes(key) > max_shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(key)
-        size += nbytes(key)
+    shards = shard_plan({key: nbytes(key) for key in entries}, max_shard_bytes)  # write_shards' cut
     files = [_shard_file_bytes(keys, entries) for keys in shards]
     largest = max(nbytes(key) for key in entries)
     return DiskSize(total=sum(files), largest_shard=max(files), shards=len(files), largest_tensor=largest)
