@@ -21,7 +21,8 @@ Host syncs: the decoder pass has none, and the loop reads which rows still run f
 step. What remains, per step, in the engine's chain: each stop step's `DenoiseState.finish` (one read
 of the rows it stops: StableAndConfident once, EosConfident twice), `read_entropy`'s check for ended
 positions when the request has stop strings, and a candidate batch whose rows finished at different
-steps (the rows still running are gathered by index). Rows of a batch run one graph replay each.
+steps (the rows still running are gathered by index). The rows of a batch share one graph replay where
+they fit the canvas buffers together (`FastDiffusionGemma.fits_rows`), else run one replay each.
 """
 
 from __future__ import annotations
@@ -78,15 +79,15 @@ class FastBackend:
         self.owner = cache
 
     def denoiser(self, cache: ContextCache) -> sampler.Denoiser:
-        """The sampler's decoder pass over `cache`'s context, on the fast path. Rows of a candidate batch run
-        one after another (the canvas keys/values live in the static cache's rows after the context)."""
+        """The sampler's decoder pass over `cache`'s context, on the fast path: a candidate batch's rows in
+        one pass where they fit together, else one after another."""
         self.sync(cache)
         fast = self.fast
 
         def denoise(canvas: Tensor, self_cond: Tensor | None) -> Tensor:
             if self.owner is not cache:  # a fill run from `between_steps` synced another slot meanwhile
                 self.sync(cache)
-            if canvas.shape[0] == 1:
+            if fast.fits_rows(*canvas.shape):
                 # the chain copies the logits at once (`sampler.denoise_step`): no copy of our own
                 return fast.denoise(canvas, self_cond, clone=False)
             out = torch.empty((*canvas.shape, fast.vocab), dtype=torch.float32, device=canvas.device)

@@ -23,7 +23,9 @@ sampler chain (pins, banned tokens, healing, window, stop tokens) runs on its lo
 (`dfim.engine.inference.fast_backend`, which also keeps this cache in step with the engine's context
 cache by copying the keys and values the plain encoder wrote).
 
-Batch 1 only (one canvas at a time): the canvas keys/values live in the cache's scratch rows.
+One context at a time. The rows of a candidate batch share it: `denoise` lays them side by side in the
+cache's scratch rows after the context, each at the same positions, each attending the context and its own
+rows only, so one pass (and one read of the experts' weights) serves every row.
 """
 
 from __future__ import annotations
@@ -170,14 +172,17 @@ class FastDiffusionGemma:
         *,
         encoder: bool,
         last_ffn: bool = True,
+        slots: Tensor | None = None,
     ) -> Tensor:
-        """The network's layers over T new tokens at `positions`, reading and writing the static cache."""
+        """The network's layers over T new tokens at `positions`, reading and writing the static cache at
+        `slots` (the cache rows of their keys/values; default `positions`)."""
         tables = {s: (cos[positions][None], sin[positions][None]) for s, (cos, sin) in self.rope.items()}
+        slots = positions if slots is None else slots
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             sliding = layer.self_attn.is_sliding
             lo, hi = lo_hi[sliding]
-            attend = partial(self._attend_static, i, positions, lo, hi, masks[sliding])
+            attend = partial(self._attend_static, i, slots, lo, hi, masks[sliding])
             scalar = self.encoder_scalars[i] if encoder else layer.layer_scalar
             x = layer(x, tables[sliding], attend, scalar, rows=0 if i == last and not last_ffn else None)
         return x
@@ -185,7 +190,7 @@ class FastDiffusionGemma:
     def _attend_static(
         self,
         i: int,
-        positions: Tensor,
+        slots: Tensor,
         lo: int,
         hi: int,
         mask: Tensor,
@@ -194,13 +199,13 @@ class FastDiffusionGemma:
         k: Tensor,
         v: Tensor,
     ) -> Tensor:
-        """Write the new keys/values at `positions` of layer i's static cache, attend over its rows [lo, hi)
+        """Write the new keys/values at rows `slots` of layer i's static cache, attend over its rows [lo, hi)
         where `mask` [1, 1, T|1, hi-lo] allows. Grouped-query attention without copying K/V: the query heads
         sharing one KV head are folded into the query-length axis ([1, Hkv, G*T, D]), so SDPA sees plain
         multi-head attention."""
         cache_k, cache_v = self.cache_k[i], self.cache_v[i]
-        cache_k[:, :, positions] = k
-        cache_v[:, :, positions] = v
+        cache_k[:, :, slots] = k
+        cache_v[:, :, slots] = v
         b, heads, t, head_dim = q.shape
         kv_heads = attn.num_kv_heads
         groups = heads // kv_heads
@@ -246,48 +251,71 @@ class FastDiffusionGemma:
 
     # --- diffusion --------------------------------------------------------------------------------
 
-    def _diffusion_window(self, length: int) -> tuple[int, dict[bool, tuple[int, int]]]:
-        hi = self._roundup(self.length + length)
-        sliding_lo = max(0, hi - length - self.bucket - self.window + 1)
+    def _diffusion_window(self, tokens: int) -> tuple[int, dict[bool, tuple[int, int]]]:
+        hi = self._roundup(self.length + tokens)
+        sliding_lo = max(0, hi - tokens - self.bucket - self.window + 1)
         return hi, {False: (0, hi), True: (sliding_lo, hi)}
 
-    def _decoder_logits(self, hi: int, lo_hi: dict[bool, tuple[int, int]], length: int) -> Tensor:
-        """Decoder over [cache ; canvas] from the static `canvas` and `probs` buffers' first `length`
-        positions -> logits [1, length, V]."""
+    def _decoder_logits(self, hi: int, lo_hi: dict[bool, tuple[int, int]], rows: int, length: int) -> Tensor:
+        """Decoder over [cache ; canvas rows] from the static `canvas` and `probs` buffers' first
+        rows * length positions (row r's tokens at r * length + [0, length)) -> logits [1, rows * length, V].
+        Every row sits at the positions right after the context and its keys/values in its own cache rows;
+        a row attends the context and itself, never another row."""
         decoder = self.model.decoder
-        soft = self.model.soft_embeddings(self.probs[:, :length])
-        x = decoder.self_conditioning(self.embed(self.canvas[:, :length]), soft)
-        positions = self.length_t + torch.arange(length, device=self.device)
+        tokens = rows * length
+        soft = self.model.soft_embeddings(self.probs[:, :tokens])
+        x = decoder.self_conditioning(self.embed(self.canvas[:, :tokens]), soft)
+        offsets = torch.arange(tokens, device=self.device)
+        slots = self.length_t + offsets
+        positions = self.length_t + offsets % length
         masks = {}
         for sliding, (lo, _) in lo_hi.items():
             keys = torch.arange(lo, hi, device=self.device)
-            ok = keys < self.length_t + length
+            if rows == 1:
+                ok = (keys < self.length_t + length)[None]  # one mask row serves every query
+            else:
+                start = self.length_t + (offsets // length) * length  # first cache row of each query's row
+                own = (keys[None] >= start[:, None]) & (keys[None] < start[:, None] + length)
+                ok = (keys < self.length_t)[None] | own
             if sliding:
-                ok = ok & (keys >= self.length_t - self.window + 1)
-            masks[sliding] = ok[None, None, None]
-        return self.logits(self._run_layers(x, positions, lo_hi, masks, encoder=False))
+                ok = ok & (keys >= self.length_t - self.window + 1)[None]
+            masks[sliding] = ok[None, None]
+        return self.logits(self._run_layers(x, positions, lo_hi, masks, encoder=False, slots=slots))
+
+    def fits_rows(self, rows: int, length: int) -> bool:
+        """Whether one pass takes `rows` canvases of `length` tokens after the context held: they share the
+        canvas buffers and lie side by side in the cache's rows after the context."""
+        tokens = rows * length
+        cache_rows = (self.max_len // self.bucket) * self.bucket
+        return 0 < length and tokens <= self.canvas_length and self.length + tokens <= cache_rows
 
     @torch.no_grad()
     def denoise(
         self, canvas_ids: Tensor, self_cond_logits: Tensor | None = None, *, clone: bool = True
     ) -> Tensor:
-        """Drop-in for `DiffusionGemma.denoise` over this cache: canvas [1, L] (L up to `canvas_length`) ->
-        logits [1, L, V] fp32. One graph replay per (cache bucket, L). clone=False returns the static output
-        buffer itself, which the next call overwrites (for a caller that copies it at once)."""
-        length = canvas_ids.shape[-1]
-        if canvas_ids.dim() != 2 or canvas_ids.shape[0] != 1 or not 0 < length <= self.canvas_length:
+        """Drop-in for `DiffusionGemma.denoise` over this cache: canvas [B, L] (B * L up to `canvas_length`)
+        -> logits [B, L, V] fp32. One graph replay per (cache bucket, B, L). clone=False returns the static
+        output buffer itself, which the next call overwrites (for a caller that copies it at once)."""
+        if canvas_ids.dim() != 2 or not self.fits_rows(*canvas_ids.shape):
             raise ValueError(
-                f"canvas of shape {tuple(canvas_ids.shape)}; the fast path runs [1, L <= {self.canvas_length}]"
+                f"canvas of shape {tuple(canvas_ids.shape)}; the fast path runs [B, L] with "
+                f"B * L <= {self.canvas_length}"
             )
-        self.canvas[:, :length].copy_(canvas_ids)
-        probs = self.probs[:, :length]
+        rows, length = canvas_ids.shape
+        tokens = rows * length
+        self.canvas[:, :tokens].copy_(canvas_ids.reshape(1, tokens))
+        probs = self.probs[:, :tokens]
         if self_cond_logits is None:
             probs.zero_()  # zero soft embeddings: exactly the reference's first step
         else:
-            probs.copy_(self_cond_logits.softmax(dim=-1, dtype=torch.float32).to(self.dtype))
-        hi, lo_hi = self._diffusion_window(length)
-        out = self.logits_out[:, :length]
-        self._run(("denoise", hi, length), lambda: out.copy_(self._decoder_logits(hi, lo_hi, length)))
+            soft = self_cond_logits.softmax(dim=-1, dtype=torch.float32).to(self.dtype)
+            probs.copy_(soft.reshape(1, tokens, -1))
+        hi, lo_hi = self._diffusion_window(tokens)
+        out = self.logits_out[:, :tokens]
+        self._run(
+            ("denoise", hi, rows, length), lambda: out.copy_(self._decoder_logits(hi, lo_hi, rows, length))
+        )
+        out = out.view(rows, length, -1)
         return out.clone() if clone else out
 
     # --- autoregressive decode --------------------------------------------------------------------

@@ -183,6 +183,33 @@ def test_shorter_canvases_and_a_copied_context_match_reference():
 
 
 @torch.no_grad()
+def test_candidate_rows_in_one_pass_match_the_reference_row_by_row():
+    """Rows of a candidate batch share one pass: each sits at the positions after the context, attends the
+    context and itself only, so its logits are its own single-row logits, for any row count that fits."""
+    model = make_model()
+    fast = fast_of(model)
+    g = torch.Generator().manual_seed(9)
+    context = torch.randint(0, 96, (1, 10), generator=g)  # longer than the sliding window
+    cache = model.new_cache()
+    model.encode(context, cache)
+    fast.copy_context(cache, 0)
+    for rows, length in ((2, 4), (3, 2), (4, 2)):
+        canvas = torch.randint(0, 96, (rows, length), generator=g)
+        self_cond = torch.randn(rows, length, 96, generator=g) * 3
+        for sc in (None, self_cond):
+            got = fast.denoise(canvas, sc)
+            assert got.shape == (rows, length, 96)
+            for r in range(rows):
+                row_sc = None if sc is None else sc[r : r + 1]
+                want = model.denoise(canvas[r : r + 1], cache, row_sc)
+                assert (got[r : r + 1] - want).abs().max().item() <= TOLERANCE
+    # rows that together overflow the canvas buffers are refused (the backend then runs them one by one)
+    assert not fast.fits_rows(3, 4) and fast.fits_rows(2, 4)
+    with pytest.raises(ValueError, match="the fast path runs"):
+        fast.denoise(torch.zeros(3, 4, dtype=torch.long))
+
+
+@torch.no_grad()
 def test_fixed_step_block_runs_the_shared_chain_for_every_step():
     model = make_model()
     fast = fast_of(model)
