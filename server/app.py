@@ -203,7 +203,8 @@ class DfimServer(LanguageServer):
         self.status.update(
             state="loading", message=f"loading {path or 'the default model'} on {device}", device=device
         )
-        await self.host.load(path, device, fast=self.options.model.fast)
+        model = self.options.model
+        await self.host.load(path, device, fast=model.fast, compile=model.compile)
         if (path, device) != self._loaded:
             return  # a newer configuration superseded this load
         # Errors are logged and shown before the status says so: a client (or a test) that reads the log

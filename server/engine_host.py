@@ -85,15 +85,16 @@ class EngineHost:
         """Queued fills that will really run (not cancelled or superseded): a backlog shows here."""
         return sum(not flag.is_set() for flag in list(self._queue.values()))
 
-    async def load(self, path: str | None, device: str, fast: bool = True) -> None:
+    async def load(self, path: str | None, device: str, fast: bool = True, compile: bool = False) -> None:
         """Load a checkpoint in the worker; on failure `error` holds the message and `engine` stays None.
-        `fast`: denoise on the fast path where the device is CUDA (`dfim.engine.inference.fast_backend`)."""
+        `fast`: denoise on the fast path where the device is CUDA (`dfim.engine.inference.fast_backend`);
+        `compile`: torch.compile its layers."""
         self.generation += 1
         generation = self.generation
         self.loading = True
         try:
             engine = await asyncio.get_running_loop().run_in_executor(
-                self._executor, _load, path, device, fast
+                self._executor, _load, path, device, fast, compile
             )
         except Exception as exc:  # CheckpointError, missing torch device, a broken file: report, keep serving
             if generation == self.generation:  # with the model loaded before, if there was one
@@ -311,7 +312,7 @@ def _tell_watcher(finish: Callable[[FillResult], None], result: FillResult) -> N
         log.exception("fill watcher failed")
 
 
-def _load(path: str | None, device: str, fast: bool = True):
+def _load(path: str | None, device: str, fast: bool = True, compile: bool = False):
     from dfim.engine.inference.vllm_served import ServedEngine, is_served_url
 
     if is_served_url(path):  # a model served by `vllm serve` (docs/gpu.md): `device` is the server's
@@ -320,7 +321,8 @@ def _load(path: str | None, device: str, fast: bool = True):
         Engine,  # imported here: torch takes a second, initialize must not wait
     )
 
-    return Engine.load(path or None, device=device, fast=fast and device.startswith("cuda"))
+    on_gpu = device.startswith("cuda")
+    return Engine.load(path or None, device=device, fast=fast and on_gpu, compile=compile and on_gpu)
 
 
 def _glibc_function(name: str, restype=None):

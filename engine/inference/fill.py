@@ -136,6 +136,9 @@ class Engine:
         self.fast = fast and objective == "diffusion"
         self.fast_max_len = FAST_MAX_CONTEXT
         self.fast_bucket = 256  # cache rows per graph: one captured decoder pass serves a bucket of lengths
+        # torch.compile the layers the fast path runs: fused norms and activations, about 1.3x per pass on
+        # an H200 at the 26B shape, but the first fill of each new shape waits for the compiler.
+        self.fast_compile = False
         self._fast_backend: FastBackend | None = None
 
     @classmethod
@@ -145,9 +148,11 @@ class Engine:
         device: str = "cpu",
         threads: int | None = None,
         fast: bool | None = None,
+        compile: bool = False,
     ) -> Engine:
         """`threads`: torch's CPU thread count (default: `dfim.engine.model.threads`: one core fewer than this process
-        may use, every core while the others are idle). `fast`: denoise on the fast path (default: on CUDA)."""
+        may use, every core while the others are idle). `fast`: denoise on the fast path (default: on CUDA).
+        `compile`: torch.compile the fast path's layers (`Engine.fast_compile`)."""
         folder = resolve_checkpoint(path)
         dev = check_device(device)
         automatic = limit_threads(threads)
@@ -187,7 +192,9 @@ class Engine:
         if dev.type == "cpu" and automatic and cores > base:
             adaptive = AdaptiveThreads(base=base, wide=cores)
         args = (model, tokenizer, settings, name, is_random, folder, objective, trained_context, adaptive)
-        return cls(*args, fast=dev.type == "cuda" if fast is None else fast)
+        engine = cls(*args, fast=dev.type == "cuda" if fast is None else fast)
+        engine.fast_compile = compile
+        return engine
 
     def _banned_tokens(self) -> torch.Tensor:
         """Control tokens never belong on a canvas (pad and EOS do: they end the text), nor do ids the
@@ -355,7 +362,9 @@ class Engine:
 
     def fast_backend(self) -> FastBackend:
         if self._fast_backend is None:
-            self._fast_backend = FastBackend(self.model, max_len=self.fast_max_len, bucket=self.fast_bucket)
+            self._fast_backend = FastBackend(
+                self.model, max_len=self.fast_max_len, bucket=self.fast_bucket, compile=self.fast_compile
+            )
         return self._fast_backend
 
     def path_info(self) -> dict[str, object]:
