@@ -194,10 +194,12 @@ def inline_items(ls, place: Place, candidates: list[str], ctx: FillContext, sour
             continue
         r_start, r_end, insert = edit
         suggestion_id = new_id()
-        if rank == 0 and r_start == cursor:
-            ls.shown[snapshot.uri] = ShownSuggestion(suggestion_id, text[:cursor], text[r_end:], insert)
-            # Tab-Tab: fill the next suggestion as if this one were accepted
-            ls.speculations.start(ls, snapshot, r_start, r_end, insert)
+        if rank == 0:
+            if r_start == cursor:  # typed-ahead reuse and Tab-Tab follow an insertion at the cursor only
+                ls.shown[snapshot.uri] = ShownSuggestion(suggestion_id, text[:cursor], text[r_end:], insert)
+                # Tab-Tab: fill the next suggestion as if this one were accepted
+                ls.speculations.start(ls, snapshot, r_start, r_end, insert)
+            # an edit that also replaces text before the cursor is shown all the same, and counts as such
             latency = (time.perf_counter() - place.started) * 1000
             ls.tracker.shown(
                 Shown(suggestion_id, snapshot.uri, insert, snapshot.language_id),

@@ -200,3 +200,27 @@ def test_digest_of_a_long_text_reads_its_length_and_ends():
     assert digest(long) != digest(long + "y")
     assert digest(long) != digest("y" + long[1:])  # the same length, another first character
     assert digest("a") != digest("b")
+
+
+def test_a_first_candidate_that_also_rewrites_before_the_cursor_counts_as_shown(server):
+    """An edit whose range starts before the cursor is on screen like any other: telemetry follows it (so
+    its accept or reject is counted), while typed-ahead reuse and Tab-Tab, which assume an insertion at the
+    cursor, leave it alone."""
+    import dataclasses
+    import time
+
+    from dfim.server.inline import inline_items
+    from dfim.server.inline_plan import Place
+
+    src = "def f(x):\n    y = x.fo|\n    return y\n"
+    ctx = ctx_for(src)
+    text, cursor = src.replace("|", ""), src.index("|")
+    ctx = dataclasses.replace(ctx, start=cursor - 2, end=cursor)  # the hole covers the typed "fo"
+    place = Place(Document(URI, text, 1, "python"), cursor, "utf-16", time.perf_counter())
+    answer = inline_items(server, place, ["bar"], ctx, "model")
+    assert answer is not None
+    (item,) = answer.items
+    assert item.insert_text == "bar" and item.range.start.character == len("    y = x.")
+    pending = server.tracker.pending.get(URI)
+    assert pending is not None and pending.text == "bar"  # counted as shown
+    assert URI not in server.shown and len(server.speculations) == 0
