@@ -35,6 +35,14 @@ QMAX = 127  # symmetric: -128 is never used, so -q is always representable
 COPIED_FILES = ("tokenizer.json", "generation_config.json", "dfim.json")
 
 
+def write_compact_json(source: Path, target: Path) -> None:
+    """`source`'s JSON without indentation: the same value in fewer bytes (a tokenizer.json written by
+    `tokenizers` is indented: 1.11 MB against 0.46 MB compact for dfim-base's, which counts toward the
+    package's 48 MB for model data)."""
+    value = json.loads(source.read_text(encoding="utf-8"))
+    target.write_text(json.dumps(value, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+
+
 def quantization_config() -> dict[str, Any]:
     """The `quantization_config` entry of an int8 checkpoint's config.json."""
     return {
@@ -98,6 +106,8 @@ def convert_checkpoint(source: str | Path, target: str | Path, max_shard_bytes: 
     for name in COPIED_FILES:
         if (source / name).is_file():
             shutil.copyfile(source / name, target / name)
+    if (source / "tokenizer.json").is_file():
+        write_compact_json(source / "tokenizer.json", target / "tokenizer.json")
     info = read_info(source)
     if info:  # the notes say which checkpoint this one was made from
         info = {**info, "quantized_from": str(info.get("name") or source.name), "quantization": INT8_METHOD}

@@ -111,8 +111,15 @@ def test_round_trip_is_within_the_quantization_bound_at_half_the_bytes(small_int
     loaded, _ = load_model(small_int8)
     config = json.loads((small_int8 / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == INT8_METHOD
-    for name in ("tokenizer.json", "generation_config.json"):
-        assert (small_int8 / name).read_bytes() == (SMALL / name).read_bytes()
+    assert (small_int8 / "generation_config.json").read_bytes() == (
+        SMALL / "generation_config.json"
+    ).read_bytes()
+    # the tokenizer's JSON is written compact: the same value, the same ids, fewer bytes
+    compact, indented = small_int8 / "tokenizer.json", SMALL / "tokenizer.json"
+    assert json.loads(compact.read_text()) == json.loads(indented.read_text())
+    assert compact.stat().st_size < 0.7 * indented.stat().st_size
+    text = SOURCE.read_text()[:2000]
+    assert Tokenizer.from_file(str(compact)).encode(text) == Tokenizer.from_file(str(indented)).encode(text)
 
     want, got = reference.state_dict(), loaded.state_dict()
     assert want.keys() == got.keys()
