@@ -394,7 +394,9 @@ def build(args: argparse.Namespace) -> None:
     log(f"after dedup: {len(train)} files; {dict(dedup_counts)}")
     selected, sample_ratio = select(train, args.target_mib, drops)
     dest = args.out / args.shard_name
-    written, ratios = write_shard(selected, dest, tmp, args.target_mib, args.max_mib)
+    # the xz streams are written in the shard's own folder: two builds side by side (03 and 04 from one
+    # cache) once shared pyshard-tmp/p1-*.jsonl and mixed their selections
+    written, ratios = write_shard(selected, dest, args.out, args.target_mib, args.max_mib)
     drops["select:over_budget"] += len(selected) - len(written)
     write_manifest(args.out / "manifest.jsonl.gz", written)
     total = sum(r["bytes"] for r in written)
