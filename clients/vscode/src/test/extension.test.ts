@@ -166,19 +166,19 @@ test("--model/--device in dfim.serverArgs reach the server; model.path/model.dev
     middleware: { workspace: { configuration: (params: unknown, token: unknown, next: unknown) => Promise<unknown[]> } };
   };
   const last = () => state.clientOptions.at(-1) as Options;
-  assert.deepEqual(last().initializationOptions.model, { path: "", device: "cpu", fast: true });
+  assert.deepEqual(last().initializationOptions.model, { path: "", device: "cpu", fast: true, compile: false });
   try {
     state.config = { serverArgs: ["--model", "/ckpt", "--device", "cuda"] };
     await state.commands.get("dfim.client.restart")!();
     assert.deepEqual(state.serverOptions.at(-1), { command: "dfim", args: ["serve", "--model", "/ckpt", "--device", "cuda"] });
-    assert.deepEqual(last().initializationOptions.model, { path: "/ckpt", device: "cuda", fast: true });
+    assert.deepEqual(last().initializationOptions.model, { path: "/ckpt", device: "cuda", fast: true, compile: false });
     // workspace/configuration "dfim" answers the same
     const answer = await last().middleware.workspace.configuration({ items: [{ section: "dfim" }] }, undefined, undefined);
-    assert.deepEqual((answer[0] as Record<string, unknown>).model, { path: "/ckpt", device: "cuda", fast: true });
+    assert.deepEqual((answer[0] as Record<string, unknown>).model, { path: "/ckpt", device: "cuda", fast: true, compile: false });
 
     state.config = { ...state.config, "model.device": "cpu" }; // set in the settings: it wins
     const again = await last().middleware.workspace.configuration({ items: [{ section: "dfim" }] }, undefined, undefined);
-    assert.deepEqual((again[0] as Record<string, unknown>).model, { path: "/ckpt", device: "cpu", fast: true });
+    assert.deepEqual((again[0] as Record<string, unknown>).model, { path: "/ckpt", device: "cpu", fast: true, compile: false });
   } finally {
     state.config = {};
   }

@@ -110,32 +110,35 @@ function modelOf(levels: Parameters<typeof fakeConfig>[0]): unknown {
 
 test("--model/--device in serverArgs are not overridden by the defaults of model.path/model.device", () => {
   // nothing set anywhere: the defaults (what `dfim serve` has without flags)
-  assert.deepEqual(modelOf({}), { path: "", device: "cpu", fast: true });
+  assert.deepEqual(modelOf({}), { path: "", device: "cpu", fast: true, compile: false });
   // flags only: the server keeps them
   assert.deepEqual(modelOf({ user: { serverArgs: ["--model", "/ckpt", "--device", "cuda"] } }), {
     path: "/ckpt",
     device: "cuda",
     fast: true,
+    compile: false,
   });
   assert.deepEqual(modelOf({ workspace: { serverArgs: ["--model=/a", "--device=cuda", "--model=/b"] } }), {
     path: "/b",
     device: "cuda",
     fast: true,
+    compile: false,
   });
   // a value set in the settings, at any level, wins over the flag; the folder's over the workspace's and the user's
   assert.deepEqual(
     modelOf({ user: { serverArgs: ["--model", "/ckpt", "--device", "cuda"], "model.device": "cpu" } }),
-    { path: "/ckpt", device: "cpu", fast: true },
+    { path: "/ckpt", device: "cpu", fast: true, compile: false },
   );
   assert.deepEqual(
     modelOf({ user: { "model.path": "/u" }, workspace: { "model.path": "/w" }, folder: { "model.path": "/f" } }),
-    { path: "/f", device: "cpu", fast: true },
+    { path: "/f", device: "cpu", fast: true, compile: false },
   );
   // set explicitly to the default value is still set: "" = the shipped model, even with --model given
   assert.deepEqual(modelOf({ user: { serverArgs: ["--model", "/ckpt"] }, workspace: { "model.path": "" } }), {
     path: "",
     device: "cpu",
     fast: true,
+    compile: false,
   });
   // other keys are read as before
   const cfg = fakeConfig({ user: { "sampling.maxSteps": 8 } });
