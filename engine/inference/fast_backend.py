@@ -60,10 +60,7 @@ class FastBackend:
 
     def fits(self, context: int, canvas: int) -> bool:
         """Whether a canvas of `canvas` tokens after `context` cached tokens fits the static cache."""
-        fast = self.fast
-        return (
-            canvas <= fast.canvas_length and context + canvas <= (fast.max_len // fast.bucket) * fast.bucket
-        )
+        return canvas <= self.fast.canvas_length and context + canvas <= self.fast.cache_rows
 
     def sync(self, cache: ContextCache) -> None:
         """Make the static cache hold what `cache` holds: keep the rows of the longest common run of token

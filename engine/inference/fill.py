@@ -108,6 +108,7 @@ class Engine:
         trained_context: int | None = None,
         threads: AdaptiveThreads | None = None,
         fast: bool = False,
+        fast_compile: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -138,7 +139,7 @@ class Engine:
         self.fast_bucket = 256  # cache rows per graph: one captured decoder pass serves a bucket of lengths
         # torch.compile the layers the fast path runs: fused norms and activations, about 1.3x per pass on
         # an H200 at the 26B shape, but the first fill of each new shape waits for the compiler.
-        self.fast_compile = False
+        self.fast_compile = fast_compile
         self._fast_backend: FastBackend | None = None
 
     @classmethod
@@ -192,9 +193,7 @@ class Engine:
         if dev.type == "cpu" and automatic and cores > base:
             adaptive = AdaptiveThreads(base=base, wide=cores)
         args = (model, tokenizer, settings, name, is_random, folder, objective, trained_context, adaptive)
-        engine = cls(*args, fast=dev.type == "cuda" if fast is None else fast)
-        engine.fast_compile = compile
-        return engine
+        return cls(*args, fast=dev.type == "cuda" if fast is None else fast, fast_compile=compile)
 
     def _banned_tokens(self) -> torch.Tensor:
         """Control tokens never belong on a canvas (pad and EOS do: they end the text), nor do ids the

@@ -65,6 +65,7 @@ class FastDiffusionGemma:
         weight = model.decoder.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.max_len, self.bucket, self.prefill_chunk = max_len, bucket, prefill_chunk
+        self.cache_rows = (max_len // bucket) * bucket  # the rows a graph bucket can reach
         self.canvas_length = c.canvas_length
         self.window = c.sliding_window
         self.vocab = c.vocab_size
@@ -286,8 +287,7 @@ class FastDiffusionGemma:
         """Whether one pass takes `rows` canvases of `length` tokens after the context held: they share the
         canvas buffers and lie side by side in the cache's rows after the context."""
         tokens = rows * length
-        cache_rows = (self.max_len // self.bucket) * self.bucket
-        return 0 < length and tokens <= self.canvas_length and self.length + tokens <= cache_rows
+        return 0 < length and tokens <= self.canvas_length and self.length + tokens <= self.cache_rows
 
     @torch.no_grad()
     def denoise(

@@ -31,8 +31,8 @@ from torch import Tensor
 INT8_METHOD = "dfim_int8"
 QMAX = 127  # symmetric: -128 is never used, so -q is always representable
 
-# Files of a checkpoint folder that a conversion copies unchanged.
-COPIED_FILES = ("tokenizer.json", "generation_config.json", "dfim.json")
+# Files of a checkpoint folder that a conversion copies unchanged (tokenizer.json is rewritten compact).
+COPIED_FILES = ("generation_config.json", "dfim.json")
 
 
 def write_compact_json(source: Path, target: Path) -> None:
