@@ -4,7 +4,8 @@
 #
 #   bash scripts/train_base_on_device.sh unpack        # once per carried .corpus/train-NN.jsonl.xz
 #   bash scripts/train_base_on_device.sh start         # shards + both training phases, in the background
-#   bash scripts/train_base_on_device.sh wait 9        # log tails every minute; returns when the run ends
+#   bash scripts/train_base_on_device.sh wait 9        # log tails every minute; when the run has ended,
+#                                                      # fetches as below in the same call
 #   bash scripts/train_base_on_device.sh fetch         # export (15 MiB parts), logs, data summary -> $OUT
 #   bash scripts/train_base_on_device.sh status       # what is there, what runs
 #
@@ -159,6 +160,9 @@ stage_wait() {
   if alive; then say "still running"; else
     say "the run has ended ($([ -f "$RUN/DONE" ] && echo finished || echo 'stopped early: see the log'))"
     tail -n 20 "$RUN/pipeline.log" 2>/dev/null || true
+    # The machine goes back 30 s after a call, and the export with it: bring it back in this call rather
+    # than trust the next one to come in time.
+    if [ -n "${OUT:-}" ]; then stage_fetch; fi
   fi
 }
 

@@ -108,6 +108,12 @@ def test_dry_run_stages(tmp_path: Path) -> None:
     with tarfile.open(out / "logs.tgz") as logs:
         assert "data_summary.json" in logs.getnames()
     assert (out / "data_manifest.jsonl.gz.part00").is_file()
+    # `wait` on an ended run fetches in the same call: the machine may be gone before another call comes.
+    waited = tmp_path / "waited"
+    waited.mkdir()
+    assert "the run has ended" in stage({**env, "OUT": str(waited)}, "wait", "1")
+    with tarfile.open(waited / "logs.tgz") as logs:
+        assert "pipeline.log" in logs.getnames()
 
 
 def test_dry_run_side_by_side(tmp_path: Path) -> None:
