@@ -2,7 +2,9 @@
 
 1. dfim.engine.model.fast_check at the 26B-A4B shape (four layers, fp32, well-conditioned init): the fast
    path with CUDA graphs against our network and transformers' (when installed), layer by layer.
-2. The engine on CUDA, fp32, the shipped model: the same requests (a draft, token healing, candidates, a
+2. RMSNorm's Triton kernel (dfim.engine.model.triton_norm) against the reference arithmetic, fp32 and bf16,
+   at the widths the 26B-A4B shape norms (heads, hidden), with and without a weight.
+3. The engine on CUDA, fp32, the shipped model: the same requests (a draft, token healing, candidates, a
    skeleton with pins, stop strings) on the fast backend (graphs captured inside the fill) and on the plain
    network must give the same canvas at every step, the same steps, stop reasons and text.
 Exit status 0 when both hold, 1 otherwise. Latencies are printed for information (first fills capture graphs).
@@ -29,7 +31,7 @@ except ImportError:  # a bare checkout
 from dfim.engine import Engine, FillRequest, Hole  # noqa: E402
 from dfim.engine.api import StepInfo  # noqa: E402
 from dfim.engine.inference.chat import load_tokenizer  # noqa: E402
-from dfim.engine.model import fast_check  # noqa: E402
+from dfim.engine.model import fast_check, ops, triton_norm  # noqa: E402
 from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, load_model  # noqa: E402
 from dfim.engine.model.config import RELEASED_26B_A4B  # noqa: E402
 from dfim.engine.model.fast import FastDiffusionGemma  # noqa: E402
@@ -75,6 +77,44 @@ def layer_check(out, device: str, skip_hf: bool) -> bool:
     say(out, f"graphs in use after the check: {fast.use_graphs}, {len(fast._graphs)} captured")
     say(out, f"layer check {'PASSED' if result.ok else 'FAILED'}")
     return result.ok
+
+
+def norm_check(out, device: str) -> bool:
+    """The Triton RMSNorm against `ops.rms_norm_reference`: fp32 within 1e-5 relative, bf16 within one
+    or two bf16 roundings (2^-6 relative), for 0, 1 and 300 rows of each width."""
+    if not device.startswith("cuda") or not triton_norm.available():
+        say(out, "rmsnorm kernel: not checked (needs CUDA and Triton)")
+        return True
+    ok = True
+    g = torch.Generator(device=device).manual_seed(0)
+    for width in (BIG["head_dim"], BIG["global_head_dim"], BIG["hidden_size"], 300):
+        for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2.0**-6)):
+            for rows in (0, 1, 300):
+                x = (torch.randn(rows, width, generator=g, device=device) * 3).to(dtype)
+                for weight in (None, (torch.rand(width, generator=g, device=device) + 0.5).to(dtype)):
+                    with torch.no_grad():
+                        got = triton_norm.rms_norm(x, weight, 1e-6)
+                        want = ops.rms_norm_reference(x, weight, 1e-6)
+                    err = (got.float() - want.float()).abs() / want.float().abs().clamp(min=1e-3)
+                    err = float(err.max()) if rows else 0.0
+                    ok &= got.dtype == want.dtype and got.shape == want.shape and err <= tol
+    say(out, f"rmsnorm kernel against the reference: {'ok' if ok else 'MISMATCH'}")
+    with torch.no_grad():  # what one norm of a step's shape costs, each way
+        x = torch.randn(256, BIG["hidden_size"], device=device, dtype=torch.bfloat16)
+        w = torch.ones(BIG["hidden_size"], device=device, dtype=torch.bfloat16)
+        for name, fn in (("triton", triton_norm.rms_norm), ("reference", ops.rms_norm_reference)):
+            for _ in range(3):
+                fn(x, w, 1e-6)
+            sync(device)
+            start = time.perf_counter()
+            for _ in range(200):
+                fn(x, w, 1e-6)
+            sync(device)
+            say(
+                out,
+                f"  {name}: {(time.perf_counter() - start) / 200 * 1e6:.1f} us per [256, {x.shape[1]}] bf16 norm",
+            )
+    return ok
 
 
 def fill(engine: Engine, request: FillRequest):
@@ -156,6 +196,7 @@ def main() -> int:
         if args.device.startswith("cuda"):
             say(out, torch.cuda.get_device_name(0))
             torch.cuda.empty_cache()
+        ok &= norm_check(out, args.device)
         ok &= engine_check(out, args.device)
         say(out, f"check_fast_gpu {'PASSED' if ok else 'FAILED'}")
     return 0 if ok else 1

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dfim.engine.model import triton_norm
 from dfim.engine.model.int8 import linear_int8, pack_int8
 
 
@@ -25,6 +26,8 @@ class RMSNorm(nn.Module):
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+    if x.is_cuda and triton_norm.applies(x):
+        return triton_norm.rms_norm(x, weight, eps)  # one kernel where the reference launches ~8
     if (
         x.dtype == torch.float32
         and not torch.is_grad_enabled()
@@ -33,6 +36,12 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
         # fp32 inference: the same arithmetic in one fused kernel instead of ~8 small ops; a decoder step
         # runs ~90 norms on [L, 256] rows, where per-op dispatch costs more than the arithmetic.
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return rms_norm_reference(x, weight, eps)
+
+
+def rms_norm_reference(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+    """Gemma's RMSNorm as written: fp32 throughout, one rounding to x's dtype at the end (what training
+    differentiates, and what the fused kernels are checked against)."""
     y = x.float()
     y = y * torch.pow(y.pow(2).mean(-1, keepdim=True) + eps, -0.5)
     if weight is not None:

@@ -1,0 +1,74 @@
+"""RMSNorm's Triton kernel (dfim.engine.model.triton_norm): where it applies, and that it computes the
+reference's arithmetic. The kernel runs on CUDA, or on the CPU under Triton's interpreter where Triton is
+installed; without either (the CPU-only install) those two tests skip."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from dfim.engine.model import ops, triton_norm
+
+CHECK = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from dfim.engine.model import ops, triton_norm
+
+    device = sys.argv[1]
+    g = torch.Generator(device=device).manual_seed(0)
+    for width in (64, 300, 2816):
+        for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2.0**-6)):
+            for rows in (0, 1, 7):
+                x = (torch.randn(rows, width, generator=g, device=device) * 3).to(dtype)
+                for weight in (None, (torch.rand(width, generator=g, device=device) + 0.5).to(dtype)):
+                    got = triton_norm.rms_norm(x, weight, 1e-6)
+                    want = ops.rms_norm_reference(x, weight, 1e-6)
+                    assert got.dtype == want.dtype and got.shape == want.shape
+                    if rows:
+                        err = ((got.float() - want.float()).abs() / want.float().abs().clamp(min=1e-3)).max()
+                        assert err <= tol, (width, dtype, rows, float(err))
+    # a strided 4-D input (q/k norms see [B, T, heads, D] views)
+    x = torch.randn(2, 5, 3, 64, generator=g, device=device).transpose(1, 2)
+    err = (triton_norm.rms_norm(x, None, 1e-6) - ops.rms_norm_reference(x, None, 1e-6)).abs().max()
+    assert err <= 1e-5, float(err)
+    print("ok")
+    """
+)
+
+
+def run_check(device: str, env: dict[str, str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK, device], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+def test_cpu_inference_and_training_keep_the_reference_arithmetic():
+    x = torch.randn(4, 96, dtype=torch.bfloat16)
+    weight = torch.rand(96, dtype=torch.bfloat16) + 0.5
+    assert not triton_norm.applies(x)
+    with torch.no_grad():
+        assert torch.equal(ops.rms_norm(x, weight, 1e-6), ops.rms_norm_reference(x, weight, 1e-6))
+    x32 = torch.randn(4, 96, requires_grad=True)
+    out = ops.rms_norm(x32, weight.float(), 1e-6)
+    out.sum().backward()  # training differentiates the reference
+    assert x32.grad is not None and torch.allclose(out, ops.rms_norm_reference(x32, weight.float(), 1e-6))
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or not triton_norm.available(), reason="needs CUDA and Triton"
+)
+def test_kernel_matches_the_reference_on_cuda():
+    run_check("cuda", dict(os.environ))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_kernel_matches_the_reference_under_the_interpreter():
+    run_check("cpu", {**os.environ, "TRITON_INTERPRET": "1"})
