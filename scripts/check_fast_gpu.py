@@ -130,7 +130,9 @@ def make_engine(folder: Path, device: str, fast: bool) -> Engine:
     """The server's engine on CUDA (`Engine.load`); on the CPU one without the CPU re-layout, whose int8
     products quantize activations per batch, so batched and row-by-row candidates could never agree."""
     if device.startswith("cuda"):
-        return Engine.load(folder, device=device, fast=fast)
+        # fp32, not the server's bf16: in bf16 the two backends' attention kernels round differently, and a
+        # sampled token amplifies that over the steps until the texts part (seen 2026-11-28).
+        return Engine.load(folder, device=device, fast=fast, dtype=torch.float32)
     model, settings = load_model(folder)
     return Engine(model, load_tokenizer(folder), settings, folder.name, False, folder, fast=fast)
 

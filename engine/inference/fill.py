@@ -150,10 +150,12 @@ class Engine:
         threads: int | None = None,
         fast: bool | None = None,
         compile: bool = False,
+        dtype: torch.dtype | None = None,
     ) -> Engine:
         """`threads`: torch's CPU thread count (default: `dfim.engine.model.threads`: one core fewer than this process
         may use, every core while the others are idle). `fast`: denoise on the fast path (default: on CUDA).
-        `compile`: torch.compile the fast path's layers (`Engine.fast_compile`)."""
+        `compile`: torch.compile the fast path's layers (`Engine.fast_compile`). `dtype`: the weights' dtype
+        (default: bf16 on a GPU, fp32 on the CPU; checks that compare two backends ask for fp32)."""
         folder = resolve_checkpoint(path)
         dev = check_device(device)
         automatic = limit_threads(threads)
@@ -170,7 +172,8 @@ class Engine:
             raise CheckpointError(f"{tokenizer_path}: not a usable tokenizer ({err})") from None
         # bf16 on a GPU, as the fast path and the checkpoints' own training run: fp32 would double the bytes
         # every step reads. The CPU keeps fp32 (its products and int8 kernels are written for it).
-        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        if dtype is None:
+            dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
         model, settings = load_model(folder, device=str(dev), dtype=dtype)
         if tokenizer.chat and settings.draft:  # the draft reads the FIM layout (dfim.engine.inference.chat)
             settings = dataclasses.replace(settings, draft=False)

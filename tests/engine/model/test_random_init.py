@@ -139,3 +139,10 @@ def test_a_bad_random_init_entry_names_the_file(tmp_path: Path, entry: object, w
     (folder / INFO_FILE).write_text(json.dumps({**info, RANDOM_INIT: entry}))
     with pytest.raises(CheckpointError, match=f"{INFO_FILE}: bad {RANDOM_INIT}.*{words}"):
         load_model(folder)
+
+
+def test_the_engine_loads_weights_in_the_dtype_asked_for(tmp_path: Path) -> None:
+    folder = unstored(tmp_path / "a")
+    assert {p.dtype for p in Engine.load(folder).model.parameters()} == {torch.float32}  # the CPU's default
+    wanted = Engine.load(folder, dtype=torch.bfloat16)  # a GPU's default; checks ask for fp32 there
+    assert {p.dtype for p in wanted.model.parameters()} == {torch.bfloat16}
