@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from dfim.engine.layout import code_of_line
 from dfim.server.context import FillContext
 from dfim.server.languages import error_count
-from dfim.server.lines import closers_provided, is_word_char, open_brackets, split_lines
+from dfim.server.lines import closers_provided, indent_width, is_word_char, open_brackets, split_lines
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,8 @@ class PostContext:
     # worked out from it
     outer: tuple[str, ...]  # brackets the prefix leaves open (innermost last)
     may_close: int  # how many of `outer` a fill may close: the suffix closes the others
-    ends_line: bool  # a single-line fill that ends its line: it closes the brackets it opens
+    ends_line: bool  # a single-line fill that ends its line: it closes the brackets it opens...
+    body_follows: bool  # ...unless the next line of code is indented deeper: what it opens goes on there
     in_word: bool  # the cursor is inside a word (`BUCK▮ETS`)
     line_above: str  # the last line of code above the cursor's (`\n` line ends, as the document has it)
     line_above_opens: bool  # its code (a comment aside) ends with `:`, a bracket, a comma or a backslash
@@ -55,6 +56,9 @@ def post_context(ctx: FillContext) -> PostContext:
     code_above = code_of_line(above.rstrip("\r"), ctx.lang).rstrip()
     prefix_lines = split_lines(ctx.prefix)
     previous = next((s.strip() for s in reversed(prefix_lines) if s.strip()), "")
+    following = next((line for line in split_lines(ctx.suffix) if line.strip()), "")
+    # the fill's own line: a new one after `lead` where the fill opens a line, else the cursor's
+    own_line = ctx.lead.rsplit("\n", 1)[-1] if "\n" in ctx.lead else ctx.before_on_line
     return PostContext(
         prefix=ctx.prefix,
         suffix=ctx.suffix,
@@ -69,11 +73,12 @@ def post_context(ctx: FillContext) -> PostContext:
         outer=tuple(outer),
         may_close=len(outer) - closers_provided(ctx.suffix, outer),
         ends_line=ctx.mode == "line" and (ctx.opens_line or not ctx.rest_of_line.strip()),
+        body_follows=bool(following) and indent_width(following) > indent_width(own_line),
         in_word=is_word_char(ctx.prefix[-1:]) and is_word_char(ctx.rest_of_line[:1]),
         line_above=above,
         line_above_opens=code_above.endswith((":", "{", "(", "[", ",", "\\")),
         repeat_above=previous if prefix_lines[-1].strip() == "" else "",
-        following=next((line for line in split_lines(ctx.suffix) if line.strip()), ""),
+        following=following,
         errors=error_counter(ctx.prefix, ctx.suffix, ctx.lang),
     )
 

@@ -139,9 +139,14 @@ def inline_chain(ctx: PostContext, max_lines: int = 40) -> Chain:
         rules.append(Rule("drop_duplicate_quote", lambda t, c: drop_duplicate_quote(t, c.rest_of_line)))
     if line and ctx.in_word:
         rules.append(Rule("cut_repeated_line_end", lambda t, c: cut_repeated_line_end(t, c.rest_of_line)))
+    # A line that ends with what it opens (`if (x) {`, `foo(`) is closed at its end, unless the code after
+    # it is indented deeper: there the block or the arguments are already written, closer included.
     rules.append(
         Rule(
-            "balance_brackets", lambda t, c: balance_brackets(t, c.outer, c.may_close, close_open=c.ends_line)
+            "balance_brackets",
+            lambda t, c: balance_brackets(
+                t, c.outer, c.may_close, close_open=c.ends_line and not c.body_follows
+            ),
         )
     )
     if not line or ctx.ends_line:

@@ -28,6 +28,13 @@ def test_the_lines_around_the_cursor():
     assert pc.in_word and not pc.ends_line
 
 
+def test_whether_the_lines_below_are_deeper_than_the_fills_line():
+    assert post_context.post_context(ctx_for("def f(a|\n    return a\n")).body_follows
+    assert post_context.post_context(ctx_for("\tif (x|\n\t\ty();\n", "c")).body_follows
+    assert not post_context.post_context(ctx_for("x = f(|\ny = 2\n")).body_follows
+    assert not post_context.post_context(ctx_for("def f():\n    x = f(|\n\n")).body_follows  # nothing below
+
+
 def test_syntax_errors_are_counted_once_per_fill():
     pc = post_context.post_context(ctx_for("def f(x):\n    return |\n"))
     assert pc.errors("x + 1") == 0 and pc.errors("x +* 1") > 0

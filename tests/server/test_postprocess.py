@@ -97,6 +97,20 @@ def test_single_line_mode_keeps_one_line_and_closes_its_own_brackets():
     assert postprocess.clean("sum(values\nprint(total)", ctx) == "sum(values)"
 
 
+def test_a_line_that_opens_what_the_deeper_lines_below_already_hold_is_left_open():
+    # the loop's body and its closing brace are already below the cursor's line
+    ctx = ctx_for("void f(int n) {\n  for (i = 0; i < n; i++|\n    g(i);\n  }\n}\n", "c")
+    assert postprocess.clean(") {", ctx) == ") {"
+    ctx = ctx_for("func (r *Route) Handler(h Handler) *Route|\n\tif r.err == nil {\n\t}\n}\n", "go")
+    assert postprocess.clean(" {", ctx) == " {"
+    # the call's arguments follow on deeper lines
+    ctx = ctx_for("parser.add_a|\n    '--stdio', action='store_true')\n")
+    assert postprocess.clean("rgument(", ctx) == "rgument("
+    # nothing deeper below: the line still closes what it opens
+    ctx = ctx_for("if x:\n    total = |\n    print(total)\n")
+    assert postprocess.clean("sum(values", ctx) == "sum(values)"
+
+
 def test_a_fill_in_a_lines_indentation_opens_a_new_line_above_its_code():
     # cursor at column 0 of an indented statement (where a FIM harness splits prefix and suffix)
     ctx = ctx_for("def f(x):\n    y = x\n|    return y\n")
