@@ -63,13 +63,19 @@ def open_brackets(prefix: str, limit: int = 2000) -> list[str]:
     return stack
 
 
+# A triple-quoted string (a docstring), its contents blanked: the line-by-line scan of quotes would read its
+# second line on as code.
+_TRIPLE_QUOTED = re.compile(r"(\"\"\"|\'\'\')(.*?)\1", re.S)
+
+
 def closers_provided(suffix: str, outer: list[str]) -> int:
     """How many of the `outer` open brackets (innermost last) the suffix closes, reading the rest of the line
-    and a few lines more."""
+    and a few lines more; brackets in comments and docstrings close nothing (`(at once)` in prose)."""
     own: list[str] = []
     closed = 0
     remaining = list(outer)
-    for _, c in scan_brackets(suffix[:400]):
+    text = _TRIPLE_QUOTED.sub(lambda m: m[1] + re.sub(r"\S", " ", m[2]) + m[1], suffix[:400])
+    for _, c in scan_brackets(text, skip_comments=True):
         if c in OPENERS:
             own.append(c)
         elif own and own[-1] == MATCH[c]:

@@ -15,6 +15,15 @@ def test_brackets_open_before_the_fill_and_those_the_suffix_closes():
     assert pc.outer == ("(",)
 
 
+def test_brackets_in_comments_and_docstrings_below_close_nothing():
+    src = 'class C:\n    def f(self, n|\n        """All rows at once (one pass)."""\n'
+    assert post_context.post_context(ctx_for(src)).may_close == 1  # the fill closes the signature itself
+    src = 'class C:\n    def f(self, n|\n        """All rows\n        at once)."""\n'
+    assert post_context.post_context(ctx_for(src)).may_close == 1
+    src = "total = f(a,|\n    # b (and c)\n    d)\n"
+    assert post_context.post_context(ctx_for(src)).may_close == 0  # the code below closes it
+
+
 def test_the_lines_around_the_cursor():
     pc = post_context.post_context(ctx_for("def f(a):\n    if a:  # positive\n\n    |\n    return a\n"))
     assert pc.line_above == "    if a:  # positive" and pc.line_above_opens
