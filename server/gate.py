@@ -169,16 +169,17 @@ class GateLog:
 
 
 def screen(
-    ls, uri: str, candidates: list[str], confidence: FillConfidence | None
+    ls, uri: str, candidates: list[str], confidence: FillConfidence | None, invoked: bool = False
 ) -> tuple[list[str], Verdict | None]:
     """The candidates to show for an inline request (none when the gate hides the first) and the verdict
     (None when there was nothing to judge). Records the verdict on the server (`ls.gate_log`) and a
-    hidden suggestion in telemetry."""
+    hidden suggestion in telemetry. An `invoked` request (the user asked: triggerKind Invoked) is scored
+    but never hidden: the gate keeps unasked-for ghost text quiet, and one who asks wants an answer."""
     if not candidates:
         return candidates, None
     options = ls.options.inline.gate
     # An untrained checkpoint (tests, smoke runs) is unsure of everything: gated, it would never show a thing.
-    enabled = options.enabled and not ls.status.status.is_random
+    enabled = options.enabled and not ls.status.status.is_random and not invoked
     verdict = judge(confidence, enabled, options.measure, options.threshold)
     ls.gate_log.note(uri, verdict)
     if verdict.show:

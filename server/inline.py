@@ -317,13 +317,13 @@ async def complete(ls, params):
         if flag.is_set():
             return None  # the document changed while the speculation ran
         ls.counters["speculation_hits"] += 1
-        speculated, verdict = gate.screen(ls, uri, speculated, ls.gate_memory.get(key))
+        speculated, verdict = gate.screen(ls, uri, speculated, ls.gate_memory.get(key), invoked)
         fields = verdict.fields() if verdict is not None else {}
         return inline_items(ls, place, speculated, ctx, "speculation", mode=ctx.mode, **fields)
     cached = ls.cache.get(key)
     if cached is not None:
         ls.counters["cache_hits"] += 1
-        cached, verdict = gate.screen(ls, uri, cached, ls.gate_memory.get(key))
+        cached, verdict = gate.screen(ls, uri, cached, ls.gate_memory.get(key), invoked)
         fields = verdict.fields() if verdict is not None else {}
         return inline_items(ls, place, cached, ctx, "cache", mode=ctx.mode, **fields)
     if not ls.host.ready:
@@ -347,6 +347,6 @@ async def complete(ls, params):
     ls.gate_memory.put(key, confidence)
     if flag.is_set():
         return None  # superseded while it ran: a newer request answers for this document
-    ranked, verdict = gate.screen(ls, uri, ranked, confidence)
+    ranked, verdict = gate.screen(ls, uri, ranked, confidence, invoked)
     fields = verdict.fields() if verdict is not None else {}
     return inline_items(ls, place, ranked, ctx, "model", mode=ctx.mode, steps=steps, **fields)

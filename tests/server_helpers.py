@@ -150,13 +150,14 @@ class Session:
             )
         )
 
-    async def inline(self, uri: str, line: int, character: int):
+    async def inline(self, uri: str, line: int, character: int, invoked: bool = False):
+        kind = types.InlineCompletionTriggerKind
         return await self.client.text_document_inline_completion_async(
             types.InlineCompletionParams(
                 text_document=types.TextDocumentIdentifier(uri=uri),
                 position=types.Position(line=line, character=character),
                 context=types.InlineCompletionContext(
-                    trigger_kind=types.InlineCompletionTriggerKind.Automatic
+                    trigger_kind=kind.Invoked if invoked else kind.Automatic
                 ),
             )
         )

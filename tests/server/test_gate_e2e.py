@@ -1,5 +1,6 @@
 """The confidence gate through the real server (`dfim serve` over stdio) with the shipped checkpoint: a
-strict threshold hides the suggestion a spot gets, the gate off shows it, and both are in telemetry."""
+strict threshold hides the suggestion a spot gets, the gate off shows it, and both are in telemetry; a request
+the user invoked is never hidden."""
 
 from __future__ import annotations
 
@@ -55,3 +56,25 @@ async def test_a_strict_gate_hides_what_the_gate_off_shows(tmp_path):
     hidden_event = next(e for e in events if e["event"] == "hidden")
     assert hidden_event["gateScore"] == score and hidden_event["confidence"]["tokens"] >= 1
     assert all(e["gateScore"] == score for e in events if e["event"] == "shown")
+
+
+async def test_an_invoked_request_is_answered_where_the_gate_hides_an_automatic_one(tmp_path):
+    from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR
+
+    strict = {"inline": {"gate": {"enabled": True, "threshold": 1.0}}}
+    s = Session()
+    await s.start(DEFAULT_MODEL_DIR, tmp_path, init_options=strict)
+    try:
+        assert (await s.wait_state()).state == "ready"
+        uri = "file:///demo.py"
+        s.open(uri, DEMO.read_text())
+        hidden = await s.inline(uri, 7, 11)
+        assert hidden is None or not hidden.items
+        asked = await s.inline(uri, 7, 11, invoked=True)
+        stats = await s.stats()
+        assert asked is not None and asked.items and asked.items[0].insert_text.strip() == "result"
+        # scored as any other, shown because it was asked for; only the automatic one counts as hidden
+        assert stats.gate.hidden == 1 and stats.gate.last.shown is True
+        assert 0.0 < stats.gate.last.gateScore < 1.0
+    finally:
+        await s.stop()
