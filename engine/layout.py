@@ -109,6 +109,15 @@ def scan_brackets(text: str, skip_comments: bool = False) -> list[tuple[int, str
     return [(i, text[i]) for i in code if text[i] in OPENERS or text[i] in CLOSERS]
 
 
+def open_quote(line: str, lang: str | None = None) -> str:
+    """The quote a line (up to the cursor) leaves open (`x = f"a {b` -> `"`), or "" when it ends in code or a
+    comment."""
+    code, end = scan_code(line, lang)
+    if end != "string":
+        return ""
+    return next((line[i] for i in reversed(code) if line[i] in "'\"`"), "")
+
+
 def code_of_line(line: str, lang: str | None = None) -> str:
     """The line's code (`scan_line`); "" when it ends inside an unclosed quote."""
     return scan_line(line, lang)[0]

@@ -18,13 +18,24 @@ from dfim.server.post_context import PostContext
 _REPEAT = re.compile(r"(.{1,12}?)\1{3,}", re.S)
 
 
-def balance_brackets(completion: str, outer: Sequence[str], may_close: int, close_open: bool = False) -> str:
+def balance_brackets(
+    completion: str, outer: Sequence[str], may_close: int, close_open: bool = False, in_string: str = ""
+) -> str:
     """Cut the completion at the first closing bracket that the suffix already provides or that closes
     nothing (it may close `may_close` of the `outer` brackets open before it, innermost last); with
-    `close_open`, append closers for brackets the completion left open."""
+    `close_open`, append closers for brackets the completion left open. `in_string`: the quote the cursor
+    is inside; the completion's text up to that quote's end is the string's, and its brackets close nothing
+    (`"/{v1` filled with `:[0-9]{3}}"`)."""
     outer = list(outer)
     own: list[str] = []
-    for i, c in scan_brackets(completion):
+    start = 0
+    if in_string:
+        end = re.search(r"(?<!\\)(?:\\\\)*" + re.escape(in_string), completion)
+        if end is None:
+            return completion  # all of it is inside the string
+        start = end.end()
+    for i, c in scan_brackets(completion[start:]):
+        i += start
         if c in OPENERS:
             own.append(c)
         elif own and own[-1] == MATCH[c]:
@@ -59,7 +70,11 @@ def remove_suffix_overlap(completion: str, suffix: str) -> str:
         stripped = completion.rstrip()
         if stripped.endswith(rest):
             return stripped[: len(stripped) - len(rest)].rstrip(" \t") if stripped != rest else ""
-    # the completion ends with a long-enough prefix of the suffix (e.g. the suffix's next statement)
+    # the completion ends with a long-enough prefix of the suffix (e.g. the suffix's next statement); not
+    # a one-line fill that ends its line, which cannot run into the next one: a table's row may well end
+    # as the row below begins (`NONA,  NONA,`)
+    if "\n" not in completion and suffix[:1] in ("\n", "\r"):
+        return completion
     head = suffix.lstrip()
     for k in range(min(len(head), len(completion)), 5, -1):
         if completion.endswith(head[:k]) and head[:k].strip():

@@ -63,3 +63,18 @@ def test_unclosed_on_line_and_opens_block():
     assert layout.opens_block("def f(x):", "python")
     assert layout.opens_block("if (ok) {  // go", "javascript") is False
     assert not layout.opens_block("x = '{'", "python")
+
+
+@pytest.mark.parametrize(
+    ("line", "lang", "want"),
+    [
+        ('x = f"a {b', "python", '"'),
+        ("route := `/{v1", "go", "`"),
+        ("s = 'it''s", "python", "'"),
+        ('x = "done" + y', "python", ""),
+        ("let r: &'a str = x", "rust", ""),  # a lifetime opens no string
+        ('x = 1  # "quoted', "python", ""),  # a comment, not a string
+    ],
+)
+def test_open_quote(line, lang, want):
+    assert layout.open_quote(line, lang) == want

@@ -111,6 +111,21 @@ def test_a_line_that_opens_what_the_deeper_lines_below_already_hold_is_left_open
     assert postprocess.clean("sum(values", ctx) == "sum(values)"
 
 
+def test_brackets_inside_the_string_the_cursor_is_in_close_nothing():
+    ctx = ctx_for('route = "/{v1|\nprint(route)\n')
+    assert postprocess.clean(':[0-9]{3}}/{v2}",', ctx) == ':[0-9]{3}}/{v2}",'
+    ctx = ctx_for("x = 'a (b|\n")
+    assert postprocess.clean(") c'", ctx) == ") c'"
+    # after the string's end the fill is code again: it closes `f(`, and a closer of nothing is cut
+    ctx = ctx_for("x = f('a (b|\n")
+    assert postprocess.clean("') + g(y))", ctx) == "') + g(y)"
+
+
+def test_a_row_that_ends_as_the_row_below_begins_is_kept():
+    ctx = ctx_for("static const int T[] = {\n  NONA,  NONA,|\n  NONA,  NONA,  NONA,  NONA,\n};\n", "c")
+    assert postprocess.clean("  NONA,  NONA,", ctx) == "  NONA,  NONA,"
+
+
 def test_a_fill_in_a_lines_indentation_opens_a_new_line_above_its_code():
     # cursor at column 0 of an indented statement (where a FIM harness splits prefix and suffix)
     ctx = ctx_for("def f(x):\n    y = x\n|    return y\n")
