@@ -17,16 +17,30 @@ pytestmark = pytest.mark.asyncio
 DEMO = Path(__file__).resolve().parents[2] / "fixtures" / "demo.py"
 
 
-async def test_a_strict_gate_hides_what_the_gate_off_shows(tmp_path):
+STRICT = {"inline": {"gate": {"enabled": True, "threshold": 1.0}}}  # hides every suggestion
+URI = "file:///demo.py"
+
+
+async def strict_session(tmp_path: Path, **more) -> Session:
+    """The server with the shipped checkpoint and the strict gate (plus `more` settings), ready, with the
+    demo file open at URI."""
     from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR
 
-    strict = {"inline": {"gate": {"enabled": True, "threshold": 1.0}}, "telemetry": {"enabled": True}}
     s = Session()
-    await s.start(DEFAULT_MODEL_DIR, tmp_path, init_options=strict)
+    await s.start(DEFAULT_MODEL_DIR, tmp_path, init_options={**STRICT, **more})
     try:
         assert (await s.wait_state()).state == "ready"
-        uri = "file:///demo.py"
-        s.open(uri, DEMO.read_text())
+    except BaseException:
+        await s.stop()
+        raise
+    s.open(URI, DEMO.read_text())
+    return s
+
+
+async def test_a_strict_gate_hides_what_the_gate_off_shows(tmp_path):
+    s = await strict_session(tmp_path, telemetry={"enabled": True})
+    uri = URI
+    try:
         hidden = await s.inline(uri, 7, 11)  # `    return ▮` after the loop: the model writes `result`
         stats = await s.stats()
         assert hidden is None or not hidden.items
@@ -59,18 +73,11 @@ async def test_a_strict_gate_hides_what_the_gate_off_shows(tmp_path):
 
 
 async def test_an_invoked_request_is_answered_where_the_gate_hides_an_automatic_one(tmp_path):
-    from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR
-
-    strict = {"inline": {"gate": {"enabled": True, "threshold": 1.0}}}
-    s = Session()
-    await s.start(DEFAULT_MODEL_DIR, tmp_path, init_options=strict)
+    s = await strict_session(tmp_path)
     try:
-        assert (await s.wait_state()).state == "ready"
-        uri = "file:///demo.py"
-        s.open(uri, DEMO.read_text())
-        hidden = await s.inline(uri, 7, 11)
+        hidden = await s.inline(URI, 7, 11)
         assert hidden is None or not hidden.items
-        asked = await s.inline(uri, 7, 11, invoked=True)
+        asked = await s.inline(URI, 7, 11, invoked=True)
         stats = await s.stats()
         assert asked is not None and asked.items and asked.items[0].insert_text.strip() == "result"
         # scored as any other, shown because it was asked for; only the automatic one counts as hidden
