@@ -80,24 +80,17 @@ def layer_check(out, device: str, skip_hf: bool) -> bool:
 
 
 def norm_check(out, device: str) -> bool:
-    """The Triton RMSNorm against `ops.rms_norm_reference`: fp32 within 1e-5 relative, bf16 within one
-    or two bf16 roundings (2^-6 relative), for 0, 1 and 300 rows of each width."""
+    """The Triton RMSNorm against `ops.rms_norm_reference` (`fast_check.norm_mismatches`), for 0, 1 and 300
+    rows of each width the 26B shape norms, and what one norm costs each way."""
     if not device.startswith("cuda") or not triton_norm.available():
         say(out, "rmsnorm kernel: not checked (needs CUDA and Triton)")
         return True
-    ok = True
-    g = torch.Generator(device=device).manual_seed(0)
-    for width in (BIG["head_dim"], BIG["global_head_dim"], BIG["hidden_size"], 300):
-        for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2.0**-6)):
-            for rows in (0, 1, 300):
-                x = (torch.randn(rows, width, generator=g, device=device) * 3).to(dtype)
-                for weight in (None, (torch.rand(width, generator=g, device=device) + 0.5).to(dtype)):
-                    with torch.no_grad():
-                        got = triton_norm.rms_norm(x, weight, 1e-6)
-                        want = ops.rms_norm_reference(x, weight, 1e-6)
-                    err = (got.float() - want.float()).abs() / want.float().abs().clamp(min=1e-3)
-                    err = float(err.max()) if rows else 0.0
-                    ok &= got.dtype == want.dtype and got.shape == want.shape and err <= tol
+    mismatches = fast_check.norm_mismatches(
+        device, (BIG["head_dim"], BIG["global_head_dim"], BIG["hidden_size"], 300), rows=(0, 1, 300)
+    )
+    for line in mismatches:
+        say(out, f"   {line}")
+    ok = not mismatches
     say(out, f"rmsnorm kernel against the reference: {'ok' if ok else 'MISMATCH'}")
     with torch.no_grad():  # what one norm of a step's shape costs, each way
         x = torch.randn(256, BIG["hidden_size"], device=device, dtype=torch.bfloat16)

@@ -242,3 +242,41 @@ def transformers_view(model: DiffusionGemma) -> tuple[nn.Module, bool]:
     hf = hf.to(device).eval()  # non-persistent buffers (RoPE tables, embed scale); params already there
     shared = weight.data_ptr() == hf.model.decoder.embed_tokens.weight.data_ptr()
     return hf, shared
+
+
+# RMSNorm's Triton kernel against the reference: fp32 within float rounding, bf16 within two roundings of
+# the output (the kernel's sum of squares runs in another order, which can flip one rounding).
+NORM_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2.0**-6}
+
+
+def norm_mismatches(
+    device: torch.device | str, widths: Sequence[int], rows: Sequence[int] = (0, 1, 7)
+) -> list[str]:
+    """Where `dfim.engine.model.triton_norm.rms_norm` differs from `ops.rms_norm_reference` beyond
+    NORM_TOLERANCE (relative, per element): every width, dtype and row count, with and without a weight,
+    plus a strided 4-D view (the q/k norms see [B, T, heads, D]). Empty: they agree."""
+    from dfim.engine.model import ops, triton_norm
+
+    g = torch.Generator(device=device).manual_seed(0)
+    found: list[str] = []
+    with torch.no_grad():
+        for width in widths:
+            for dtype, tol in NORM_TOLERANCE.items():
+                for n in rows:
+                    x = (torch.randn(n, width, generator=g, device=device) * 3).to(dtype)
+                    for weight in (None, (torch.rand(width, generator=g, device=device) + 0.5).to(dtype)):
+                        got = triton_norm.rms_norm(x, weight, 1e-6)
+                        want = ops.rms_norm_reference(x, weight, 1e-6)
+                        err = (got.float() - want.float()).abs() / want.float().abs().clamp(min=1e-3)
+                        worst = float(err.max()) if n else 0.0
+                        if got.dtype != want.dtype or got.shape != want.shape or worst > tol:
+                            found.append(
+                                f"width {width}, {dtype}, {n} rows, weight {weight is not None}: {worst:.2e}"
+                            )
+        x = torch.randn(2, 5, 3, 64, generator=g, device=device).transpose(1, 2)
+        worst = float(
+            (triton_norm.rms_norm(x, None, 1e-6) - ops.rms_norm_reference(x, None, 1e-6)).abs().max()
+        )
+        if worst > NORM_TOLERANCE[torch.float32]:
+            found.append(f"strided [2, 3, 5, 64] view: {worst:.2e}")
+    return found
