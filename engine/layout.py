@@ -32,19 +32,34 @@ def leading_ws(line: str) -> str:
 
 
 def indent_unit(text: str, lang: str | None = None) -> str:
-    """The document's indentation step: a tab if lines start with tabs, else the smallest space step; with no
-    indented line yet, the language's habit (a tab for Go, four spaces elsewhere). The ` * ` lines of a block
-    comment (`/** ... */`) are not indentation."""
-    steps = []
-    for line in text.splitlines()[:400]:
-        ws = leading_ws(line)
-        if not ws or not line.strip() or line.lstrip().startswith("*"):
+    """The document's indentation step, read from the lines that open a block (`{` or `:` at their end) and
+    the line after each: a tab where most of those go deeper by a tab, else the most common step in spaces
+    (2, 3, 4 or 8). Lines that open a bracket (`(`, `[`) count only where no block says: Google-style C++
+    continues a call 4 deeper in a 2-space file. Neither a file's smallest indent (` public:` is one space
+    in) nor its other lines (a continuation aligned under a bracket, a script inside a string) are a guide.
+    With no such pair yet, the language's habit: a tab for Go, four spaces elsewhere."""
+    blocks: dict[str, int] = {}
+    brackets: dict[str, int] = {}
+    previous: str | None = None
+    counts = blocks
+    for line in text.splitlines()[:2000]:
+        stripped = line.strip()
+        if not stripped:
             continue
-        if ws.startswith("\t"):
-            return "\t"
-        steps.append(len(ws))
-    if steps and min(steps) in (2, 3, 4, 8):
-        return " " * min(steps)
+        ws = leading_ws(line)
+        if previous is not None and len(ws) > len(previous) and ws.startswith(previous):
+            step = ws[len(previous) :]
+            if step == "\t" or (step.strip(" ") == "" and len(step) in (2, 3, 4, 8)):
+                counts[step] = counts.get(step, 0) + 1
+        previous = None
+        if not stripped.startswith(("*", "//", "#")):
+            if stripped.endswith(("{", ":")):
+                previous, counts = ws, blocks
+            elif stripped.endswith(("(", "[")):
+                previous, counts = ws, brackets
+    steps = blocks or brackets
+    if steps:
+        return max(steps, key=lambda step: (steps[step], step == "\t", -len(step)))  # a tie: tab, smaller
     return "\t" if lang == "go" else "    "
 
 

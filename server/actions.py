@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from dfim.engine.api import Hole, TokenScore
-from dfim.engine.layout import code_of_line, unclosed_on_line
+from dfim.engine.layout import code_of_line, statement_indent, unclosed_on_line
 from dfim.server.context import FillContext, build_context, indent_unit, leading_ws, region
 from dfim.server.holes import empty_body_at, enclosing_function, find_holes, hole_at, last_code_before_line
 from dfim.server.languages import Source
@@ -199,8 +199,7 @@ def plan_fill_hole(inp: ActionInput) -> ActionPlan:
     ):
         # `{}` on one line: the body goes on lines of its own between the braces, as Complete the
         # function body writes it, and the model reads the opened body
-        header = text[line_start(text, span.start) : line_end(text, span.start)]
-        lead, trail = newline_of(text) + span.indent, newline_of(text) + leading_ws(header)
+        lead, trail = newline_of(text) + span.indent, newline_of(text) + span.header_indent
         return _opened_plan(inp, span.start, span.end, lead, trail, span.indent)
     ctx = inp.context(inp.start, "block", (span.start, span.end))
     ctx.indent = (
@@ -225,8 +224,7 @@ def plan_complete_function(inp: ActionInput) -> ActionPlan:
     if empty_body_at(inp.source, start) is not None:
         return plan_fill_hole(replace(inp, action="fillHole", instruction=None))
     _, _, bs, be = found
-    first_body_line = text[line_start(text, bs) : line_end(text, bs)]
-    body_indent = leading_ws(first_body_line) if text[bs:].startswith(first_body_line.strip()) else None
+    body_indent = _body_indent(text, bs, be)
     ls_ = line_start(text, start)
     line = text[ls_ : line_end(text, start)]
     if not line.strip():  # a blank line: the new lines go right here
@@ -238,18 +236,40 @@ def plan_complete_function(inp: ActionInput) -> ActionPlan:
         # the line that closes a brace body: the new lines go above it, inside the body
         if text[ls_ : be - 1].strip():
             raise ActionError("the body ends on this line: put the cursor on a line of its own inside it")
-        indent = leading_ws(line) + indent_unit(text)  # the `}` line's, one level in (Allman too)
+        indent = body_indent or leading_ws(line) + indent_unit(text, inp.lang)  # one level in from `}`
         lead, trail, at = indent, newline_of(text), ls_
     else:
         # below the statement the cursor is in (a multi-line call or string included), at its
         # indentation, one level deeper after a line that opens a block (`:` or `{`, comments aside)
         opens_block = start >= bs and code_of(line, inp.lang).endswith((":", "{"))
         at = line_end(text, start) if opens_block else statement_end(text, start, inp.lang)
-        indent = leading_ws(line) if start >= bs else (body_indent or leading_ws(line) + indent_unit(text))
+        indent = (
+            statement_indent(text[:at], inp.lang)
+            if start >= bs
+            else (body_indent or leading_ws(line) + indent_unit(text, inp.lang))
+        )
         if opens_block:
-            indent += indent_unit(text)
+            indent += indent_unit(text, inp.lang)
         lead, trail = newline_of(text) + indent, ""
-    return _opened_plan(inp, at, at, lead, trail, indent)
+    # the new lines may go on past the cursor's block, to the end of the function's body
+    return _opened_plan(inp, at, at, lead, trail, body_indent or indent)
+
+
+def _body_indent(text: str, bs: int, be: int) -> str | None:
+    """The indentation of a function body's lines: its first line's, where the body starts a line (Python);
+    in a brace body, that of its first line of code after the `{` line. None where no such line says."""
+    first = text[line_start(text, bs) : line_end(text, bs)]
+    if text[bs:].startswith(first.strip()):
+        return leading_ws(first)
+    if text[bs : bs + 1] != "{":
+        return None
+    at = next_line_start(text, bs)
+    while at < be:
+        line = text[at : line_end(text, at)]
+        if line.strip() and not line.strip().startswith("}"):
+            return leading_ws(line)
+        at = next_line_start(text, at)
+    return None
 
 
 def _selection_context(inp: ActionInput) -> FillContext:
@@ -348,7 +368,7 @@ PLANNERS: dict[str, Callable[[ActionInput], ActionPlan]] = {
 def _opened_plan(inp: ActionInput, start: int, end: int, lead: str, trail: str, indent: str) -> ActionPlan:
     """A plan that writes new lines in place of [start, end): `lead` (a line break and the first line's
     indentation) and `trail` go around the fill, and the model reads the document already opened that way,
-    its cursor after the lead."""
+    its cursor after the lead. `indent`: the block the fill stays in (a line indented less leaves it)."""
     opened = inp.text[:start] + lead + trail + inp.text[end:]
     cursor = start + len(lead)
     ctx = inp.context(cursor, "multiline", (cursor, cursor), text=opened)
@@ -475,7 +495,7 @@ def finish_action(
         text = hole_chain(post).run(result_text, post).text
     if text is None:
         raise ActionError("the model produced nothing usable here")
-    text = close_what_it_opened(text, ctx.lang, ctx.indent)
+    text = close_what_it_opened(text, ctx.lang, _first_line_indent(ctx))
     if not text.strip():
         raise ActionError("the model produced nothing usable here")
     if not writes_code(text, ctx.lang):
@@ -487,6 +507,13 @@ def finish_action(
             text = text.lstrip(" \t")  # the hole sits after its line's indentation: so does the fill
         text = fit_whitespace(text, plan.original_text, ctx.newline, ctx.indent)
     return [(plan.start, plan.end, text)]
+
+
+def _first_line_indent(ctx: FillContext) -> str:
+    """Where a fill's first line stands: after the indentation the cursor's line (or the lead) has typed,
+    else at the block's."""
+    typed = ctx.prefix[ctx.prefix.rfind("\n") + 1 :]
+    return typed if typed and not typed.strip() else ctx.indent
 
 
 def _keep_outer_ws(new: str, old: str) -> str:

@@ -34,6 +34,7 @@ class Span:
     end: int
     kind: str  # "pass" | "ellipsis" | "todo" | "body"
     indent: str = ""  # indentation for lines of the fill
+    header_indent: str = ""  # a body's: the indentation of the line its definition starts on (its `}`'s)
 
 
 def _is_hole_node(source: Source, node) -> str | None:
@@ -162,4 +163,4 @@ def empty_body_at(source: Source, offset: int) -> Span | None:
     cursor_line = text[line_start(text, offset) : line_end(text, offset)]
     if not cursor_line.strip() and indent_width(cursor_line) > indent_width(header_line):
         indent = cursor_line
-    return Span(inner_s, inner_e, "body", indent)
+    return Span(inner_s, inner_e, "body", indent, leading_ws(header_line))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from dfim.engine.layout import CLOSERS, MATCH, OPENERS, scan_brackets
+from dfim.engine.layout import CLOSERS, MATCH, OPENERS, scan_brackets, statement_indent
 from dfim.server.context import FillContext
 from dfim.server.lines import indent_width, is_word_char, split_lines
 from dfim.server.post_context import PostContext
@@ -52,16 +52,31 @@ def balance_brackets(
     return completion
 
 
+def _same_line(line: str, suffix_line: str, indented: bool) -> bool:
+    """Whether a fill's line repeats a line of the suffix. A line of closers only (`}`, `});`) repeats it only
+    at the same indentation: at another, it closes an inner block of the fill's own."""
+    code = line.strip()
+    if code != suffix_line.strip():
+        return False
+    if indented and not code.strip(CLOSERS + ";,"):
+        return indent_width(line) == indent_width(suffix_line)
+    return True
+
+
 def remove_suffix_overlap(completion: str, suffix: str) -> str:
     """Drop the completion's tail where it repeats the start of the suffix: whole lines, or the rest of the
     cursor's line (`if x > ▮:` filled with `0:`). A lone bracket or quote there is left to bracket balancing
     and `drop_duplicate_quote`, which know whether the fill opened its own."""
     lines = split_lines(completion)
-    suffix_lines = [s.strip() for s in split_lines(suffix.lstrip("\r\n"))]
+    suffix_lines = split_lines(suffix.lstrip("\r\n"))
+    whole = suffix[:1] in ("\n", "\r")  # the suffix's first line is a whole line, indentation included
     # whole trailing lines that are the suffix's first lines
     for k in range(min(len(lines) - 1, len(suffix_lines), 20), 0, -1):
-        tail = [s.strip() for s in lines[-k:]]
-        if all(tail) and tail == suffix_lines[:k]:
+        tail = lines[-k:]
+        if all(s.strip() for s in tail) and all(
+            _same_line(a, b, whole or j > 0)
+            for j, (a, b) in enumerate(zip(tail, suffix_lines[:k], strict=True))
+        ):
             cut = len("\n".join(lines[:-k]))
             completion = completion[:cut].rstrip("\r\n")
             break
@@ -122,16 +137,23 @@ def drop_duplicate_quote(completion: str, rest_of_line: str) -> str:
 
 
 def limit_scope(completion: str, ctx: FillContext | PostContext, max_lines: int = 40) -> str:
-    """Single-line fills keep their first line; multi-line fills stop at the first line that leaves the block
-    (indented less than `ctx.indent`)."""
+    """Single-line fills keep their first line; multi-line fills stop at the first line that leaves the block:
+    indented less than `ctx.indent` and, below a line that opens the block, not deeper than that line's
+    statement (Google-style C++ puts ` public:` one space into a class whose members are two in). A C
+    preprocessor line (`#if`, at column 0 wherever it is) leaves nothing."""
     lines = split_lines(completion)
     if ctx.mode == "line":
         return lines[0]
     base = indent_width(ctx.indent)
+    above = ctx.prefix.rstrip()
+    floor = base - 1
+    if above.endswith(("{", ":")):
+        floor = min(floor, indent_width(statement_indent(above[-20000:], ctx.lang)))
     kept = [lines[0]]
     for line in lines[1 : max_lines + 1]:
-        if line.strip() and indent_width(line) < base:
-            break
+        if line.strip() and indent_width(line) <= floor:
+            if not (ctx.lang in ("c", "cpp") and line.lstrip().startswith("#")):
+                break
         kept.append(line)
     while len(kept) > 1 and not kept[-1].strip():
         kept.pop()

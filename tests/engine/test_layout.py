@@ -78,3 +78,20 @@ def test_unclosed_on_line_and_opens_block():
 )
 def test_open_quote(line, lang, want):
     assert layout.open_quote(line, lang) == want
+
+
+@pytest.mark.parametrize(
+    "text, lang, want",
+    [
+        ("def f():\n    if x:\n        y()\n", "python", "    "),
+        ("class A {\n public:\n  void f() {\n    g();\n  }\n};\n", "cpp", "  "),  # ` public:` is not a step
+        ("func f() {\n\tif x {\n\t\ty()\n\t}\n}\n", "go", "\t"),
+        # a continuation aligned under its bracket is no step; a stray tab line does not outvote spaces
+        ("int f(int a,\n      int b) {\n  if (a) {\n    g();\n  }\n\treturn b;\n}\n", "c", "  "),
+        ("x = 1\n", "go", "\t"),
+        ("x = 1\n", "rust", "    "),
+        ("/**\n * Doc.\n */\nfn f() {\n  g();\n}\n", "rust", "  "),
+    ],
+)
+def test_indent_unit(text, lang, want):
+    assert layout.indent_unit(text, lang) == want

@@ -363,3 +363,25 @@ def test_hole_fills_split_by_the_engines_pinned_tokens():
 def test_an_unknown_action_is_named_before_the_selection_is_checked():
     with pytest.raises(actions.ActionError, match="unknown action 'zap'"):
         actions.plan_action("zap", "def f():\n    pass\n", "python", 13, 13)  # empty selection
+
+
+def test_complete_function_goes_on_past_the_cursors_block_to_the_end_of_the_body():
+    # at the end of a line that opens a block, and on a blank line inside one: the rest of the function
+    # (the block's closer and the statements after it) is kept, not cut at the block's end
+    text = "func f(x int) int {\n\tif x > 0 {\n\t\treturn 1\n\t}\n\treturn 0\n}\n"
+    cursor = text.index("{\n\t\treturn") + 1
+    doc = text[:cursor] + text[text.index("\n}\n") :]
+    want = text
+    assert complete_function(doc, cursor, "go", "return 1\n\t}\n\treturn 0") == want
+    doc = "int f(int x) {\n  if (x > 0) {\n    g();\n    \n}\n"
+    cursor = doc.index("    \n") + 4
+    got = complete_function(doc, cursor, "c", "h();\n  }\n  return 0;")
+    assert got == "int f(int x) {\n  if (x > 0) {\n    g();\n    h();\n  }\n  return 0;\n}\n"
+
+
+def test_fill_hole_of_empty_braces_after_a_several_line_header_closes_at_the_headers_indentation():
+    text = "void Env::Init() {\n  init_ = true;\n}\n\nbool Env::Exists(\n    const std::string& name) {}\n"
+    cursor = text.index("{}") + 1
+    plan = actions.plan_action("fillHole", text, "cpp", cursor, cursor)
+    ((s, e, new),) = actions.finish_action(plan, "return true;")
+    assert text[:s] + new + text[e:] == text.replace("{}", "{\n  return true;\n}")

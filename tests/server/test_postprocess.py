@@ -285,3 +285,17 @@ def test_the_hole_chain_trims_several_lines_and_drops_nothing_else():
     ]
     assert chain.run("x = 1\n    y = 2\n    y = 2", pc).text == "x = 1\n    y = 2"
     assert chain.run("\n  ", pc).text is None
+
+
+def test_a_several_line_fill_keeps_its_block_at_an_access_specifier_and_a_preprocessor_line():
+    ctx = ctx_for("class A {|\n  void g();\n};\n", "cpp")
+    raw = "\n public:\n  A();\n#if DEBUG\n  void dump();\n#endif\n  int n;\n};\nint x;"
+    assert postprocess.clean(raw, ctx) == "\n public:\n  A();\n#if DEBUG\n  void dump();\n#endif\n  int n;"
+
+
+def test_an_inner_blocks_closer_is_not_taken_for_the_suffixs():
+    ctx = ctx_for("fn f(v: &[u8]) {\n    for x in v {|\n    }\n}\n", "rust")
+    raw = "\n        if *x > 0 {\n            g(x);\n        }"
+    assert postprocess.clean(raw, ctx) == raw
+    # the suffix's own closer at its indentation is still dropped
+    assert postprocess.clean("\n        g(x);\n    }", ctx) == "\n        g(x);"
