@@ -37,16 +37,22 @@ def indent_unit(text: str, lang: str | None = None) -> str:
     (2, 3, 4 or 8). Lines that open a bracket (`(`, `[`) count only where no block says: Google-style C++
     continues a call 4 deeper in a 2-space file. Neither a file's smallest indent (` public:` is one space
     in) nor its other lines (a continuation aligned under a bracket, a script inside a string) are a guide.
-    With no such pair yet, the language's habit: a tab for Go, four spaces elsewhere."""
+    With no such pair yet, the indented lines' habit (mostly tabs: a tab; else their smallest indent), and
+    with none of those, the language's: a tab for Go, four spaces elsewhere."""
     blocks: dict[str, int] = {}
     brackets: dict[str, int] = {}
     previous: str | None = None
     counts = blocks
+    tabs, spaces = 0, []  # lines indented with a tab, the widths of those indented with spaces
     for line in text.splitlines()[:2000]:
         stripped = line.strip()
         if not stripped:
             continue
         ws = leading_ws(line)
+        if ws.startswith("\t"):
+            tabs += 1
+        elif ws and not stripped.startswith("*"):
+            spaces.append(len(ws))
         if previous is not None and len(ws) > len(previous) and ws.startswith(previous):
             step = ws[len(previous) :]
             if step == "\t" or (step.strip(" ") == "" and len(step) in (2, 3, 4, 8)):
@@ -60,6 +66,11 @@ def indent_unit(text: str, lang: str | None = None) -> str:
     steps = blocks or brackets
     if steps:
         return max(steps, key=lambda step: (steps[step], step == "\t", -len(step)))  # a tie: tab, smaller
+    # no block opened yet: how the indented lines there are indented
+    if tabs > len(spaces):
+        return "\t"
+    if spaces and min(spaces) in (2, 3, 4, 8):
+        return " " * min(spaces)
     return "\t" if lang == "go" else "    "
 
 

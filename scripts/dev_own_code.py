@@ -9,6 +9,9 @@ comments or strings, at least 20 lines into a file; the cursor sits after the li
 string): the lines from there to the next blank line or dedent (1-3 of them) are missing, and the fill is
 scored on its first line (what a user takes first) and on as many lines as are missing.
 
+`--kind block` (through the server: `scripts/eval_through_server.py --dev --kind block`): the cursor at the
+end of a line that opens a block, the block's first 2-6 lines missing, scored on all of them.
+
     python scripts/dev_own_code.py [--model DIR] [--limit 100] [--prefix-chars 1200 --suffix-chars 500]
                                    [--kind line|midline|multiline] [--set window=8 --set entropy_bound=0.3]
 """
@@ -45,6 +48,8 @@ def problems(
     root: Path = ROOT,
     patterns: tuple[str, ...] = OWN_CODE,
 ) -> list[dict[str, str]]:
+    if kind == "block":
+        return block_problems(seed, per_file, root, patterns)
     rng = random.Random(seed)
     files = sorted({path for pattern in patterns for path in root.glob(pattern) if path.is_file()})
     out = []
@@ -69,6 +74,50 @@ def problems(
             prefix = "\n".join(lines[:i]) + "\n" + line[:cut]
             suffix = "\n" + "\n".join(lines[end:])
             out.append({"prefix": prefix, "suffix": suffix, "want": "\n".join(lines[i:end])[cut:]})
+    rng.shuffle(out)
+    return out
+
+
+def block_problems(
+    seed: int = 7,
+    per_file: int = 6,
+    root: Path = ROOT,
+    patterns: tuple[str, ...] = OWN_CODE,
+    max_lines: int = 6,
+    max_chars: int = 200,
+) -> list[dict[str, str]]:
+    """The cursor at the end of a line that opens a block (`{` or `:` ends it); missing: the block's first
+    lines (2 to `max_lines` lines deeper than it, at most `max_chars`, up to its end or the first blank line).
+    The code after them (the block's closer, say) stays, as where an editor closed the brace."""
+    rng = random.Random(seed)
+    files = sorted({path for pattern in patterns for path in root.glob(pattern) if path.is_file()})
+    out = []
+    for path in files:
+        lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+        candidates = []
+        for i, line in enumerate(lines[:-2]):
+            code = line.strip()
+            if i <= 20 or len(line) > 120 or not code.endswith(("{", ":")) or code.startswith(OTHER_SKIP):
+                continue
+            end = i + 1
+            while (
+                end < len(lines)
+                and end - i <= max_lines
+                and lines[end].strip()
+                and _indent(lines[end]) > _indent(line)
+                and sum(len(x) + 1 for x in lines[i + 1 : end + 1]) <= max_chars
+            ):
+                end += 1
+            if end - i >= 3:
+                candidates.append((i, end))
+        for i, end in rng.sample(candidates, min(per_file, len(candidates))):
+            out.append(
+                {
+                    "prefix": "\n".join(lines[: i + 1]),
+                    "suffix": "\n" + "\n".join(lines[end:]),
+                    "want": "\n" + "\n".join(lines[i + 1 : end]),
+                }
+            )
     rng.shuffle(out)
     return out
 

@@ -12,7 +12,8 @@ prompt and suffix, and the problem's tests run on the result in the sandbox.
 `--dev` takes the development set of `scripts/dev_own_code.py` instead (single lines of this repository's own
 code, the cursor after the line's indentation; scored by EM and ES only, there are no tests): the set to
 choose server settings on. `--kind midline` puts the cursor after a random part of the line's code
-(the rest of the line is missing), as when a user has typed some of it.
+(the rest of the line is missing), as when a user has typed some of it; `--kind block` puts it at the
+end of a line that opens a block and leaves out the block's first 2-6 lines (a several-line fill).
 
 `--action fillHole` asks the code action instead of an inline completion: the missing line is written as
 `pass` (indented as the line it replaces, as a user marks a hole) and `dfim.fillHole` runs on it; the
@@ -128,7 +129,11 @@ def main() -> None:
     parser.add_argument("data", nargs="?", help="HumanEval-infilling JSONL(.gz)")
     parser.add_argument("--dev", action="store_true", help="the development set of scripts/dev_own_code.py")
     parser.add_argument(
-        "--kind", default="line", choices=("line", "midline"), help="--dev: where the cursor sits in the line"
+        "--kind",
+        default="line",
+        choices=("line", "midline", "block"),
+        help="--dev: where the cursor sits in the line (block: at the end of a line that opens a block, its "
+        "first lines missing)",
     )
     parser.add_argument("--source", type=Path, default=ROOT, help="--dev: the checkout to draw lines from")
     parser.add_argument(
