@@ -163,7 +163,15 @@ def moe_gathered(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, dow
     return (y.view(n, k, -1).float() * weights[..., None]).sum(dim=1).to(x.dtype)
 
 
-GPU_KERNELS = {"grouped": moe_grouped, "padded": moe_padded, "gathered": moe_gathered}
+def moe_triton(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
+    """Two Triton kernels: sort once, gate and up with the activation, routing weights applied in down
+    (`dfim.engine.model.triton_moe`, imported here on first use: Triton is a GPU machine's)."""
+    from dfim.engine.model import triton_moe
+
+    return triton_moe.moe_triton(x, weights, index, gate_up, down)
+
+
+GPU_KERNELS = {"triton": moe_triton, "grouped": moe_grouped, "padded": moe_padded, "gathered": moe_gathered}
 # Kernels over `Experts.fp8`, registered by dfim.engine.model.experts_fp8 (which imports this module)
 FP8_KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor, Fp8Experts], Tensor]] = {}
 
@@ -179,25 +187,37 @@ def probe_routing(
     return x, weights, index
 
 
-def pick_gpu_kernel(experts: Experts, device: torch.device, dtype: torch.dtype, graphs: bool = False) -> str:
-    """`grouped` if torch._grouped_mm exists and agrees with a per-expert reference on this device and
-    dtype (with this checkpoint's real expert tensors and strides), and, with `graphs`, can be captured in a
-    CUDA graph; else `padded`. (torch 2.11's grouped GEMM copies its problem sizes from the host on an H200,
-    which a graph cannot capture: there the whole step would run without graphs.)"""
-    if not hasattr(torch, "_grouped_mm"):
-        return "padded"
+def _passes(kernel: Callable[..., Tensor], experts: Experts, device: torch.device, dtype: torch.dtype,
+             graphs: bool) -> bool:  # fmt: skip
+    """Whether `kernel` agrees with a per-expert reference on this device and dtype (with this checkpoint's
+    real expert tensors and strides) and, with `graphs` on CUDA, can be captured in a CUDA graph."""
     try:
         e, hidden = experts.gate_up_proj.shape[0], experts.gate_up_proj.shape[2]
         x, weights, index = probe_routing(e, hidden, device, dtype)
-        got = moe_grouped(x, weights, index, experts.gate_up_proj, experts.down_proj).float()
+        got = kernel(x, weights, index, experts.gate_up_proj, experts.down_proj).float()
         want = moe_gathered(x, weights, index, experts.gate_up_proj, experts.down_proj).float()
         err = (got - want).norm() / want.norm().clamp(min=1e-12)
         if not bool(err < 2e-2):
-            return "padded"
+            return False
         if graphs and device.type == "cuda":
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                moe_grouped(x, weights, index, experts.gate_up_proj, experts.down_proj)
+                kernel(x, weights, index, experts.gate_up_proj, experts.down_proj)
+        return True
+    except Exception:  # noqa: BLE001 - any failure of a fast kernel means: try the next one
+        return False
+
+
+def pick_gpu_kernel(experts: Experts, device: torch.device, dtype: torch.dtype, graphs: bool = False) -> str:
+    """The first of `triton` (CUDA with Triton only), `grouped` (where torch._grouped_mm exists) that agrees
+    with a per-expert reference here and, with `graphs`, can be captured in a CUDA graph; else `padded`.
+    (torch 2.11's grouped GEMM copies its problem sizes from the host on an H200, which a graph cannot
+    capture: there the padded kernel would run.)"""
+    if device.type == "cuda":
+        from dfim.engine.model import triton_moe
+
+        if triton_moe.available() and _passes(moe_triton, experts, device, dtype, graphs):
+            return "triton"
+    if hasattr(torch, "_grouped_mm") and _passes(moe_grouped, experts, device, dtype, graphs):
         return "grouped"
-    except Exception:  # noqa: BLE001 - any failure of the fast kernel means: use the fallback
-        return "padded"
+    return "padded"

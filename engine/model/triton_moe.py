@@ -1,0 +1,162 @@
+"""The mixture of experts as two Triton kernels, for inference on CUDA.
+
+Why: at batch 1 a denoising pass of the 26B-A4B shape routes its canvas tokens to most of the 128 experts,
+so a pass reads nearly every expert weight and the experts are bandwidth-bound (docs/gpu.md, "Where a
+step's time goes": 22.5 of a 46 ms step, the grouped GEMM alone 18.0 against a 13.6 ms floor). The grouped
+path (`experts.moe_grouped`) also spends 4.5 ms on gathering, activation and scattering between its two
+GEMMs, and on an H200 with torch 2.11 its GEMM cannot be captured in a CUDA graph at all, so the padded
+fallback (every expert over every token) runs there.
+
+Here the token-expert pairs are sorted by expert once (`experts._sort_by_expert`, no host sync), then:
+
+- `gate_up_act`: one program per (expert, tile of the intermediate size) reads its tile of the gate and
+  up rows once, multiplies the expert's tokens (gathered through the sort, no copy) and writes
+  `gelu(gate) * up` for them: the activation never goes to memory between the products.
+- `down_weighted`: one program per (expert, tile of the hidden size) multiplies those activations by
+  the down projection and by each pair's routing weight, and writes each pair's row in the pairs'
+  original order, so summing a token's k rows (one small reduction) gives the layer's output.
+
+Both loop over an expert's tokens in blocks of `Tiles.block_m` on the device, so nothing depends on the host
+knowing the counts, and a CUDA graph captures the whole layer. Products accumulate in fp32; the
+activations are rounded once, to the input's dtype, as the reference rounds its GEMM outputs.
+
+Triton is imported on first use only: the CPU path never needs it (`available()` is False without it).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@functools.cache
+def _compiled() -> tuple[Any, Any, Any] | None:
+    """(triton, gate_up_act, down_weighted), or None where Triton cannot be imported."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def gate_up_act(x_ptr, w_ptr, token_ptr, offs_ptr, h_ptr, n_hidden, n_inter, x_stride, w_e, w_n, w_k,
+                    h_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    EXACT: tl.constexpr):  # fmt: skip
+        expert = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # of the intermediate size
+        end = tl.load(offs_ptr + expert)
+        start = tl.load(offs_ptr + expert - 1, mask=expert > 0, other=0)
+        col_ok = cols < n_inter
+        w_expert = w_ptr + expert.to(tl.int64) * w_e
+        for row0 in range(start, end, BLOCK_M):
+            rows = row0 + tl.arange(0, BLOCK_M)
+            row_ok = rows < end
+            tokens = tl.load(token_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+            gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k0 in range(0, n_hidden, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                k_ok = ks < n_hidden
+                x = tl.load(x_ptr + tokens[:, None] * x_stride + ks[None, :],
+                            mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
+                w_mask = k_ok[:, None] & col_ok[None, :]
+                wg = tl.load(w_expert + cols[None, :] * w_n + ks[:, None] * w_k, mask=w_mask, other=0.0)
+                wu = tl.load(w_expert + (cols[None, :] + n_inter) * w_n + ks[:, None] * w_k, mask=w_mask,
+                             other=0.0)  # fmt: skip
+                if EXACT:  # fp32 weights: no TF32 rounding (the fp32 correctness check reads 1e-6)
+                    gate = tl.dot(x, wg, gate, input_precision="ieee")
+                    up = tl.dot(x, wu, up, input_precision="ieee")
+                else:
+                    gate = tl.dot(x, wg, gate)
+                    up = tl.dot(x, wu, up)
+            # gelu, tanh approximation (ops.gelu); tanh(z) = 2 sigmoid(2z) - 1
+            inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+            act = 0.5 * gate * (2.0 * tl.sigmoid(2.0 * inner)) * up
+            tl.store(h_ptr + rows[:, None].to(tl.int64) * h_stride + cols[None, :],
+                     act.to(h_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
+
+    @triton.jit
+    def down_weighted(h_ptr, w_ptr, slot_ptr, weight_ptr, offs_ptr, out_ptr, n_inter, n_hidden, h_stride,
+                      w_e, w_n, w_k, out_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
+        expert = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # of the hidden size
+        end = tl.load(offs_ptr + expert)
+        start = tl.load(offs_ptr + expert - 1, mask=expert > 0, other=0)
+        col_ok = cols < n_hidden
+        w_expert = w_ptr + expert.to(tl.int64) * w_e
+        for row0 in range(start, end, BLOCK_M):
+            rows = row0 + tl.arange(0, BLOCK_M)
+            row_ok = rows < end
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k0 in range(0, n_inter, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                k_ok = ks < n_inter
+                h = tl.load(h_ptr + rows[:, None].to(tl.int64) * h_stride + ks[None, :],
+                            mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
+                w = tl.load(w_expert + cols[None, :] * w_n + ks[:, None] * w_k, mask=k_ok[:, None] & col_ok[None, :],
+                            other=0.0)  # fmt: skip
+                if EXACT:
+                    acc = tl.dot(h, w, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(h, w, acc)
+            slots = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+            routing = tl.load(weight_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)
+            acc = acc * routing[:, None]
+            tl.store(out_ptr + slots[:, None] * out_stride + cols[None, :], acc,
+                     mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
+
+    return triton, gate_up_act, down_weighted
+
+
+def available() -> bool:
+    """Whether the kernels can run here (Triton imports)."""
+    return _compiled() is not None
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Tile sizes and launch settings of both kernels (`scripts/bench_moe_gpu.py` compares others)."""
+
+    block_m: int = 16  # an expert's pairs per block: at batch 1 most experts get fewer than 16
+    block_n: int = 64  # output columns per program
+    block_k: int = 64  # reduction columns per step
+    num_warps: int = 4
+    num_stages: int = 3  # loads in flight: the kernels are bound by reading the weights
+
+
+def moe_triton(
+    x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: Tensor, tiles: Tiles = Tiles()
+) -> Tensor:
+    """The experts' output for x [N, H]: weights/index [N, k], gate_up [E, 2I, H], down [E, H, I] (any
+    strides; a unit last one reads fastest); the same contract as the other kernels of `experts.GPU_KERNELS`."""
+    from dfim.engine.model.experts import _sort_by_expert
+
+    compiled = _compiled()
+    if compiled is None:
+        raise RuntimeError("Triton is not available here")
+    triton, gate_up_act, down_weighted = compiled
+    n, k = index.shape
+    e, two_i, hidden = gate_up.shape
+    inter = two_i // 2
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    order, _, _, offs = _sort_by_expert(index, e)
+    tokens = order // k  # the token of each sorted pair
+    h = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)
+    meta = dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+                EXACT=x.dtype == torch.float32)  # fmt: skip
+    gate_up_act[(e, triton.cdiv(inter, tiles.block_n))](
+        x, gate_up, tokens, offs, h, hidden, inter, x.stride(0), *gate_up.stride(), h.stride(0), **meta,
+    )  # fmt: skip
+    out = torch.empty(n * k, hidden, dtype=torch.float32, device=x.device)
+    down_weighted[(e, triton.cdiv(hidden, tiles.block_n))](
+        h, down, order, weights.reshape(-1).float(), offs, out, inter, hidden, h.stride(0),
+        *down.stride(), out.stride(0), **meta,
+    )  # fmt: skip
+    return out.view(n, k, hidden).sum(dim=1).to(x.dtype)

@@ -1,0 +1,136 @@
+"""The experts of one layer of the 26B-A4B shape on a GPU: every kernel of `experts.GPU_KERNELS`, timed from
+a CUDA graph where it can be captured (eagerly where not), against the bandwidth floor, and checked against
+the per-expert reference.
+
+One layer's experts (128 of them, hidden 2,816, intermediate 704, top-8, random bf16 weights) at the token
+counts a denoising pass has: 32 (one single-line canvas), 64 (the server's two candidates), 256 (a block).
+The floor is the bytes of the experts the routing touches, read once, over the card's bandwidth (the peak
+of `--bandwidth`, 4.8 TB/s for an H200). `--sweep` also times other tile sizes of the Triton kernels.
+
+    source scripts/device_env.sh; python3 scripts/bench_moe_gpu.py [--sweep] --out $OUT/bench_moe_gpu.txt
+
+Exit status 1 when a kernel's output differs from the reference by more than 2% (relative, bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from dfim.engine.model import triton_moe
+from dfim.engine.model.config import RELEASED_26B_A4B
+from dfim.engine.model.experts import GPU_KERNELS
+from dfim.engine.model.ops import gelu
+
+SWEEP = [
+    triton_moe.Tiles(block_n=n, block_k=k, num_warps=w, num_stages=s)
+    for n, k, w, s in [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4),
+                       (32, 128, 4, 4), (64, 256, 8, 3), (128, 64, 8, 4)]
+]  # fmt: skip
+
+
+def reference(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
+    """The experts' output in fp32, one expert at a time (`moe_gathered` would copy every pair's weights)."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for expert in index.unique().tolist():
+        token, slot = (index == expert).nonzero(as_tuple=True)
+        gate, up = (x[token].float() @ gate_up[expert].float().T).chunk(2, dim=-1)
+        y = (gelu(gate) * up) @ down[expert].float().T
+        out.index_add_(0, token, y * weights[token, slot, None])
+    return out
+
+
+def timed(fn: Callable[[], Tensor], graphs: bool, repeat: int = 50) -> tuple[float, bool]:
+    """(ms per call, whether it ran from a CUDA graph)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = None
+    if graphs:
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            graph = g
+        except Exception:  # noqa: BLE001 - not capturable: time it eagerly
+            torch.cuda.synchronize()
+            graph = None
+    run = graph.replay if graph is not None else fn
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeat):
+        run()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1000 / repeat, graph is not None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", default="32,64,256")
+    parser.add_argument("--bandwidth", type=float, default=4.8, help="the card's peak, TB/s")
+    parser.add_argument("--sweep", action="store_true", help="also time other Triton tile sizes")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    lines: list[str] = []
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    device = torch.device("cuda")
+    c = RELEASED_26B_A4B
+    e, h, i, k = c["num_experts"], c["hidden_size"], c["moe_intermediate_size"], c["top_k_experts"]
+    g = torch.Generator(device="cpu").manual_seed(0)
+    gate_up = (torch.randn(e, 2 * i, h, generator=g) * 0.02).to(device, torch.bfloat16)
+    down = (torch.randn(e, h, i, generator=g) * 0.02).to(device, torch.bfloat16)
+    say(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}; experts {e} x (2x{i} x {h} + {h} x {i}), top-{k}"
+    )
+    failed = False
+    for n in (int(t) for t in args.tokens.split(",")):
+        x = torch.randn(n, h, generator=g).to(device, torch.bfloat16)
+        index = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).to(device)
+        weights = torch.softmax(torch.randn(n, k, generator=g), dim=-1).to(device)
+        touched = index.unique().numel()
+        floor = touched * 3 * i * h * 2 / (args.bandwidth * 1e12) * 1000
+        want = reference(x, weights, index, gate_up, down)
+        say(f"\n{n} tokens: {touched} experts touched, floor {floor:.3f} ms at {args.bandwidth} TB/s")
+        kernels: list[tuple[str, Callable[..., Tensor]]] = [
+            (name, f) for name, f in GPU_KERNELS.items() if name != "gathered" or n <= 64
+        ]
+        if args.sweep:
+            kernels += [
+                (f"triton {t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}",
+                 functools.partial(triton_moe.moe_triton, tiles=t))
+                for t in SWEEP[1:]
+            ]  # fmt: skip
+        for name, kernel in kernels:
+            fn = functools.partial(kernel, x, weights, index, gate_up, down)
+            try:
+                got = fn().float()
+                err = ((got - want).norm() / want.norm()).item()
+                ms, graphed = timed(fn, graphs=True)
+            except Exception as exc:  # noqa: BLE001 - report and go on to the next kernel
+                say(f"  {name:28s} failed: {type(exc).__name__}: {str(exc)[:120]}")
+                continue
+            ok = err <= 2e-2
+            failed |= not ok
+            say(
+                f"  {name:28s} {ms:7.3f} ms ({'graph' if graphed else 'eager'}), {100 * floor / ms:5.1f}% of "
+                f"the floor, relative error {err:.1e}{'' if ok else '  FAILED'}"
+            )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
