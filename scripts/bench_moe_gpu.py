@@ -30,9 +30,9 @@ from dfim.engine.model.experts import GPU_KERNELS
 from dfim.engine.model.ops import gelu
 
 SWEEP = [
-    triton_moe.Tiles(block_n=n, block_k=k, num_warps=w, num_stages=s)
-    for n, k, w, s in [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4),
-                       (32, 128, 4, 4), (64, 256, 8, 3), (128, 64, 8, 4)]
+    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=s)
+    for m, n, k, w, s in [(16, 64, 64, 4, 3), (16, 32, 128, 4, 4), (16, 64, 128, 4, 3), (32, 64, 64, 4, 3),
+                          (32, 64, 128, 4, 3), (64, 64, 64, 4, 3), (64, 64, 128, 8, 3), (32, 32, 128, 4, 4)]
 ]  # fmt: skip
 
 
@@ -107,7 +107,7 @@ def main() -> None:
         ]
         if args.sweep:
             kernels += [
-                (f"triton {t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}",
+                (f"triton {t.block_m}x{t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}",
                  functools.partial(triton_moe.moe_triton, tiles=t))
                 for t in SWEEP[1:]
             ]  # fmt: skip
