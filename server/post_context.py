@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dfim.engine.layout import code_of_line, open_quote
+from dfim.engine.layout import MATCH, OPENERS, code_of_line, open_quote, scan_brackets
 from dfim.server.context import FillContext
 from dfim.server.languages import error_count
 from dfim.server.lines import closers_provided, indent_width, is_word_char, open_brackets, split_lines
@@ -100,11 +100,45 @@ def parse_window(prefix: str, suffix: str, before: int = 4000, after: int = 2000
 
 def error_counter(prefix: str, suffix: str, lang: str | None) -> Callable[[str], int]:
     """Syntax errors of the code with a given fill in the fill's place, parsed in `parse_window` around it;
-    remembered per fill text, so the rules never parse the same document twice."""
+    remembered per fill text, so the rules never parse the same document twice. The window ends where the
+    file goes on, so the blocks still open at its end are closed before parsing: otherwise a fill that
+    completes a block (its `}` in the suffix) would leave the window's outer `namespace {` unclosed, and
+    count an error the file does not have."""
     before, after = parse_window(prefix, suffix)
+    open_before = open_brackets(before, limit=len(before))
+    after_closes, after_opens = _net_brackets(after)
 
     @functools.cache
     def errors(fill: str) -> int:
-        return error_count(before + fill + after, lang)
+        stack = list(open_before)
+        for _, c in scan_brackets(fill, skip_comments=True):
+            if c in OPENERS:
+                stack.append(c)
+            elif stack and stack[-1] == MATCH[c]:
+                stack.pop()
+        for c in after_closes:
+            if stack and stack[-1] == MATCH[c]:
+                stack.pop()
+        stack += after_opens
+        # blocks only: a call left open (`total = foo(xs,` while typing) is the document's own error,
+        # and closing it at the window's end would pull the code below into its arguments
+        closers = "}" * len(stack) if set(stack) == {"{"} else ""
+        return error_count(before + fill + after + ("\n" + closers if closers else ""), lang)
 
     return errors
+
+
+def _net_brackets(text: str) -> tuple[list[str], list[str]]:
+    """What `text` does to the brackets open before it: the closers it has for them, in order (those its
+    own openers do not take), and the openers it leaves open at its end."""
+    own: list[str] = []
+    closes: list[str] = []
+    for _, c in scan_brackets(text, skip_comments=True):
+        if c in OPENERS:
+            own.append(c)
+        elif own:
+            if own[-1] == MATCH[c]:
+                own.pop()
+        else:
+            closes.append(c)
+    return closes, own

@@ -236,6 +236,9 @@ def _dangling_header(line: str, following: str, lang: str | None) -> bool:
     return code.endswith((":", "{")) or (bool(_HEADER.match(stripped)) and not stripped.endswith((";", "}")))
 
 
+UNREADABLE = 10  # syntax errors around an empty fill from which its parse says nothing about the fill's
+
+
 def cut_to_parsing_lines(completion: str, ctx: PostContext, max_lines: int = 40) -> str:
     """A several-line fill cut after the line that leaves the fewest syntax errors (the longest such cut; a
     small model's tail is often half a statement), without a block header left bodiless at its end. Errors
@@ -245,6 +248,8 @@ def cut_to_parsing_lines(completion: str, ctx: PostContext, max_lines: int = 40)
     if ctx.lang is None or len(lines) < 2 or len(lines) > max_lines:
         return completion
     errors = ctx.errors
+    if errors("") >= UNREADABLE:
+        return completion  # the code around it does not parse (a script in a string, macros): no guide
     best, fewest = len(lines), errors(completion)
     if fewest > errors(""):  # the whole fill adds an error: try shorter cuts
         for k in range(len(lines) - 1, 0, -1):

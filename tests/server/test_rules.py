@@ -77,3 +77,16 @@ def test_a_fill_inside_a_word_does_not_write_the_line_again():
     assert cut("S = len(values)\n", "ETS = len(values)\n") == "S"
     assert cut("S", "ETS = len(values)") == "S"  # nothing repeated
     assert cut("ETS", "ETS = 1") == "ETS"  # the word itself is not a tail to cut (and " = 1" is short)
+
+
+def test_the_parse_window_closes_the_blocks_the_file_closes_beyond_it():
+    # the suffix is longer than the parse window, so the namespace's `}` lies beyond it; the fill that opens
+    # the loop whose body and `}` follow is the file's own code and must not count as an error
+    filler = "".join(f"void g{i}() {{\n  h({i});\n}}\n\n" for i in range(150))
+    src = (
+        "namespace n {\n\nvoid f(int* x, int n) {\n  x[0] = 1;\n|\n    x[i] = 0;\n  }\n}\n\n" + filler + "}\n"
+    )
+    ctx = ctx_for(src, "cpp")
+    assert len(ctx.suffix) < len(src) - src.index("|") - 1  # the suffix's window ends before the file
+    fill = "  x[1] = 2;\n  for (int i = 0; i < n; i++) {"
+    assert rules.cut_to_parsing_lines(fill, post_context(ctx)) == fill
