@@ -90,10 +90,16 @@ def remove_suffix_overlap(completion: str, suffix: str) -> str:
     # as the row below begins (`NONA,  NONA,`)
     if "\n" not in completion and suffix[:1] in ("\n", "\r"):
         return completion
+    # Where the suffix starts a new line, so does the repeat: a line that merely ends as the next one
+    # begins (`a, b = merged[-1]` above `merged[-1] = ...`) is not one.
+    line_start = suffix[:1] in ("\n", "\r")
     head = suffix.lstrip()
     for k in range(min(len(head), len(completion)), 5, -1):
         if completion.endswith(head[:k]) and head[:k].strip():
-            return completion[: len(completion) - k]
+            kept = completion[: len(completion) - k]
+            if line_start and kept.rstrip(" \t")[-1:] not in ("\n", ""):
+                continue
+            return kept
     return completion
 
 
