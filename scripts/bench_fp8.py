@@ -131,6 +131,15 @@ def main() -> int:
     fast = FastDiffusionGemma(model, max_len=max_len, bucket=256, moe="grouped_fp8")
     time_block("fp8", fast)
     got_logits = last_logits(fast, context)
+    del fast
+    gc.collect()
+    torch.cuda.empty_cache()
+    # the Triton experts over the same FP8 weights, activations in bf16 (W8A16)
+    fast = FastDiffusionGemma(model, max_len=max_len, bucket=256, moe="triton_fp8")
+    time_block("fp8_triton", fast)
+    w8a16_logits = last_logits(fast, context)
+    rel16 = float((w8a16_logits - want_logits).norm() / want_logits.norm())
+    log(f"W8A16 (Triton) logits against bf16: relative error {rel16:.3f}")
     rel = float((got_logits - want_logits).norm() / want_logits.norm())
     agree = float((got_logits.argmax(-1) == want_logits.argmax(-1)).float().mean())
     log(

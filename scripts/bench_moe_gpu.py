@@ -5,9 +5,10 @@ the per-expert reference.
 One layer's experts (128 of them, hidden 2,816, intermediate 704, top-8, random bf16 weights) at the token
 counts a denoising pass has: 32 (one single-line canvas), 64 (the server's two candidates), 256 (a block).
 The floor is the bytes of the experts the routing touches, read once, over the card's bandwidth (the peak
-of `--bandwidth`, 4.8 TB/s for an H200). `--sweep` also times other tile sizes of the Triton kernels.
+of `--bandwidth`, 4.8 TB/s for an H200). `--sweep` also times other tile sizes of the Triton kernels, `--fp8`
+the kernels over FP8 weights (whose floor is half).
 
-    source scripts/device_env.sh; python3 scripts/bench_moe_gpu.py [--sweep] --out $OUT/bench_moe_gpu.txt
+    source scripts/device_env.sh; python3 scripts/bench_moe_gpu.py [--sweep] [--fp8] --out $OUT/bench_moe_gpu.txt
 
 Exit status 1 when a kernel's output differs from the reference by more than 2% (relative, bf16).
 """
@@ -26,7 +27,8 @@ from torch import Tensor
 
 from dfim.engine.model import triton_moe
 from dfim.engine.model.config import RELEASED_26B_A4B
-from dfim.engine.model.experts import GPU_KERNELS
+from dfim.engine.model.experts import FP8_KERNELS, GPU_KERNELS
+from dfim.engine.model.experts_fp8 import moe_w8a16_reference, quantize_experts
 from dfim.engine.model.ops import gelu
 
 SWEEP = [
@@ -76,6 +78,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="32,64,256")
     parser.add_argument("--bandwidth", type=float, default=4.8, help="the card's peak, TB/s")
     parser.add_argument("--sweep", action="store_true", help="also time other Triton tile sizes")
+    parser.add_argument("--fp8", action="store_true", help="also the FP8 kernels (weights in e4m3)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     lines: list[str] = []
@@ -93,6 +96,7 @@ def main() -> None:
     say(
         f"{torch.cuda.get_device_name()}, torch {torch.__version__}; experts {e} x (2x{i} x {h} + {h} x {i}), top-{k}"
     )
+    fp8 = quantize_experts(gate_up, down) if args.fp8 else None
     failed = False
     for n in (int(t) for t in args.tokens.split(",")):
         x = torch.randn(n, h, generator=g).to(device, torch.bfloat16)
@@ -111,20 +115,29 @@ def main() -> None:
                  functools.partial(triton_moe.moe_triton, tiles=t))
                 for t in SWEEP[1:]
             ]  # fmt: skip
-        for name, kernel in kernels:
-            fn = functools.partial(kernel, x, weights, index, gate_up, down)
+        calls = [(name, functools.partial(kernel, x, weights, index, gate_up, down), want, floor, 2e-2)
+                 for name, kernel in kernels]  # fmt: skip
+        if fp8 is not None:  # FP8 weights: half the bytes; W8A16 against its exact reference
+            want8 = moe_w8a16_reference(x, weights, index, fp8).float()
+            calls += [
+                ("triton_fp8 (W8A16)", functools.partial(FP8_KERNELS["triton_fp8"], x, weights, index, fp8), want8,
+                 floor / 2, 2e-2),
+                ("grouped_fp8 (W8A8)", functools.partial(FP8_KERNELS["grouped_fp8"], x, weights, index, fp8), want8,
+                 floor / 2, 8e-2),
+            ]  # fmt: skip
+        for name, fn, reference_out, bound, limit in calls:
             try:
                 got = fn().float()
-                err = ((got - want).norm() / want.norm()).item()
+                err = ((got - reference_out).norm() / reference_out.norm()).item()
                 ms, graphed = timed(fn, graphs=True)
             except Exception as exc:  # noqa: BLE001 - report and go on to the next kernel
                 say(f"  {name:28s} failed: {type(exc).__name__}: {str(exc)[:120]}")
                 continue
-            ok = err <= 2e-2
+            ok = err <= limit
             failed |= not ok
             say(
-                f"  {name:28s} {ms:7.3f} ms ({'graph' if graphed else 'eager'}), {100 * floor / ms:5.1f}% of "
-                f"the floor, relative error {err:.1e}{'' if ok else '  FAILED'}"
+                f"  {name:28s} {ms:7.3f} ms ({'graph' if graphed else 'eager'}), {100 * bound / ms:5.1f}% of "
+                f"its floor, relative error {err:.1e}{'' if ok else '  FAILED'}"
             )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

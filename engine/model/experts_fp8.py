@@ -120,7 +120,52 @@ def fp8_kernel_works(experts: Fp8Experts, device: torch.device, dtype: torch.dty
     return None if err < 2e-2 else f"relative error {err:.3g} against the reference"
 
 
+def moe_triton_fp8(x: Tensor, weights: Tensor, index: Tensor, experts: Fp8Experts) -> Tensor:
+    """The Triton experts (`dfim.engine.model.triton_moe`) over FP8 weights, activations in x's dtype
+    (W8A16): each weight tile is widened in the kernel, so the weights are read in FP8 and nothing else is
+    quantized. Its reference is the bf16 arithmetic over the dequantized weights (`moe_w8a16_reference`)."""
+    from dfim.engine.model import triton_moe
+
+    return triton_moe.moe_triton(
+        x, weights, index, experts.gate_up, experts.down,
+        gate_up_scale=experts.gate_up_scale, down_scale=experts.down_scale,
+    )  # fmt: skip
+
+
+def moe_w8a16_reference(x: Tensor, weights: Tensor, index: Tensor, experts: Fp8Experts) -> Tensor:
+    """`moe_triton_fp8`'s arithmetic in fp32: the dequantized weights, x as it is, one expert at a time."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for expert in index.unique().tolist():
+        token, slot = (index == expert).nonzero(as_tuple=True)
+        w_gate_up = dequantize_rows(experts.gate_up[expert], experts.gate_up_scale[expert])
+        gate, up = (x[token].float() @ w_gate_up.t()).chunk(2, dim=-1)
+        y = (gelu(gate) * up) @ dequantize_rows(experts.down[expert], experts.down_scale[expert]).t()
+        out.index_add_(0, token, y * weights[token, slot, None].float())
+    return out.to(x.dtype)
+
+
+def pick_fp8_kernel(experts: Fp8Experts, device: torch.device, dtype: torch.dtype) -> str:
+    """`triton_fp8` where Triton runs it on this CUDA device and it agrees with its reference (W8A16: it
+    reads the weights at the grouped GEMM's bytes without quantizing activations); else `grouped_fp8`."""
+    if device.type == "cuda":
+        from dfim.engine.model import triton_moe
+
+        if triton_moe.available():
+            try:
+                x, weights, index = probe_routing(
+                    experts.gate_up.shape[0], experts.gate_up.shape[2], device, dtype
+                )
+                got = moe_triton_fp8(x, weights, index, experts).float()
+                want = moe_w8a16_reference(x, weights, index, experts).float()
+                if float((got - want).norm() / want.norm().clamp(min=1e-12)) < 2e-2:
+                    return "triton_fp8"
+            except Exception:  # noqa: BLE001 - any failure of the kernel means: the grouped one
+                pass
+    return "grouped_fp8"
+
+
 FP8_KERNELS["grouped_fp8"] = moe_grouped_fp8
+FP8_KERNELS["triton_fp8"] = moe_triton_fp8
 
 
 def use_fp8_experts(experts: Experts, drop_bf16: bool = False) -> Fp8Experts:

@@ -96,7 +96,9 @@ class FastDiffusionGemma:
         # The network's own experts, run by a kernel CUDA graphs can capture (no host sync).
         experts = self.layers[0].experts
         if moe == "auto" and experts.fp8 is not None:  # quantized by experts_fp8.use_fp8_experts
-            moe = "grouped_fp8"
+            from dfim.engine.model.experts_fp8 import pick_fp8_kernel
+
+            moe = pick_fp8_kernel(experts.fp8, self.device, self.dtype)
         self.moe = (
             pick_gpu_kernel(experts, self.device, self.dtype, graphs=self.use_graphs)
             if moe == "auto"

@@ -43,9 +43,9 @@ def _compiled() -> tuple[Any, Any, Any] | None:
         return None
 
     @triton.jit
-    def gate_up_act(x_ptr, w_ptr, token_ptr, offs_ptr, h_ptr, n_hidden, n_inter, x_stride, w_e, w_n, w_k,
-                    h_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    EXACT: tl.constexpr):  # fmt: skip
+    def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, offs_ptr, h_ptr, n_hidden, n_inter, x_stride, w_e, w_n,
+                    w_k, h_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    EXACT: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
         expert = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # of the intermediate size
         end = tl.load(offs_ptr + expert)
@@ -67,12 +67,25 @@ def _compiled() -> tuple[Any, Any, Any] | None:
                 wg = tl.load(w_expert + cols[None, :] * w_n + ks[:, None] * w_k, mask=w_mask, other=0.0)
                 wu = tl.load(w_expert + (cols[None, :] + n_inter) * w_n + ks[:, None] * w_k, mask=w_mask,
                              other=0.0)  # fmt: skip
+                if SCALED:  # FP8 weights: widened here, each output channel's scale applied after the sum
+                    wg = wg.to(x.dtype)
+                    wu = wu.to(x.dtype)
                 if EXACT:  # fp32 weights: no TF32 rounding (the fp32 correctness check reads 1e-6)
                     gate = tl.dot(x, wg, gate, input_precision="ieee")
                     up = tl.dot(x, wu, up, input_precision="ieee")
                 else:
                     gate = tl.dot(x, wg, gate)
                     up = tl.dot(x, wu, up)
+            if SCALED:
+                gate = (
+                    gate * tl.load(scale_ptr + expert * 2 * n_inter + cols, mask=col_ok, other=0.0)[None, :]
+                )
+                up = (
+                    up
+                    * tl.load(scale_ptr + expert * 2 * n_inter + n_inter + cols, mask=col_ok, other=0.0)[
+                        None, :
+                    ]
+                )
             # gelu, tanh approximation (ops.gelu); tanh(z) = 2 sigmoid(2z) - 1
             inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
             act = 0.5 * gate * (2.0 * tl.sigmoid(2.0 * inner)) * up
@@ -80,9 +93,9 @@ def _compiled() -> tuple[Any, Any, Any] | None:
                      act.to(h_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
 
     @triton.jit
-    def down_weighted(h_ptr, w_ptr, slot_ptr, weight_ptr, offs_ptr, out_ptr, n_inter, n_hidden, h_stride,
-                      w_e, w_n, w_k, out_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
+    def down_weighted(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, offs_ptr, out_ptr, n_inter, n_hidden,
+                      h_stride, w_e, w_n, w_k, out_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
         expert = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # of the hidden size
         end = tl.load(offs_ptr + expert)
@@ -100,10 +113,14 @@ def _compiled() -> tuple[Any, Any, Any] | None:
                             mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
                 w = tl.load(w_expert + cols[None, :] * w_n + ks[:, None] * w_k, mask=k_ok[:, None] & col_ok[None, :],
                             other=0.0)  # fmt: skip
+                if SCALED:
+                    w = w.to(h.dtype)
                 if EXACT:
                     acc = tl.dot(h, w, acc, input_precision="ieee")
                 else:
                     acc = tl.dot(h, w, acc)
+            if SCALED:
+                acc = acc * tl.load(scale_ptr + expert * n_hidden + cols, mask=col_ok, other=0.0)[None, :]
             slots = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
             routing = tl.load(weight_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)
             acc = acc * routing[:, None]
@@ -143,10 +160,20 @@ def tiles_for(pairs: int, experts: int) -> Tiles:
 
 
 def moe_triton(
-    x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: Tensor, tiles: Tiles | None = None
+    x: Tensor,
+    weights: Tensor,
+    index: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    tiles: Tiles | None = None,
+    gate_up_scale: Tensor | None = None,
+    down_scale: Tensor | None = None,
 ) -> Tensor:
     """The experts' output for x [N, H]: weights/index [N, k], gate_up [E, 2I, H], down [E, H, I] (any
-    strides; a unit last one reads fastest); the same contract as the other kernels of `experts.GPU_KERNELS`."""
+    strides; a unit last one reads fastest); the same contract as the other kernels of `experts.GPU_KERNELS`.
+    With the scales (gate_up_scale [E, 2I], down_scale [E, H], float32) the weights are FP8 (e4m3), one
+    scale per expert and output channel (`experts_fp8.Fp8Experts`), and stay FP8 in memory: they are
+    widened to x's dtype tile by tile, so a pass reads half the bytes (W8A16)."""
     from dfim.engine.model.experts import _sort_by_expert
 
     compiled = _compiled()
@@ -156,6 +183,7 @@ def moe_triton(
     n, k = index.shape
     e, two_i, hidden = gate_up.shape
     inter = two_i // 2
+    scaled = gate_up_scale is not None and down_scale is not None
     if x.stride(-1) != 1:
         x = x.contiguous()
     order, _, _, offs = _sort_by_expert(index, e)
@@ -164,13 +192,14 @@ def moe_triton(
     h = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)
     meta = dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-                EXACT=x.dtype == torch.float32)  # fmt: skip
+                EXACT=x.dtype == torch.float32, SCALED=scaled)  # fmt: skip
     gate_up_act[(e, triton.cdiv(inter, tiles.block_n))](
-        x, gate_up, tokens, offs, h, hidden, inter, x.stride(0), *gate_up.stride(), h.stride(0), **meta,
+        x, gate_up, gate_up_scale.float().contiguous() if scaled else x, tokens, offs, h, hidden, inter,
+        x.stride(0), *gate_up.stride(), h.stride(0), **meta,
     )  # fmt: skip
     out = torch.empty(n * k, hidden, dtype=torch.float32, device=x.device)
     down_weighted[(e, triton.cdiv(hidden, tiles.block_n))](
-        h, down, order, weights.reshape(-1).float(), offs, out, inter, hidden, h.stride(0),
-        *down.stride(), out.stride(0), **meta,
+        h, down, down_scale.float().contiguous() if scaled else h, order, weights.reshape(-1).float(), offs,
+        out, inter, hidden, h.stride(0), *down.stride(), out.stride(0), **meta,
     )  # fmt: skip
     return out.view(n, k, hidden).sum(dim=1).to(x.dtype)

@@ -1,5 +1,5 @@
 """The experts' Triton kernels (dfim.engine.model.triton_moe) against the per-expert reference: crowded and
-empty experts, a token count that is no multiple of a block, strided weights. They run on CUDA, or on the
+empty experts, a token count that is no multiple of a block, strided weights, FP8 weights. They run on CUDA, or on the
 CPU under Triton's interpreter where Triton is installed (fp32 and fp16 there: the interpreter's bf16
 products are wrong, Triton 3.9); without either (the CPU-only install) those tests skip."""
 
@@ -40,6 +40,23 @@ CHECK = textwrap.dedent(
             limit = 1e-5 if dtype == torch.float32 else 2e-2
             if not err <= limit:
                 bad.append(f"{dtype} n={n}: relative error {err:.2e} > {limit:.0e}")
+    # FP8 weights (W8A16): against the same arithmetic over the dequantized weights
+    from dfim.engine.model import experts_fp8
+
+    for dtype in dtypes[1:]:
+        e, hidden, inter, k, n = 8, 96, 40, 2, 21
+        fp8 = experts_fp8.quantize_experts(
+            torch.randn(e, 2 * inter, hidden, generator=g) * 0.1, torch.randn(e, hidden, inter, generator=g) * 0.1
+        )
+        fp8 = experts_fp8.Fp8Experts(*(t.to(device) for t in vars(fp8).values()))
+        x = torch.randn(n, hidden, generator=g).to(device, dtype)
+        index = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).to(device)
+        weights = torch.rand(n, k, generator=g).to(device)
+        got = experts_fp8.moe_triton_fp8(x, weights, index, fp8).float()
+        want = experts_fp8.moe_w8a16_reference(x, weights, index, fp8).float()
+        err = ((got - want).norm() / want.norm()).item()
+        if not err <= 2e-2:
+            bad.append(f"FP8 weights, {dtype}: relative error {err:.2e} > 2e-02")
     print("\\n".join(bad) or "ok")
     """
 )
