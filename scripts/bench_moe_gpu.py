@@ -38,6 +38,13 @@ SWEEP = [
 ]  # fmt: skip
 
 
+FP8_SWEEP = [
+    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=s)
+    for m, n, k, w, s in [(16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (16, 64, 256, 8, 4), (16, 128, 256, 8, 3),
+                          (16, 32, 256, 4, 4), (32, 64, 256, 4, 3), (16, 64, 512, 8, 3), (16, 128, 128, 8, 4)]
+]  # fmt: skip
+
+
 def reference(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
     """The experts' output in fp32, one expert at a time (`moe_gathered` would copy every pair's weights)."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
@@ -125,6 +132,13 @@ def main() -> None:
                 ("grouped_fp8 (W8A8)", functools.partial(FP8_KERNELS["grouped_fp8"], x, weights, index, fp8), want8,
                  floor / 2, 8e-2),
             ]  # fmt: skip
+            if args.sweep:
+                calls += [
+                    (f"triton_fp8 {t.block_m}x{t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}",
+                     functools.partial(triton_moe.moe_triton, x, weights, index, fp8.gate_up, fp8.down, t,
+                                       fp8.gate_up_scale, fp8.down_scale), want8, floor / 2, 2e-2)
+                    for t in FP8_SWEEP
+                ]  # fmt: skip
         for name, fn, reference_out, bound, limit in calls:
             try:
                 got = fn().float()
