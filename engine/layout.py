@@ -38,7 +38,9 @@ def indent_unit(text: str, lang: str | None = None) -> str:
     continues a call 4 deeper in a 2-space file. Neither a file's smallest indent (` public:` is one space
     in) nor its other lines (a continuation aligned under a bracket, a script inside a string) are a guide.
     With no such pair yet, the indented lines' habit (mostly tabs: a tab; else their smallest indent), and
-    with none of those, the language's: a tab for Go, four spaces elsewhere."""
+    with none of those, four spaces. Go is always a tab (gofmt)."""
+    if lang == "go":
+        return "\t"  # gofmt indents with tabs, whatever a raw string in the file holds
     blocks: dict[str, int] = {}
     brackets: dict[str, int] = {}
     previous: str | None = None
@@ -71,7 +73,7 @@ def indent_unit(text: str, lang: str | None = None) -> str:
         return "\t"
     if spaces and min(spaces) in (2, 3, 4, 8):
         return " " * min(spaces)
-    return "\t" if lang == "go" else "    "
+    return "    "
 
 
 def _comment_starts(line: str, i: int, lang: str | None) -> bool:
