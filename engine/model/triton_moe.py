@@ -38,96 +38,11 @@ def _compiled() -> tuple[Any, Any, Any] | None:
     """(triton, gate_up_act, down_weighted), or None where Triton cannot be imported."""
     try:
         import triton
-        import triton.language as tl
+
+        from dfim.engine.model import triton_moe_kernels as kernels
     except ImportError:
         return None
-
-    @triton.jit
-    def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, offs_ptr, h_ptr, n_hidden, n_inter, x_stride, w_e, w_n,
-                    w_k, h_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    EXACT: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
-        expert = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # of the intermediate size
-        end = tl.load(offs_ptr + expert)
-        start = tl.load(offs_ptr + expert - 1, mask=expert > 0, other=0)
-        col_ok = cols < n_inter
-        w_expert = w_ptr + expert.to(tl.int64) * w_e
-        for row0 in range(start, end, BLOCK_M):
-            rows = row0 + tl.arange(0, BLOCK_M)
-            row_ok = rows < end
-            tokens = tl.load(token_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-            gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k0 in range(0, n_hidden, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                k_ok = ks < n_hidden
-                x = tl.load(x_ptr + tokens[:, None] * x_stride + ks[None, :],
-                            mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
-                w_mask = k_ok[:, None] & col_ok[None, :]
-                wg = tl.load(w_expert + cols[None, :] * w_n + ks[:, None] * w_k, mask=w_mask, other=0.0)
-                wu = tl.load(w_expert + (cols[None, :] + n_inter) * w_n + ks[:, None] * w_k, mask=w_mask,
-                             other=0.0)  # fmt: skip
-                if SCALED:  # FP8 weights: widened here, each output channel's scale applied after the sum
-                    wg = wg.to(x.dtype)
-                    wu = wu.to(x.dtype)
-                if EXACT:  # fp32 weights: no TF32 rounding (the fp32 correctness check reads 1e-6)
-                    gate = tl.dot(x, wg, gate, input_precision="ieee")
-                    up = tl.dot(x, wu, up, input_precision="ieee")
-                else:
-                    gate = tl.dot(x, wg, gate)
-                    up = tl.dot(x, wu, up)
-            if SCALED:
-                gate = (
-                    gate * tl.load(scale_ptr + expert * 2 * n_inter + cols, mask=col_ok, other=0.0)[None, :]
-                )
-                up = (
-                    up
-                    * tl.load(scale_ptr + expert * 2 * n_inter + n_inter + cols, mask=col_ok, other=0.0)[
-                        None, :
-                    ]
-                )
-            # gelu, tanh approximation (ops.gelu); tanh(z) = 2 sigmoid(2z) - 1
-            inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-            act = 0.5 * gate * (2.0 * tl.sigmoid(2.0 * inner)) * up
-            tl.store(h_ptr + rows[:, None].to(tl.int64) * h_stride + cols[None, :],
-                     act.to(h_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
-
-    @triton.jit
-    def down_weighted(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, offs_ptr, out_ptr, n_inter, n_hidden,
-                      h_stride, w_e, w_n, w_k, out_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
-        expert = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # of the hidden size
-        end = tl.load(offs_ptr + expert)
-        start = tl.load(offs_ptr + expert - 1, mask=expert > 0, other=0)
-        col_ok = cols < n_hidden
-        w_expert = w_ptr + expert.to(tl.int64) * w_e
-        for row0 in range(start, end, BLOCK_M):
-            rows = row0 + tl.arange(0, BLOCK_M)
-            row_ok = rows < end
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k0 in range(0, n_inter, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                k_ok = ks < n_inter
-                h = tl.load(h_ptr + rows[:, None].to(tl.int64) * h_stride + ks[None, :],
-                            mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
-                w = tl.load(w_expert + cols[None, :] * w_n + ks[:, None] * w_k, mask=k_ok[:, None] & col_ok[None, :],
-                            other=0.0)  # fmt: skip
-                if SCALED:
-                    w = w.to(h.dtype)
-                if EXACT:
-                    acc = tl.dot(h, w, acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(h, w, acc)
-            if SCALED:
-                acc = acc * tl.load(scale_ptr + expert * n_hidden + cols, mask=col_ok, other=0.0)[None, :]
-            slots = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-            routing = tl.load(weight_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)
-            acc = acc * routing[:, None]
-            tl.store(out_ptr + slots[:, None] * out_stride + cols[None, :], acc,
-                     mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
-
-    return triton, gate_up_act, down_weighted
+    return triton, kernels.gate_up_act, kernels.down_weighted
 
 
 def available() -> bool:
