@@ -215,6 +215,24 @@ def statement_indent(prefix: str, lang: str | None = None, max_lines: int = 50) 
     return leading_ws(lines[-1])
 
 
+def opener_indent(prefix: str, closer: str, lang: str | None = None, window: int = 20000) -> str | None:
+    """Where a line that starts with `closer` belongs: the indentation of the statement whose line opened the
+    bracket it closes (the innermost one the prefix leaves open), or None when that is not `closer`'s."""
+    text = prefix[-window:]
+    code, _ = scan_code(text, lang, comments=True, lines=True)
+    stack: list[int] = []
+    for i in code:
+        if text[i] in OPENERS:
+            stack.append(i)
+        elif text[i] in CLOSERS and stack and text[stack[-1]] == MATCH[text[i]]:
+            stack.pop()
+    if not stack or text[stack[-1]] != MATCH.get(closer):
+        return None
+    return statement_indent(
+        text[: text.find("\n", stack[-1]) if "\n" in text[stack[-1] :] else len(text)], lang
+    )
+
+
 def block_lead(prefix: str, suffix: str, lang: str | None = None) -> str:
     """At the end of a line that opens a block, with nothing after the cursor on it: the line break and the
     block's indentation (the line's, one step deeper) that start a one-line fill there; else ""."""

@@ -287,9 +287,14 @@ def action_outcome(spot: Spot, lang: str) -> Outcome:
     if doc[: plan.start] != orig[: plan.start] or doc[plan.end :] != orig[len(orig) - n_after :]:
         return Outcome("edits elsewhere")  # e.g. new lines after the statement the cursor is in
     ideal = orig[plan.start : len(orig) - n_after]
-    if not (ideal.startswith(plan.lead) and ideal.endswith(plan.trail)):
+    if not ideal.endswith(plan.trail):
         return Outcome("lead differs", ideal)
-    raw = ideal[len(plan.lead) : len(ideal) - len(plan.trail)]
+    if ideal.startswith(plan.lead):
+        raw = ideal[len(plan.lead) : len(ideal) - len(plan.trail)]
+    elif plan.lead[:1] == "\n" == ideal[:1] and ideal[1:].lstrip(" \t")[:1] in ")]}":
+        raw = ideal[1 : len(ideal) - len(plan.trail)].lstrip(" \t")  # a closer after the typed lead
+    else:
+        return Outcome("lead differs", ideal)
     post = post_context(plan.ctx)
     chain = inline_chain(post) if plan.action == "completeFunction" else hole_chain(post)
     state = chain.run(raw, post)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from dfim.engine.api import Hole, TokenScore
-from dfim.engine.layout import code_of_line, statement_indent, unclosed_on_line
+from dfim.engine.layout import CLOSERS, code_of_line, opener_indent, statement_indent, unclosed_on_line
 from dfim.server.context import FillContext, build_context, indent_unit, leading_ws, region
 from dfim.server.holes import empty_body_at, enclosing_function, find_holes, hole_at, last_code_before_line
 from dfim.server.languages import Source
@@ -501,12 +501,24 @@ def finish_action(
     if not writes_code(text, ctx.lang):
         raise ActionError(NO_CODE)
     if plan.lead or plan.trail:  # the lead ends with the first line's indentation: the fill starts after it
-        return [(plan.start, plan.end, plan.lead + text.lstrip(" \t") + plan.trail)]
+        return [(plan.start, plan.end, _closer_lead(plan, text) + text.lstrip(" \t") + plan.trail)]
     if plan.action == "fillHole":
         if ctx.prefix.endswith((" ", "\t")) and not plan.original_text[:1].isspace():
             text = text.lstrip(" \t")  # the hole sits after its line's indentation: so does the fill
         text = fit_whitespace(text, plan.original_text, ctx.newline, ctx.indent)
     return [(plan.start, plan.end, text)]
+
+
+def _closer_lead(plan: ActionPlan, text: str) -> str:
+    """The lead, unless the fill's first line closes a bracket (`}` after the last line of an `if` block, at
+    whose line's end the cursor was): that line goes to the indentation of the line that opened it, not to
+    the cursor's statement's (which the lead typed)."""
+    lead, first = plan.lead, text.lstrip(" \t")[:1]
+    prefix = plan.ctx.prefix
+    if first not in CLOSERS or not lead.startswith(("\n", "\r\n")) or not prefix.endswith(lead):
+        return lead
+    indent = opener_indent(prefix[: len(prefix) - len(lead)], first, plan.ctx.lang)
+    return lead if indent is None else lead[: len(lead) - len(lead.lstrip("\r\n"))] + indent
 
 
 def _first_line_indent(ctx: FillContext) -> str:

@@ -385,3 +385,27 @@ def test_fill_hole_of_empty_braces_after_a_several_line_header_closes_at_the_hea
     plan = actions.plan_action("fillHole", text, "cpp", cursor, cursor)
     ((s, e, new),) = actions.finish_action(plan, "return true;")
     assert text[:s] + new + text[e:] == text.replace("{}", "{\n  return true;\n}")
+
+
+@pytest.mark.parametrize(
+    "doc, lang, fill, want",
+    [
+        (
+            "func f(x int) int {\n\tif x > 0 {\n\t\treturn 1\n}\n",
+            "go",
+            "}\n\treturn 0",
+            "func f(x int) int {\n\tif x > 0 {\n\t\treturn 1\n\t}\n\treturn 0\n}\n",
+        ),
+        (
+            "int f(int x) {\n  if (x > 0 &&\n      x < 9) {\n    return 1;\n}\n",
+            "c",
+            "}\n  return 0;",
+            "int f(int x) {\n  if (x > 0 &&\n      x < 9) {\n    return 1;\n  }\n  return 0;\n}\n",
+        ),
+    ],
+)
+def test_complete_function_puts_a_closer_it_starts_with_under_its_opener(doc, lang, fill, want):
+    # at the end of a block's last line the lead types that line's indentation; a fill that closes the
+    # block first puts its `}` where the block's statement starts, not one level in
+    cursor = doc.index("return 1") + len("return 1" + (";" if lang == "c" else ""))
+    assert complete_function(doc, cursor, lang, fill) == want
