@@ -16,7 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from dfim.engine.api import Hole, TokenScore
-from dfim.engine.layout import CLOSERS, code_of_line, opener_indent, statement_indent, unclosed_on_line
+from dfim.engine.layout import (
+    BRACE_LANGUAGES,
+    CLOSERS,
+    code_of_line,
+    opener_indent,
+    statement_indent,
+    unclosed_on_line,
+)
 from dfim.server.context import FillContext, build_context, indent_unit, leading_ws, region
 from dfim.server.holes import empty_body_at, enclosing_function, find_holes, hole_at, last_code_before_line
 from dfim.server.languages import Source
@@ -59,7 +66,27 @@ def available_actions(text: str, lang: str | None, start: int, end: int) -> list
 
 def function_body_around(source: Source, offset: int) -> tuple[int, int, int, int] | None:
     """The function whose body holds the cursor (its very end included, after the last statement); None
-    on the signature, where completing the body makes no sense."""
+    on the signature, where completing the body makes no sense. In a brace language whose blocks around the
+    cursor are not closed yet (typed without an editor that closes brackets), the function found with them
+    closed at the cursor: its body then ends just after the cursor."""
+    found = _function_around(source, offset)
+    if found is not None or source.lang not in BRACE_LANGUAGES or source.tree is None:
+        return found
+    if not source.tree.root_node.has_error:
+        return None
+    text = source.text
+    stack = open_brackets(text[:offset], limit=20000)
+    if "{" not in stack:
+        return None
+    closers = "".join({"(": ")", "[": "]", "{": "}"}[c] for c in reversed(stack))
+    found = _function_around(Source(text[:offset] + "\n" + closers + text[offset:], source.lang), offset)
+    if found is None:
+        return None
+    end = min(offset + 1, len(text))
+    return found[0], end, found[2], end
+
+
+def _function_around(source: Source, offset: int) -> tuple[int, int, int, int] | None:
     text = source.text
     found = enclosing_function(source, offset)
     if found is None and offset > 0:

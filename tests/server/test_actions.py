@@ -409,3 +409,17 @@ def test_complete_function_puts_a_closer_it_starts_with_under_its_opener(doc, la
     # block first puts its `}` where the block's statement starts, not one level in
     cursor = doc.index("return 1") + len("return 1" + (";" if lang == "c" else ""))
     assert complete_function(doc, cursor, lang, fill) == want
+
+
+def test_complete_function_is_offered_inside_blocks_not_closed_yet():
+    # typed without an editor that closes brackets: the `if` block is still open and the function's `}`
+    # below closes it for the parser, so tree-sitter finds no function; with the blocks closed at the
+    # cursor it does, and the fill's lines go at the cursor, the document's text after it untouched
+    doc = "fn f(v: &[u8]) -> u8 {\n    if v.len() > 1 {\n        let a = v[0];\n        \n}\n\nfn g() {}\n"
+    cursor = doc.index("        \n}") + 8
+    assert "completeFunction" in actions.available_actions(doc, "rust", cursor, cursor)
+    got = complete_function(doc, cursor, "rust", "return a;\n    }\n    0")
+    assert got == doc.replace("        \n}", "        return a;\n    }\n    0\n}")
+    # a balanced file with an error elsewhere offers nothing at the top level
+    doc = "fn g() {}\n\nlet x = ;\n"
+    assert "completeFunction" not in actions.available_actions(doc, "rust", len(doc) - 1, len(doc) - 1)
