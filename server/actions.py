@@ -66,17 +66,16 @@ def available_actions(text: str, lang: str | None, start: int, end: int) -> list
 
 def function_body_around(source: Source, offset: int) -> tuple[int, int, int, int] | None:
     """The function whose body holds the cursor (its very end included, after the last statement); None
-    on the signature, where completing the body makes no sense. In a brace language whose blocks around the
-    cursor are not closed yet (typed without an editor that closes brackets), the function found with them
-    closed at the cursor: its body then ends just after the cursor."""
+    on the signature, where completing the body makes no sense. Where the blocks or brackets around the
+    cursor are not closed yet (typed without an editor that closes them: a brace body's inner blocks, a
+    Python call's arguments), the function found with them closed at the cursor: its body then ends just
+    after the cursor."""
     found = _function_around(source, offset)
-    if found is not None or source.lang not in BRACE_LANGUAGES or source.tree is None:
+    if found is not None or source.tree is None or not source.tree.root_node.has_error:
         return found
-    if not source.tree.root_node.has_error:
-        return None
     text = source.text
     stack = open_brackets(text[:offset], limit=20000)
-    if "{" not in stack:
+    if not stack or ("{" not in stack and source.lang in BRACE_LANGUAGES):
         return None
     closers = "".join({"(": ")", "[": "]", "{": "}"}[c] for c in reversed(stack))
     found = _function_around(Source(text[:offset] + "\n" + closers + text[offset:], source.lang), offset)
@@ -259,7 +258,7 @@ def plan_complete_function(inp: ActionInput) -> ActionPlan:
         ctx.indent = body_indent if body_indent is not None else ctx.indent
         return ActionPlan(inp.action, start, start, ctx, max_tokens=inp.max_canvas)
     # Code on the cursor's line (the cursor may be mid-word): the new lines never go into it.
-    if text[be - 1 : be] == "}" and ls_ <= be - 1 <= line_end(text, start):
+    if text[bs : bs + 1] == "{" and text[be - 1 : be] == "}" and ls_ <= be - 1 <= line_end(text, start):
         # the line that closes a brace body: the new lines go above it, inside the body
         if text[ls_ : be - 1].strip():
             raise ActionError("the body ends on this line: put the cursor on a line of its own inside it")

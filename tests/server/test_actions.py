@@ -423,3 +423,15 @@ def test_complete_function_is_offered_inside_blocks_not_closed_yet():
     # a balanced file with an error elsewhere offers nothing at the top level
     doc = "fn g() {}\n\nlet x = ;\n"
     assert "completeFunction" not in actions.available_actions(doc, "rust", len(doc) - 1, len(doc) - 1)
+
+
+def test_complete_function_in_python_inside_an_open_call_and_after_a_dict_literal():
+    doc = "def f(xs):\n    total = sum(\n        \n\n\ndef g():\n    pass\n"
+    cursor = doc.index("        \n") + 8
+    assert "completeFunction" in actions.available_actions(doc, "python", cursor, cursor)
+    got = complete_function(doc, cursor, "python", "xs)\n    return total")
+    assert got == doc.replace("        \n", "        xs)\n    return total\n", 1)
+    # a body whose last line ends with `}` (a dict literal) is no brace body: the new lines go below it
+    doc = "def f():\n    d = {}\n"
+    cursor = doc.index("{}") + 2
+    assert complete_function(doc, cursor, "python", "return d") == "def f():\n    d = {}\n    return d\n"
