@@ -173,6 +173,12 @@ def main() -> int:
     parser.add_argument("--small", action="store_true", help="a tiny config on the CPU (smoke run)")
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument(
+        "--canvas",
+        type=int,
+        default=0,
+        help="canvas tokens (default: the shape's 256; 32 is a single-line fill)",
+    )
     parser.add_argument("--top", type=int, default=25, help="kernels listed by name")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "profile_gpu.txt"))
     parser.add_argument("--trace", default="", help="also write the graph profile's Chrome trace here")
@@ -183,7 +189,8 @@ def main() -> int:
     device = torch.device("cpu" if small else "cuda")
     dtype = torch.float32 if small else torch.bfloat16
     context_len = min(args.context, 256) if small else args.context
-    config = ModelConfig(**(SMALL if small else BIG))
+    shape = SMALL if small else BIG
+    config = ModelConfig(**({**shape, "canvas_length": args.canvas} if args.canvas else shape))
     log(f"date {time.strftime('%Y-%m-%d %H:%M:%S')}  command: {' '.join(sys.argv)}")
     log(f"torch {torch.__version__}  device {device}  dtype {dtype}")
     if device.type == "cuda":
