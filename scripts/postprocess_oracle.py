@@ -41,7 +41,7 @@ import dev_own_code  # noqa: E402
 
 from dfim.engine.layout import code_of_line, leading_ws, opens_block  # noqa: E402
 from dfim.server import actions  # noqa: E402
-from dfim.server.context import build_context, single_line  # noqa: E402
+from dfim.server.context import block_lead_for, build_context, single_line  # noqa: E402
 from dfim.server.inline_plan import fit_body_fill, one_line_edit  # noqa: E402
 from dfim.server.languages import FUNCTION_TYPES, Source  # noqa: E402
 from dfim.server.post_context import post_context  # noqa: E402
@@ -254,8 +254,7 @@ def inline_outcome(spot: Spot, lang: str) -> Outcome:
     ctx = build_context(doc, cursor, lang, prefix_tokens=1024, suffix_tokens=256)
     if ctx.mode == "block" and not ctx.start <= cursor <= ctx.end:
         return Outcome("no context")
-    if spot.how == "line":
-        ctx = single_line(ctx, doc, cursor)
+    ctx = single_line(ctx, doc, cursor) if spot.how == "line" else block_lead_for(ctx, doc, cursor)
     n_after = len(doc) - ctx.end
     ideal = orig[ctx.start : len(orig) - n_after]
     if not ideal.startswith(ctx.lead):

@@ -89,7 +89,7 @@ def inline_context(
     context from other files (dfim.server.extra_context; empty when off); None where no inline fill applies
     (a block whose span leaves the cursor out). The request and the Tab-Tab speculation
     (dfim.server.speculation) both build it here: the same document state must give the same key."""
-    from dfim.server.context import build_context, single_line
+    from dfim.server.context import block_lead_for, build_context, single_line
     from dfim.server.extra_context import extra_for
     from dfim.server.languages import language_for
 
@@ -110,8 +110,9 @@ def inline_context(
     )
     if ctx.mode == "block" and not (ctx.start <= cursor <= ctx.end):
         return None
-    if not options.inline.multiline:
-        ctx = single_line(ctx, text, cursor)
+    ctx = (
+        single_line(ctx, text, cursor) if not options.inline.multiline else block_lead_for(ctx, text, cursor)
+    )
     key = result_key(lang, ctx, options, ls.model_key)
     if extra.text:
         key = ResultCache.key(key, extra.text)

@@ -171,3 +171,24 @@ def test_a_cursor_before_closing_brackets_gets_one_new_line_above_them(doc, lang
     text, cursor = split(doc)
     ctx = context.build_context(text, cursor, lang)
     assert ctx.mode == "line" and ctx.opens_line
+
+
+@pytest.mark.parametrize(
+    "src, lang, lead",
+    [
+        ("def f(xs):\n    for x in xs:|\n    return 1\n", "python", "\n        "),
+        ("int f(int n) {\n  for (int i = 0; i < n; i++) {|\n  }\n}\n", "c", "\n    "),
+        # where the block's first line need not be one step in, the model writes the indentation itself
+        ("class A {|\n};\n", "cpp", ""),
+        ("func f(x int) {\n\tswitch x {|\n\t}\n}\n", "go", ""),
+        ("def f(x):\n    y = (x +|\n", "python", ""),
+    ],
+)
+def test_a_several_line_fill_after_a_block_opener_starts_on_its_new_line(src, lang, lead):
+    text, cursor = split(src)
+    ctx = context.block_lead_for(context.build_context(text, cursor, lang), text, cursor)
+    assert ctx.lead == lead and ctx.prefix.endswith(text[:cursor] + lead)
+    if lead:
+        assert ctx.mode == "multiline"
+        # the suggestion starts with the break and the indentation; the lines stay in the block
+        assert postprocess.clean("x()\n" + lead[1:] + "y()", ctx) == lead + "x()\n" + lead[1:] + "y()"
