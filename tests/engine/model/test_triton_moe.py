@@ -78,3 +78,13 @@ def test_kernels_match_the_reference_on_cuda():
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_kernels_match_the_reference_under_the_interpreter():
     run_check("cpu", {**os.environ, "TRITON_INTERPRET": "1"})
+
+
+def test_an_experts_pairs_fit_one_block_where_they_can():
+    from dfim.engine.model import triton_moe
+
+    # a single-line canvas at batch 1: a few pairs an expert, 16-row blocks; a block's canvas: larger ones,
+    # so an expert's weights are read once
+    assert triton_moe.tiles_for(32 * 8, 128).block_m == 16
+    assert triton_moe.tiles_for(256 * 8, 128).block_m == 32
+    assert triton_moe.tiles_for(512 * 8, 128).block_m == 64
