@@ -24,6 +24,7 @@ HASH_COMMENTS = frozenset({"python", "ruby", "shell", "perl", "r"})
 OPENERS = "([{"
 CLOSERS = ")]}"
 MATCH = {")": "(", "]": "[", "}": "{"}  # each closer's opener
+CLOSER_OF = {opener: closer for closer, opener in MATCH.items()}  # each opener's closer
 RUST_CHAR = re.compile(r"'(?:\\.|[^\\'])'")  # 'a', '\n': a char literal; any other ' is a lifetime or a label
 
 
@@ -169,7 +170,7 @@ def unclosed_on_line(line: str, lang: str | None = None) -> str:
         elif c in MATCH:
             if not stack or stack.pop() != MATCH[c]:
                 return ""
-    return "".join({"(": ")", "[": "]", "{": "}"}[c] for c in reversed(stack))
+    return "".join(CLOSER_OF[c] for c in reversed(stack))
 
 
 def opens_block(line: str, lang: str | None = None) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from dfim.engine.api import Hole, TokenScore
 from dfim.engine.layout import (
     BRACE_LANGUAGES,
+    CLOSER_OF,
     CLOSERS,
     code_of_line,
     opener_indent,
@@ -77,7 +78,7 @@ def function_body_around(source: Source, offset: int) -> tuple[int, int, int, in
     stack = open_brackets(text[:offset], limit=20000)
     if not stack or ("{" not in stack and source.lang in BRACE_LANGUAGES):
         return None
-    closers = "".join({"(": ")", "[": "]", "{": "}"}[c] for c in reversed(stack))
+    closers = "".join(CLOSER_OF[c] for c in reversed(stack))
     found = _function_around(Source(text[:offset] + "\n" + closers + text[offset:], source.lang), offset)
     if found is None:
         return None

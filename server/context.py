@@ -255,9 +255,8 @@ def single_line(ctx: FillContext, text: str, cursor: int) -> FillContext:
 # C++ lines whose block may start with an access specifier, or that are one (` public:`, one space in):
 # the block's indentation is not theirs plus a step
 CLASS_HEAD = re.compile(r"\s*((template\s*<.*>\s*)?(class|struct)\b|(public|private|protected)\s*:)")
-SWITCH_HEAD = re.compile(
-    r"\s*(\}\s*)?(switch|select)\b"
-)  # `case` often stands at the switch's own depth (gofmt)
+# a switch: `case` often stands at the switch's own depth (gofmt)
+SWITCH_HEAD = re.compile(r"\s*(\}\s*)?(switch|select)\b")
 
 
 def block_lead_for(ctx: FillContext, text: str, cursor: int) -> FillContext:

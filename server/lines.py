@@ -7,6 +7,7 @@ Line ends are \n, \r\n or a lone \r, as LSP counts them.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from dfim.engine.layout import MATCH, OPENERS, scan_brackets
 
@@ -52,9 +53,10 @@ def newline_of(text: str) -> str:
     return "\r\n" if crlf and crlf >= text.count("\n") - crlf else "\n"
 
 
-def open_brackets(prefix: str, limit: int = 2000) -> list[str]:
-    """Brackets opened in the tail of `prefix` and not yet closed (strings and comments roughly skipped)."""
-    stack: list[str] = []
+def open_brackets(prefix: str, limit: int = 2000, opened: Sequence[str] = ()) -> list[str]:
+    """Brackets opened in the tail of `prefix` and not yet closed (strings and comments roughly skipped),
+    after `opened` (those open before it, innermost last)."""
+    stack = list(opened)
     for _, c in scan_brackets(prefix[-limit:], skip_comments=True):
         if c in OPENERS:
             stack.append(c)

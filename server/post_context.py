@@ -110,12 +110,7 @@ def error_counter(prefix: str, suffix: str, lang: str | None) -> Callable[[str],
 
     @functools.cache
     def errors(fill: str) -> int:
-        stack = list(open_before)
-        for _, c in scan_brackets(fill, skip_comments=True):
-            if c in OPENERS:
-                stack.append(c)
-            elif stack and stack[-1] == MATCH[c]:
-                stack.pop()
+        stack = open_brackets(fill, limit=len(fill), opened=open_before)
         for c in after_closes:
             if stack and stack[-1] == MATCH[c]:
                 stack.pop()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from dfim.engine.layout import CLOSERS, MATCH, OPENERS, scan_brackets, statement_indent
+from dfim.engine.layout import CLOSER_OF, CLOSERS, MATCH, OPENERS, scan_brackets, statement_indent
 from dfim.server.context import FillContext
 from dfim.server.lines import indent_width, is_word_char, split_lines
 from dfim.server.post_context import PostContext
@@ -47,8 +47,7 @@ def balance_brackets(
             completion = completion[:i].rstrip(" \t")
             break
     if close_open and own:
-        inverse = {v: k for k, v in MATCH.items()}
-        completion = completion.rstrip() + "".join(inverse[c] for c in reversed(own))
+        completion = completion.rstrip() + "".join(CLOSER_OF[c] for c in reversed(own))
     return completion
 
 
@@ -88,16 +87,15 @@ def remove_suffix_overlap(completion: str, suffix: str) -> str:
     # the completion ends with a long-enough prefix of the suffix (e.g. the suffix's next statement); not
     # a one-line fill that ends its line, which cannot run into the next one: a table's row may well end
     # as the row below begins (`NONA,  NONA,`)
-    if "\n" not in completion and suffix[:1] in ("\n", "\r"):
+    if "\n" not in completion and whole:
         return completion
     # Where the suffix starts a new line, so does the repeat: a line that merely ends as the next one
     # begins (`a, b = merged[-1]` above `merged[-1] = ...`) is not one.
-    line_start = suffix[:1] in ("\n", "\r")
     head = suffix.lstrip()
     for k in range(min(len(head), len(completion)), 5, -1):
         if completion.endswith(head[:k]) and head[:k].strip():
             kept = completion[: len(completion) - k]
-            if line_start and kept.rstrip(" \t")[-1:] not in ("\n", ""):
+            if whole and kept.rstrip(" \t")[-1:] not in ("\n", ""):
                 continue
             return kept
     return completion

@@ -106,14 +106,27 @@ def moe_fp8_reference(x: Tensor, weights: Tensor, index: Tensor, experts: Fp8Exp
     return out.to(x.dtype)
 
 
-def fp8_kernel_works(experts: Fp8Experts, device: torch.device, dtype: torch.dtype) -> str | None:
-    """None if `moe_grouped_fp8` runs on this device and agrees with the reference; else why not."""
-    if device.type != "cuda" or not hasattr(torch, "_scaled_grouped_mm"):
-        return "needs CUDA and torch._scaled_grouped_mm (SM90)"
+def fp8_kernel_works(
+    experts: Fp8Experts, device: torch.device, dtype: torch.dtype, triton: bool = False
+) -> str | None:
+    """None if `moe_grouped_fp8` (with `triton`: `moe_triton_fp8`) runs on this device and agrees with its
+    reference; else why not."""
+    if device.type != "cuda":
+        return "needs CUDA"
+    kernel, reference = (
+        (moe_triton_fp8, moe_w8a16_reference) if triton else (moe_grouped_fp8, moe_fp8_reference)
+    )
+    if not triton and not hasattr(torch, "_scaled_grouped_mm"):
+        return "needs torch._scaled_grouped_mm (SM90)"
+    if triton:
+        from dfim.engine.model import triton_moe
+
+        if not triton_moe.available():
+            return "needs Triton"
     try:
         x, weights, index = probe_routing(experts.gate_up.shape[0], experts.gate_up.shape[2], device, dtype)
-        got = moe_grouped_fp8(x, weights, index, experts).float()
-        want = moe_fp8_reference(x, weights, index, experts).float()
+        got = kernel(x, weights, index, experts).float()
+        want = reference(x, weights, index, experts).float()
         err = float((got - want).norm() / want.norm().clamp(min=1e-12))
     except Exception as exc:  # noqa: BLE001 - any failure of the kernel means: not here
         return f"{type(exc).__name__}: {exc}"
@@ -147,21 +160,7 @@ def moe_w8a16_reference(x: Tensor, weights: Tensor, index: Tensor, experts: Fp8E
 def pick_fp8_kernel(experts: Fp8Experts, device: torch.device, dtype: torch.dtype) -> str:
     """`triton_fp8` where Triton runs it on this CUDA device and it agrees with its reference (W8A16: it
     reads the weights at the grouped GEMM's bytes without quantizing activations); else `grouped_fp8`."""
-    if device.type == "cuda":
-        from dfim.engine.model import triton_moe
-
-        if triton_moe.available():
-            try:
-                x, weights, index = probe_routing(
-                    experts.gate_up.shape[0], experts.gate_up.shape[2], device, dtype
-                )
-                got = moe_triton_fp8(x, weights, index, experts).float()
-                want = moe_w8a16_reference(x, weights, index, experts).float()
-                if float((got - want).norm() / want.norm().clamp(min=1e-12)) < 2e-2:
-                    return "triton_fp8"
-            except Exception:  # noqa: BLE001 - any failure of the kernel means: the grouped one
-                pass
-    return "grouped_fp8"
+    return "triton_fp8" if fp8_kernel_works(experts, device, dtype, triton=True) is None else "grouped_fp8"
 
 
 FP8_KERNELS["grouped_fp8"] = moe_grouped_fp8
