@@ -65,6 +65,17 @@ class ContextCache:
             self._encode(ids)
         return len(ids)
 
+    def append_encoded(
+        self, ids: Sequence[int], keys_values: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> None:
+        """Append tokens whose keys and values another backend's encoder computed after exactly what this
+        cache holds (`FastBackend.prepare`: the fast path's graphed encode), as `prepare` would have."""
+        ids = [int(i) for i in ids]
+        if any(k.shape[2] != len(ids) for k, _ in keys_values):
+            raise ValueError(f"keys and values of another length than the {len(ids)} tokens")
+        self.kv.extend(list(keys_values))
+        self.ids.extend(ids)
+
     def next_logits(self, ids: Sequence[int], park: Sequence[int] = ()) -> torch.Tensor:
         """Make the cache hold exactly `ids` and return the next-token logits after them ([V], fp32), in one
         pass over the tokens it lacks: at least the last one, which is run again where the cache held it.

@@ -5,10 +5,13 @@ The engine's sampler chain (`sampler.run`, the steps of `sampler_steps`) only ne
 pass (static KV cache, one CUDA graph replay per pass) over the context a `ContextCache` holds, so
 pins, banned tokens, token healing, the window and stop tokens apply unchanged on the GPU.
 
+Encoding the context: `prepare` runs the tokens a `ContextCache` lacks through the fast path's encoder
+(padded chunks, one graph replay each) and copies their keys and values into the `ContextCache`, so both
+hold the same context. Where the `ContextCache` went on without it (another slot, a draft), `sync` copies
+what the plain encoder wrote into the static cache, only the rows it does not hold yet (the token ids
+decide, as `ContextCache` does).
+
 What stays on the plain network, because the fast path has no equivalent of it:
-- encoding the context: the `ContextCache` runs the plain encoder (prefill varies in length and the
-  fast path never graphs it anyway); `sync` copies the keys and values it wrote into the static cache,
-  only the rows the static cache does not hold yet (the token ids decide, as `ContextCache` does);
 - the encoder's draft, the greedy decode of a causal checkpoint and the likelihood ranking of
   candidates: each runs through `ContextCache` (its next-token passes read the dynamic cache).
 
@@ -27,6 +30,7 @@ they fit the canvas buffers together (`FastDiffusionGemma.fits_rows`), else run 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -74,6 +78,33 @@ class FastBackend:
         self.fast.copy_context(cache.kv, shared)
         self.held = list(ids)
         self.owner = cache
+
+    def prepare(self, cache: ContextCache, ids: Sequence[int]) -> int:
+        """Make `cache` and the static cache hold exactly `ids` (as `ContextCache.prepare`), the tokens they
+        lack encoded on the fast path (graph replays) and copied into `cache`. The plain encoder runs eagerly,
+        and on a GPU an eager pass over three typed tokens costs as much as one over a thousand: one launch
+        per op. Returns how many tokens were encoded. A causal checkpoint's cache (its context is the causal
+        LM's, not the encoder's) and one holding parked tokens (the draft's) go through `cache.prepare`."""
+        ids = [int(i) for i in ids]
+        if cache.causal or cache.parked is not None:
+            return cache.prepare(ids)
+        shared = common_prefix_length(cache.ids, ids)
+        rest = ids[shared:]
+        cache.truncate(shared)
+        self.sync(cache)
+        if not rest:
+            return 0
+        start = self.fast.length
+        try:
+            self.fast.encode(torch.tensor([rest], dtype=torch.long))
+            cache.append_encoded(rest, self.fast.context_rows(start, start + len(rest)))
+        except BaseException:
+            cache.reset()  # neither cache may be reused half-written
+            self.held, self.owner = [], None
+            self.fast.truncate(0)
+            raise
+        self.held = list(ids)
+        return len(rest)
 
     def denoiser(self, cache: ContextCache) -> sampler.Denoiser:
         """The sampler's decoder pass over `cache`'s context, on the fast path: a candidate batch's rows in

@@ -46,6 +46,9 @@ from dfim.engine.model.network import DiffusionGemma, compile_layers
 
 log = logging.getLogger(__name__)
 
+# Chunk lengths a graphed encode pads to: a few typed tokens, a pasted line or two, a fresh context.
+ENCODE_CHUNKS = (16, 64, 256, 1024)
+
 
 class FastDiffusionGemma:
     """Fast batch-1 inference over a `DiffusionGemma`'s weights. See the module docstring."""
@@ -93,6 +96,7 @@ class FastDiffusionGemma:
         self.length = 0  # context rows held by the cache (host copy; never read back from the device)
         self.length_t = torch.zeros(1, dtype=torch.long, device=self.device)
         self.use_graphs = (self.device.type == "cuda") if graphs is None else graphs
+        self.pad_encode = self.use_graphs  # encode chunks padded to ENCODE_CHUNKS (one graph each)
         # The network's own experts, run by a kernel CUDA graphs can capture (no host sync).
         experts = self.layers[0].experts
         if moe == "auto" and experts.fp8 is not None:  # quantized by experts_fp8.use_fp8_experts
@@ -110,9 +114,10 @@ class FastDiffusionGemma:
         if compile:
             compile_layers(model)
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-        # Graphs kept at most: one per (cache bucket, canvas length), and a skeleton's canvas can have any
-        # length; past this many, new shapes run eagerly (same code, same numbers) instead of capturing more.
-        self.max_graphs = 64
+        # Graphs kept at most: one per (cache bucket, canvas length) and per (cache bucket, encode chunk), and a
+        # skeleton's canvas can have any length; past this many, new shapes run eagerly (same code, same
+        # numbers) instead of capturing more. They share one memory pool.
+        self.max_graphs = 128
         self._pool = None
         self._init_buffers()
 
@@ -125,6 +130,9 @@ class FastDiffusionGemma:
         self.ar_pos = torch.zeros(1, dtype=torch.long, device=d)
         self.ar_idx = torch.zeros(1, dtype=torch.long, device=d)
         self.ar_out = torch.zeros(1, 4096, dtype=torch.long, device=d)
+        self.encode_ids = torch.zeros(
+            1, max(self.prefill_chunk, ENCODE_CHUNKS[-1]), dtype=torch.long, device=d
+        )
 
     def describe(self) -> dict[str, object]:
         """What a decoder pass runs (dfim/stats): graphs (a capture that fails turns them off for good), how
@@ -228,29 +236,58 @@ class FastDiffusionGemma:
 
     @torch.no_grad()
     def encode(self, ids: Tensor) -> None:
-        """Causal prefill of context ids [1, T] after what the cache holds, in chunks (eager, no graph)."""
+        """Causal prefill of context ids [1, T] after what the cache holds, in chunks of `prefill_chunk`.
+
+        With graphs, a chunk is padded to the next of `ENCODE_CHUNKS` and runs as one replay per (chunk,
+        cache bucket): eagerly, a pass over three typed tokens costs as much as over a thousand (~60 ms at
+        the 26B shape: one launch per op), which every keystroke's fill would pay. The padding's keys and
+        values land in rows after the context, which `length` leaves out and the next pass overwrites; a
+        causal mask by position keeps them out of the real tokens' attention."""
         if ids.shape[0] != 1:
             raise ValueError("the fast path serves batch 1")
         ids = ids.to(self.device)
         for start in range(0, ids.shape[1], self.prefill_chunk):
             chunk = ids[:, start : start + self.prefill_chunk]
             s, t = self.length, chunk.shape[1]
-            hi = s + t
-            if hi > self.max_len:
-                raise ValueError(f"context of {hi} tokens exceeds the static cache ({self.max_len})")
-            positions = torch.arange(s, hi, device=self.device)
-            lo_hi = {False: (0, hi), True: (max(0, s - self.window + 1), hi)}
-            masks = {}
-            for sliding, (lo, _) in lo_hi.items():
-                diff = positions[:, None] - torch.arange(lo, hi, device=self.device)[None, :]
-                ok = diff >= 0
-                if sliding:
-                    ok = ok & (diff < self.window)
-                masks[sliding] = ok[None, None]
+            if s + t > self.max_len:
+                raise ValueError(f"context of {s + t} tokens exceeds the static cache ({self.max_len})")
+            size = next((c for c in ENCODE_CHUNKS if c >= t), t) if self.pad_encode else t
+            if s + size > self.cache_rows:
+                size = t  # no room for the padding: this chunk runs at its own length
+            self.encode_ids[:, :t].copy_(chunk)
+            self.encode_ids[:, t:size].zero_()
+            hi, lo_hi = self._diffusion_window(size)
             with torch.compiler.set_stance("force_eager"):  # prefill shapes vary: never compiled
-                self._run_layers(self.embed(chunk), positions, lo_hi, masks, encoder=True, last_ffn=False)
-            self.length = hi
-        self.length_t.fill_(self.length)
+                if size in ENCODE_CHUNKS:
+                    self._run(
+                        ("encode", hi, size), lambda hi=hi, lo_hi=lo_hi, n=size: self._encode(hi, lo_hi, n)
+                    )
+                else:
+                    self._encode(hi, lo_hi, size)
+            self.length = s + t
+            self.length_t.fill_(self.length)
+
+    def _encode(self, hi: int, lo_hi: dict[bool, tuple[int, int]], size: int) -> None:
+        """The encoder over the first `size` ids of `encode_ids` at the positions after `length_t`."""
+        positions = self.length_t + torch.arange(size, device=self.device)
+        masks = {}
+        for sliding, (lo, _) in lo_hi.items():
+            diff = positions[:, None] - torch.arange(lo, hi, device=self.device)[None, :]
+            ok = diff >= 0
+            if sliding:
+                ok = ok & (diff < self.window)
+            masks[sliding] = ok[None, None]
+        ids = self.encode_ids[:, :size]
+        self._run_layers(self.embed(ids), positions, lo_hi, masks, encoder=True, last_ffn=False)
+
+    def context_rows(self, start: int, end: int) -> list[tuple[Tensor, Tensor]]:
+        """Views of every layer's keys and values of context rows [start, end) (a plain `KVCache` copies
+        them in with `extend`)."""
+        if not 0 <= start <= end <= self.length:
+            raise ValueError(f"rows {start}..{end} of a cache holding {self.length}")
+        return [
+            (k[:, :, start:end], v[:, :, start:end]) for k, v in zip(self.cache_k, self.cache_v, strict=True)
+        ]
 
     # --- diffusion --------------------------------------------------------------------------------
 

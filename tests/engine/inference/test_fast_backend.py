@@ -149,6 +149,30 @@ def test_random_model_continuation_blocks_and_a_nested_fill(tiny):
     )
 
 
+def test_typing_encodes_only_what_was_typed_on_the_fast_path(tiny):
+    """Each fill's new context tokens run through the fast path's encoder (padded chunks, as graphs need
+    on a GPU) and land in both caches: the fills, and the keys and values the plain network's draft and
+    ranking read, are the plain engine's."""
+    plain, fast = tiny
+    backend = fast.fast_backend()
+    backend.fast.pad_encode = True
+    try:
+        for typed in ("", "y", "y = x", "y = x * (x"):
+            request = FillRequest(prefix="def f(x):\n    " + typed, suffix="\n", max_tokens=8, seed=6)
+            assert_same_fill(plain, fast, replace(request, stop=("\n",)))
+            assert fast.cache.ids == plain.cache.ids
+            assert backend.held == fast.cache.ids and backend.fast.length == len(fast.cache.ids)
+            for (k, v), (want_k, want_v) in zip(
+                (fast.cache.kv.get(i) for i in range(len(fast.cache.kv.keys))),
+                (plain.cache.kv.get(i) for i in range(len(plain.cache.kv.keys))),
+                strict=True,
+            ):
+                assert k is not None and v is not None and want_k is not None and want_v is not None
+                assert (k - want_k).abs().max() <= TOLERANCE and (v - want_v).abs().max() <= TOLERANCE
+    finally:
+        backend.fast.pad_encode = False
+
+
 def test_a_context_beyond_the_static_cache_falls_back_to_the_plain_network(tiny):
     _, fast = tiny
     backend = fast.fast_backend()

@@ -102,6 +102,30 @@ def test_denoise_logits_match_reference():
     ).abs().max() <= TOLERANCE
 
 
+@torch.no_grad()
+def test_padded_encode_chunks_write_what_the_plain_encoder_writes():
+    """On a GPU each encode chunk is padded to one of ENCODE_CHUNKS (one graph each): the padding's rows
+    change nothing the context's tokens see, and the cache holds only the context."""
+    model = make_model()
+    fast = FastDiffusionGemma(model, max_len=128, bucket=8, prefill_chunk=32)
+    fast.pad_encode = True
+    g = torch.Generator().manual_seed(2)
+    context = torch.randint(0, 96, (1, 21), generator=g)
+    canvas = torch.randint(0, 96, (1, 8), generator=g)
+    cache = model.new_cache()
+    model.encode(context, cache)
+    fast.encode(context[:, :3])  # padded to 16
+    fast.encode(context[:, 3:])  # 18 tokens, padded to 64
+    assert fast.length == 21
+    for i, (k, v) in enumerate(fast.context_rows(0, 21)):
+        want_k, want_v = cache.get(i)
+        assert want_k is not None and want_v is not None
+        assert (k - want_k).abs().max() <= TOLERANCE and (v - want_v).abs().max() <= TOLERANCE
+    assert (fast.denoise(canvas) - model.denoise(canvas, cache)).abs().max() <= TOLERANCE
+    with pytest.raises(ValueError, match="rows"):
+        fast.context_rows(0, 22)
+
+
 @pytest.mark.parametrize("impl", [moe_grouped, moe_padded, moe_gathered])
 @torch.no_grad()
 def test_expert_implementations_match_dense_reference(impl):
