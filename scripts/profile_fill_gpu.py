@@ -11,6 +11,7 @@ end, and the trace recorder's `on_step` as the server installs it on every fill.
 - a fill's wall time with the recorder and without it, and its steps;
 - the decoder passes alone, the same canvas batch replayed from the fast path's graph as often: what the
   fill's passes cost with no host work between them;
+- `--model`: a trained checkpoint instead (the shipped one: `default`), drafting single lines where it does;
 - torch.profiler over a few fills: the host's ops by their own time, and the waits for the device
   (`cudaStreamSynchronize`, device-to-host copies);
 - cProfile over a few fills: the Python functions by their own time.
@@ -61,7 +62,9 @@ TINY = dict(
 MAX_FRAMES = 256  # the server's trace keeps this many steps (server/trace_feature.py)
 
 
-def load(shape: str, device: str, folder: Path) -> Engine:
+def load(shape: str, device: str, folder: Path, model: str | None) -> Engine:
+    if model is not None:
+        return Engine.load(None if model == "default" else model, device=device)
     dtype = torch.bfloat16 if device == "cuda" else None
     config = RELEASED_26B_A4B if shape == "26b-a4b" else TINY
     write_random_checkpoint(
@@ -82,7 +85,9 @@ def typing_request(
         row += 1
     cut = sum(len(line) + 1 for line in lines[:row]) + len(lines[row]) // 2
     start = max(0, cut - 3500)  # the context's start stays, as in the server
-    settings = replace(engine.settings, max_steps=steps, draft=False)
+    # a single line is drafted where the checkpoint drafts (the server then asks for one canvas)
+    drafted = engine.settings.draft and not engine.is_random
+    settings = replace(engine.settings, max_steps=steps, draft=drafted)
     request = FillRequest(
         # about the server's context budget (~1,150 tokens); what is typed goes in before the same suffix
         prefix=text[start : cut + typed],
@@ -90,7 +95,7 @@ def typing_request(
         max_tokens=32,
         settings=settings,
         stop=("\n",),
-        candidates=candidates,
+        candidates=1 if drafted else candidates,
         seed=0,
     )
     if recorder:
@@ -122,6 +127,9 @@ def summary(ms: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", choices=("26b-a4b", "tiny"), default="26b-a4b")
+    parser.add_argument(
+        "--model", help="a checkpoint folder, or 'default' (the shipped model), instead of --shape"
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--fills", type=int, default=12)
     parser.add_argument("--candidates", type=int, default=2)
@@ -132,7 +140,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        engine = load(args.shape, args.device, Path(tmp) / "ckpt")
+        engine = load(args.shape, args.device, Path(tmp) / "ckpt", args.model)
         report(f"engine loaded in {time.perf_counter() - t0:.1f} s: {engine.path_info()}")
 
         def fill(recorder: bool) -> Callable[[], object]:
@@ -189,7 +197,8 @@ def main() -> int:
             cache = engine.cache_for("main")
             denoiser = engine._denoiser(cache, 32)
             vocab = engine.tokenizer.vocab_size
-            canvas = torch.randint(0, vocab, (args.candidates, 32), device=engine.device)
+            rows = typing_request(engine, args.candidates, args.steps, False).candidates
+            canvas = torch.randint(0, vocab, (rows, 32), device=engine.device)
             logits = denoiser(canvas, None)
             cond = torch.softmax(logits.float(), dim=-1).to(logits.dtype)
             passes()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -22,11 +23,26 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+class ContextRunner(Protocol):
+    """A backend that encodes context tokens for a `ContextCache` (`FastBackend`): it runs them after what the
+    cache holds and returns their keys and values, per layer, for the cache to append, and the next-token
+    logits [1, logit_rows, V] fp32 after the last `logit_rows` of them (None for 0)."""
+
+    def takes(self, cache: ContextCache, tokens: int, logit_rows: int) -> bool: ...
+
+    def encode(
+        self, cache: ContextCache, ids: list[int], logit_rows: int
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor | None]: ...
+
+
 class ContextCache:
     """The model's KVCache plus the token ids it was built from (batch 1)."""
 
-    def __init__(self, model, causal: bool = False) -> None:
+    def __init__(self, model, causal: bool = False, runner: ContextRunner | None = None) -> None:
         self.model = model
+        # Another backend that runs the tokens this cache lacks where it takes them (the fast path on a GPU:
+        # graphs instead of the plain network's eager pass); their keys and values land here all the same.
+        self.runner = runner
         # A causal (AR) checkpoint builds its cache with the network run as a causal LM, not with the
         # diffusion encoder (their layer scalars and last feed-forward differ).
         self.causal = causal
@@ -64,17 +80,6 @@ class ContextCache:
         if ids:
             self._encode(ids)
         return len(ids)
-
-    def append_encoded(
-        self, ids: Sequence[int], keys_values: list[tuple[torch.Tensor, torch.Tensor]]
-    ) -> None:
-        """Append tokens whose keys and values another backend's encoder computed after exactly what this
-        cache holds (`FastBackend.prepare`: the fast path's graphed encode), as `prepare` would have."""
-        ids = [int(i) for i in ids]
-        if any(k.shape[2] != len(ids) for k, _ in keys_values):
-            raise ValueError(f"keys and values of another length than the {len(ids)} tokens")
-        self.kv.extend(list(keys_values))
-        self.ids.extend(ids)
 
     def next_logits(self, ids: Sequence[int], park: Sequence[int] = ()) -> torch.Tensor:
         """Make the cache hold exactly `ids` and return the next-token logits after them ([V], fp32), in one
@@ -135,8 +140,13 @@ class ContextCache:
         """Run `ids` after the cache's tokens; returns the logits [1, rows, V] after the last `rows` of them
         but `logits_back`, for a causal model or where asked for."""
         batch = torch.tensor([ids], dtype=torch.long, device=self.device)
+        logit_rows = rows + logits_back if want_logits or self.causal else 0
         try:
-            if self.causal:
+            if self.runner is not None and self.runner.takes(self, len(ids), logit_rows):
+                keys_values, logits = self.runner.encode(self, ids, logit_rows)
+                self.kv.extend(keys_values)
+                logits = None if logits is None else logits[:, :rows]
+            elif self.causal:
                 logits = self.model.causal_lm(batch, self.kv, last=rows + logits_back)[:, :rows]
             elif want_logits:
                 logits = self.model.context_lm(batch, self.kv, last=rows + logits_back)[:, :rows]

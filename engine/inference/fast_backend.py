@@ -5,15 +5,16 @@ The engine's sampler chain (`sampler.run`, the steps of `sampler_steps`) only ne
 pass (static KV cache, one CUDA graph replay per pass) over the context a `ContextCache` holds, so
 pins, banned tokens, token healing, the window and stop tokens apply unchanged on the GPU.
 
-Encoding the context: `prepare` runs the tokens a `ContextCache` lacks through the fast path's encoder
-(padded chunks, one graph replay each) and copies their keys and values into the `ContextCache`, so both
-hold the same context. Where the `ContextCache` went on without it (another slot, a draft), `sync` copies
-what the plain encoder wrote into the static cache, only the rows it does not hold yet (the token ids
-decide, as `ContextCache` does).
+Encoding the context: the backend is each `ContextCache`'s runner (`ContextRunner`). The tokens a cache
+lacks run through the fast path's encoder (padded chunks, one graph replay each), and their keys and values
+are appended to the `ContextCache` too, so both hold the same context; the encoder's draft reads its
+next-token logits from the same passes. Where the `ContextCache` went on without it (parked tokens written
+back), `sync` copies what it holds into the static cache, only the rows the static cache does not hold yet
+(the token ids decide, as `ContextCache` does).
 
-What stays on the plain network, because the fast path has no equivalent of it:
-- the encoder's draft, the greedy decode of a causal checkpoint and the likelihood ranking of
-  candidates: each runs through `ContextCache` (its next-token passes read the dynamic cache).
+What stays on the plain network, because the fast path has no equivalent of it: the greedy decode of a
+causal checkpoint (its cache is the causal LM's) and the likelihood ranking of candidates (a batch of
+rows over a shared prefix).
 
 One backend serves every cache slot of an engine: its static cache follows whichever context the
 current fill reads (copying only what differs), so a second slot costs no second static cache and no
@@ -30,7 +31,6 @@ they fit the canvas buffers together (`FastDiffusionGemma.fits_rows`), else run 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -41,7 +41,7 @@ from dfim.engine.inference import sampler
 from dfim.engine.inference.cache import ContextCache, common_prefix_length
 from dfim.engine.inference.sampler_state import Constraints, DenoiseState
 from dfim.engine.inference.sampler_steps import build_chain
-from dfim.engine.model.fast import FastDiffusionGemma
+from dfim.engine.model.fast import LOGIT_ROWS, FastDiffusionGemma
 from dfim.engine.model.network import DiffusionGemma
 
 
@@ -79,32 +79,30 @@ class FastBackend:
         self.held = list(ids)
         self.owner = cache
 
-    def prepare(self, cache: ContextCache, ids: Sequence[int]) -> int:
-        """Make `cache` and the static cache hold exactly `ids` (as `ContextCache.prepare`), the tokens they
-        lack encoded on the fast path (graph replays) and copied into `cache`. The plain encoder runs eagerly,
-        and on a GPU an eager pass over three typed tokens costs as much as one over a thousand: one launch
-        per op. Returns how many tokens were encoded. A causal checkpoint's cache (its context is the causal
-        LM's, not the encoder's) and one holding parked tokens (the draft's) go through `cache.prepare`."""
-        ids = [int(i) for i in ids]
-        if cache.causal or cache.parked is not None:
-            return cache.prepare(ids)
-        shared = common_prefix_length(cache.ids, ids)
-        rest = ids[shared:]
-        cache.truncate(shared)
+    def takes(self, cache: ContextCache, tokens: int, logit_rows: int) -> bool:
+        """Whether `encode` runs these tokens for `cache` (`ContextRunner`): not a causal checkpoint's cache
+        (its context is the causal LM's, which the fast path does not run), within the static cache."""
+        return (
+            not cache.causal and logit_rows <= LOGIT_ROWS and len(cache.ids) + tokens <= self.fast.cache_rows
+        )
+
+    def encode(
+        self, cache: ContextCache, ids: list[int], logit_rows: int
+    ) -> tuple[list[tuple[Tensor, Tensor]], Tensor | None]:
+        """Run `ids` after `cache`'s context on the fast path's encoder (padded chunks, one graph replay each)
+        -> their keys and values for `cache` to append, and the next-token logits after the last
+        `logit_rows` of them (`ContextRunner`). The plain encoder runs eagerly, and on a GPU an eager pass
+        over three typed tokens costs as much as one over a thousand: one launch per op."""
         self.sync(cache)
-        if not rest:
-            return 0
         start = self.fast.length
         try:
-            self.fast.encode(torch.tensor([rest], dtype=torch.long))
-            cache.append_encoded(rest, self.fast.context_rows(start, start + len(rest)))
+            logits = self.fast.encode(torch.tensor([ids], dtype=torch.long), logit_rows)
         except BaseException:
-            cache.reset()  # neither cache may be reused half-written
-            self.held, self.owner = [], None
+            self.held, self.owner = [], None  # the static cache may be half-written
             self.fast.truncate(0)
             raise
-        self.held = list(ids)
-        return len(rest)
+        self.held = self.held + list(ids)  # what `cache` holds once it appends them
+        return self.fast.context_rows(start, start + len(ids)), logits
 
     def denoiser(self, cache: ContextCache) -> sampler.Denoiser:
         """The sampler's decoder pass over `cache`'s context, on the fast path: a candidate batch's rows in

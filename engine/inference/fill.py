@@ -255,7 +255,8 @@ class Engine:
                 if idle is None:
                     raise EngineError(f"more than {MAX_CACHE_SLOTS} context cache slots in use at once")
                 del self.caches[idle]
-            self.caches[slot] = ContextCache(self.model, causal=self.objective == "causal")
+            runner = self.fast_backend() if self.fast else None  # the fast path encodes (FastBackend)
+            self.caches[slot] = ContextCache(self.model, causal=self.objective == "causal", runner=runner)
         return self.caches[slot]
 
     def drop_idle_caches(self) -> None:
@@ -303,7 +304,7 @@ class Engine:
                 seed = draft.draft_canvas(cache, plan, request, self.banned, self.tokenizer)
                 if request.candidates == 1:  # rows from noise keep the room the request asked for
                     plan, seed = draft.fit_canvas(plan, seed, self.tokenizer.eos_id, self.canvas_limit)
-            self._prepare(cache, plan.context_ids, plan.length)
+            cache.prepare(plan.context_ids)
             generator = torch.Generator(device=self.device)
             if request.seed is None:
                 generator.seed()  # fresh entropy from the OS, never the global RNG
@@ -315,9 +316,8 @@ class Engine:
             for cand in candidates:
                 block = 1
                 while plan.can_continue and not cand.ended and len(cand.block_ids) < request.max_tokens:
+                    cache.prepare(plan.context_ids + cand.block_ids)  # this row's blocks, positions continue
                     length = bucket_length(request.max_tokens - len(cand.block_ids), self.canvas_limit)
-                    # this row's blocks, positions continue
-                    self._prepare(cache, plan.context_ids + cand.block_ids, length)
                     self._denoise(continuation_plan(length), [cand], request, generator, cache, block=block)
                     block += 1
 
@@ -353,16 +353,6 @@ class Engine:
                 confidence=confidence.summarize(text, scores),
                 alternative_confidence=alternative_confidence,
             )
-
-    def _prepare(self, cache: ContextCache, ids: list[int], length: int) -> None:
-        """Make `cache` hold `ids` before a canvas of `length` tokens: on the fast path where the denoiser
-        will run there (`_denoiser`), else with the plain encoder."""
-        if self.fast:
-            backend = self.fast_backend()
-            if backend.fits(len(ids), length):
-                backend.prepare(cache, ids)
-                return
-        cache.prepare(ids)
 
     def _denoiser(self, cache: ContextCache, length: int) -> sampler.Denoiser:
         """The decoder pass the sampler runs over `cache`'s context: the fast path's where it is on and the

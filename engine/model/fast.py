@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 # Chunk lengths a graphed encode pads to: a few typed tokens, a pasted line or two, a fresh context.
 ENCODE_CHUNKS = (16, 64, 256, 1024)
+# Next-token logits an encode can return (the draft's pass: a token and its guesses; `next_logits`: 1-2).
+LOGIT_ROWS = 16
 
 
 class FastDiffusionGemma:
@@ -130,6 +132,8 @@ class FastDiffusionGemma:
         self.ar_pos = torch.zeros(1, dtype=torch.long, device=d)
         self.ar_idx = torch.zeros(1, dtype=torch.long, device=d)
         self.ar_out = torch.zeros(1, 4096, dtype=torch.long, device=d)
+        self.logit_index = torch.zeros(LOGIT_ROWS, dtype=torch.long, device=d)
+        self.logits_encode = torch.zeros(1, LOGIT_ROWS, v, dtype=torch.float32, device=d)
         self.encode_ids = torch.zeros(
             1, max(self.prefill_chunk, ENCODE_CHUNKS[-1]), dtype=torch.long, device=d
         )
@@ -235,18 +239,26 @@ class FastDiffusionGemma:
         return self.model.decoder.embed(ids)
 
     @torch.no_grad()
-    def encode(self, ids: Tensor) -> None:
-        """Causal prefill of context ids [1, T] after what the cache holds, in chunks of `prefill_chunk`.
+    def encode(self, ids: Tensor, logit_rows: int = 0) -> Tensor | None:
+        """Causal prefill of context ids [1, T] after what the cache holds, in chunks of `prefill_chunk`;
+        with `logit_rows`, the encoder read as a causal LM (`DiffusionGemma.context_lm`): the next-token
+        logits [1, logit_rows, V] fp32 after each of the last `logit_rows` tokens (at most `LOGIT_ROWS`).
 
         With graphs, a chunk is padded to the next of `ENCODE_CHUNKS` and runs as one replay per (chunk,
-        cache bucket): eagerly, a pass over three typed tokens costs as much as over a thousand (~60 ms at
-        the 26B shape: one launch per op), which every keystroke's fill would pay. The padding's keys and
-        values land in rows after the context, which `length` leaves out and the next pass overwrites; a
-        causal mask by position keeps them out of the real tokens' attention."""
+        cache bucket, logits or not): eagerly, a pass over three typed tokens costs as much as over a
+        thousand (~60 ms at the 26B shape: one launch per op), which every keystroke's fill and every token
+        of the encoder's draft would pay. The padding's keys and values land in rows after the context,
+        which `length` leaves out and the next pass overwrites; a causal mask by position keeps them out of
+        the real tokens' attention."""
         if ids.shape[0] != 1:
             raise ValueError("the fast path serves batch 1")
+        total = ids.shape[1]
+        if not 0 <= logit_rows <= min(LOGIT_ROWS, total):
+            raise ValueError(f"logits of {logit_rows} rows after {total} tokens (at most {LOGIT_ROWS})")
         ids = ids.to(self.device)
-        for start in range(0, ids.shape[1], self.prefill_chunk):
+        wanted = range(total - logit_rows, total)  # the tokens whose next-token logits are returned
+        out: list[Tensor] = []
+        for start in range(0, total, self.prefill_chunk):
             chunk = ids[:, start : start + self.prefill_chunk]
             s, t = self.length, chunk.shape[1]
             if s + t > self.max_len:
@@ -256,19 +268,28 @@ class FastDiffusionGemma:
                 size = t  # no room for the padding: this chunk runs at its own length
             self.encode_ids[:, :t].copy_(chunk)
             self.encode_ids[:, t:size].zero_()
+            rows = [r - start for r in wanted if start <= r < start + t]
+            if rows:  # the rows whose logits this chunk gives, padded with its last one
+                self.logit_index.copy_(torch.tensor(rows + [rows[-1]] * (LOGIT_ROWS - len(rows))))
             hi, lo_hi = self._diffusion_window(size)
+
+            def run(hi: int = hi, lo_hi: dict = lo_hi, size: int = size, logits: bool = bool(rows)) -> None:
+                self._encode(hi, lo_hi, size, logits)
+
             with torch.compiler.set_stance("force_eager"):  # prefill shapes vary: never compiled
                 if size in ENCODE_CHUNKS:
-                    self._run(
-                        ("encode", hi, size), lambda hi=hi, lo_hi=lo_hi, n=size: self._encode(hi, lo_hi, n)
-                    )
+                    self._run(("encode", hi, size, bool(rows)), run)
                 else:
-                    self._encode(hi, lo_hi, size)
+                    run()
+            if rows:
+                out.append(self.logits_encode[:, : len(rows)].clone())
             self.length = s + t
             self.length_t.fill_(self.length)
+        return torch.cat(out, dim=1) if out else None
 
-    def _encode(self, hi: int, lo_hi: dict[bool, tuple[int, int]], size: int) -> None:
-        """The encoder over the first `size` ids of `encode_ids` at the positions after `length_t`."""
+    def _encode(self, hi: int, lo_hi: dict[bool, tuple[int, int]], size: int, logits: bool) -> None:
+        """The encoder over the first `size` ids of `encode_ids` at the positions after `length_t`; with
+        `logits`, the causal LM's logits at the rows `logit_index` names go to `logits_encode`."""
         positions = self.length_t + torch.arange(size, device=self.device)
         masks = {}
         for sliding, (lo, _) in lo_hi.items():
@@ -277,8 +298,10 @@ class FastDiffusionGemma:
             if sliding:
                 ok = ok & (diff < self.window)
             masks[sliding] = ok[None, None]
-        ids = self.encode_ids[:, :size]
-        self._run_layers(self.embed(ids), positions, lo_hi, masks, encoder=True, last_ffn=False)
+        x = self.embed(self.encode_ids[:, :size])
+        x = self._run_layers(x, positions, lo_hi, masks, encoder=True, last_ffn=logits)
+        if logits:
+            self.logits_encode.copy_(self.logits(x[:, self.logit_index]))
 
     def context_rows(self, start: int, end: int) -> list[tuple[Tensor, Tensor]]:
         """Views of every layer's keys and values of context rows [start, end) (a plain `KVCache` copies

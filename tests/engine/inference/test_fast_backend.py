@@ -155,6 +155,7 @@ def test_typing_encodes_only_what_was_typed_on_the_fast_path(tiny):
     ranking read, are the plain engine's."""
     plain, fast = tiny
     backend = fast.fast_backend()
+    assert fast.cache.runner is backend
     backend.fast.pad_encode = True
     try:
         for typed in ("", "y", "y = x", "y = x * (x"):
@@ -171,6 +172,28 @@ def test_typing_encodes_only_what_was_typed_on_the_fast_path(tiny):
                 assert (k - want_k).abs().max() <= TOLERANCE and (v - want_v).abs().max() <= TOLERANCE
     finally:
         backend.fast.pad_encode = False
+
+
+def test_the_draft_reads_its_logits_from_the_fast_path(trained, monkeypatch):
+    """The encoder's greedy draft runs its passes on the fast path (the plain network's eager passes are what
+    a GPU would wait for), in padded chunks, and drafts what the plain engine drafts."""
+    plain, fast = trained
+    backend = fast.fast_backend()
+    asked: list[int] = []
+    encode = backend.encode
+
+    def spy(cache, ids, logit_rows):
+        asked.append(logit_rows)
+        return encode(cache, ids, logit_rows)
+
+    monkeypatch.setattr(backend, "encode", spy)
+    monkeypatch.setattr(backend.fast, "pad_encode", True)
+    settings = replace(plain.settings, max_steps=12, draft=True)
+    request = FillRequest(
+        prefix=PREFIX + "lines = ", suffix=SUFFIX, max_tokens=16, stop=("\n",), seed=7, settings=settings
+    )
+    assert_same_fill(plain, fast, request)
+    assert sum(1 for rows in asked if rows > 0) >= 2  # the draft's first pass and at least one token
 
 
 def test_a_context_beyond_the_static_cache_falls_back_to_the_plain_network(tiny):

@@ -126,6 +126,28 @@ def test_padded_encode_chunks_write_what_the_plain_encoder_writes():
         fast.context_rows(0, 22)
 
 
+@pytest.mark.parametrize("pad", [False, True])
+@torch.no_grad()
+def test_encode_returns_the_context_lm_logits_of_its_last_rows(pad):
+    """The encoder's draft reads next-token logits from the fast path's encode: those of the plain network's
+    context LM, also where the rows asked for span two chunks and the chunks are padded."""
+    model = make_model()
+    fast = FastDiffusionGemma(model, max_len=128, bucket=8, prefill_chunk=4)
+    fast.pad_encode = pad
+    g = torch.Generator().manual_seed(3)
+    context, ids = torch.randint(0, 96, (1, 7), generator=g), torch.randint(0, 96, (1, 6), generator=g)
+    cache = model.new_cache()
+    model.encode(context, cache)
+    want = model.context_lm(ids, cache, last=3)
+    assert fast.encode(context) is None
+    got = fast.encode(ids, logit_rows=3)  # rows 3..5: the first chunk's last and the second chunk's two
+    assert got is not None and got.shape == want.shape and got.dtype == torch.float32
+    assert (got - want).abs().max() <= TOLERANCE
+    assert fast.length == 13
+    with pytest.raises(ValueError, match="logits"):
+        fast.encode(ids, logit_rows=7)
+
+
 @pytest.mark.parametrize("impl", [moe_grouped, moe_padded, moe_gathered])
 @torch.no_grad()
 def test_expert_implementations_match_dense_reference(impl):
