@@ -2,6 +2,7 @@
 
     python3 scripts/bench_gpu_server.py [--shape 26b-a4b|tiny] [--device cuda|cpu] [--requests 24]
                                         [--candidates 2,1] [--blocks 2] [--draft] [--settings JSON] [--out FILE]
+    python3 scripts/bench_gpu_server.py --model default ...      (the shipped model instead of a random shape)
 
 It writes a checkpoint folder without weights (the shape's config.json, dfim-base's tokenizer, and a dfim.json
 whose `random_init` has the server make bf16 weights on the GPU at load, engine/model/random_init.py: the
@@ -340,9 +341,13 @@ async def block_fills(session: Session, report: Report, text: str, args: argpars
 async def run(args: argparse.Namespace, report: Report) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="dfim-gpu-bench-"))
     report(f"gpu: {gpu_name(args.device)}")
-    folder = write_folder(tmp / "ckpt", args.shape, args.device, args.draft)
-    notes = json.dumps(json.loads((folder / "dfim.json").read_text()))
-    report(f"checkpoint: {folder} (shape {args.shape}, no weight files), dfim.json {notes}")
+    if args.model:  # a trained checkpoint: its own dfim.json (the shipped one drafts single lines)
+        folder = DEFAULT_MODEL_DIR if args.model == "default" else Path(args.model)
+        report(f"checkpoint: {folder}")
+    else:
+        folder = write_folder(tmp / "ckpt", args.shape, args.device, args.draft)
+        notes = json.dumps(json.loads((folder / "dfim.json").read_text()))
+        report(f"checkpoint: {folder} (shape {args.shape}, no weight files), dfim.json {notes}")
     settings: dict[str, dict[str, Any]] = {
         "telemetry": {"enabled": False},
         "inline": {"cacheSize": 0, "retries": 0, "speculate": False},  # every request one model call
@@ -392,7 +397,8 @@ async def measure(session: Session, report: Report, args: argparse.Namespace) ->
     path = plain(await session.stats())["engine_path"]
     report(f"engine path after the first fills: {json.dumps(path)}")
     # The block before the timed inline passes: both numbers of the issue come before --budget cuts a pass.
-    report.phase(f"block: Fill the hole, canvas {min(256, SHAPES[args.shape]['canvas_length'])} tokens")
+    canvas = 256 if args.model else min(256, SHAPES[args.shape]["canvas_length"])
+    report.phase(f"block: Fill the hole, canvas {canvas} tokens (at most)")
     await block_fills(session, report, text, args)
     for n in args.candidates:
         session.configure({"inline": {"candidates": n}})
@@ -424,6 +430,9 @@ async def measure(session: Session, report: Report, args: argparse.Namespace) ->
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="26b-a4b")
+    parser.add_argument(
+        "--model", help="a trained checkpoint folder (the shipped one: 'default') for --shape"
+    )
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--requests", type=int, default=24, help="inline requests per pass (default 24)")
     parser.add_argument(

@@ -175,8 +175,12 @@ def main() -> int:
                     continue
 
                 def encode(n: int = n) -> None:
-                    cache.truncate(len(held) - n)
-                    cache.prepare(held)
+                    runner, cache.runner = cache.runner, None  # the plain network's encoder
+                    try:
+                        cache.truncate(len(held) - n)
+                        cache.prepare(held)
+                    finally:
+                        cache.runner = runner
 
                 report(f"  plain encoder, {n:4d} new tokens: {summary(timed(encode, args.device, 5))}")
                 if fast is not None:
