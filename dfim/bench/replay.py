@@ -437,6 +437,7 @@ async def replay(
         "model": get_field(ready, "model"),
         "is_random": get_field(ready, "isRandom"),
         "device": get_field(ready, "device"),
+        "settings": init,  # what the replay told the server (its defaults fill the rest)
         "counters": {
             k: get_field(server, k)
             for k in ("fills", "completed", "cancelled", "failed", "cache_hits", "typed_ahead")

@@ -69,10 +69,10 @@ def language_type(value: str) -> str:
 
 
 def add_model(parser: argparse.ArgumentParser | argparse._ActionsContainer, **kwargs) -> argparse.Action:
-    """--model FOLDER: a checkpoint folder; unset, the shipped model (dfim-small)."""
+    """--model FOLDER: a checkpoint folder; unset, the shipped model (dfim-base)."""
     kwargs.setdefault("default", None)
     kwargs.setdefault("metavar", "FOLDER")
-    kwargs.setdefault("help", "checkpoint folder (default: the shipped model, dfim-small)")
+    kwargs.setdefault("help", "checkpoint folder (default: the shipped model, dfim-base)")
     return parser.add_argument("--model", **kwargs)
 
 

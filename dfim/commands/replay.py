@@ -57,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, default=None, help="server sampling.maxSteps")
     parser.add_argument("--max-canvas", type=int, default=None, help="server sampling.maxCanvas")
+    parser.add_argument(
+        "--settings",
+        metavar="JSON",
+        default=None,
+        help='server settings, as an editor sends them, under the flags above (e.g. \'{"inline": '
+        '{"multiline": true}}\'); the gate flags decide inline.gate',
+    )
     add_gate_arguments(parser)
     options.add_out(parser, "folder for report.json and summary.md (default: runs/replay/<timestamp>)")
     options.add_quiet(parser, help="no per-region progress lines")
@@ -100,6 +107,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise InputError(
                 f"{' and '.join(given)} need --git REPO (the repository whose commits to replay)"
             )
+    args.server_settings = settings_object(args.settings)
     args.commits = 10 if args.commits is None else args.commits
     args.rev = args.rev or "HEAD"
     at_least("--commits", args.commits, 1)
@@ -116,6 +124,23 @@ def check_args(args: argparse.Namespace) -> None:
         output_folder(args.out, "--out")
     if args.git:
         check_git(args.git, args.rev)
+
+
+def settings_object(text: str | None) -> dict:
+    """--settings: a JSON object of server settings ({} when not given); InputError for anything else."""
+    from dfim.commands.checks import InputError
+
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"--settings: not JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(value, dict):
+        raise InputError(
+            '--settings: a JSON object of server settings, e.g. \'{"inline": {"multiline": true}}\''
+        )
+    return value
 
 
 def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
@@ -168,7 +193,10 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         model=model,
         device=args.device,
         options=options,
-        server_settings={"sampling": sampling} if sampling else None,
+        server_settings={
+            **args.server_settings,
+            "sampling": {**args.server_settings.get("sampling", {}), **sampling},
+        },
         progress=None if args.quiet else sys.stderr,
     )
     try:

@@ -183,6 +183,8 @@ def test_replay_refuses_bad_options_and_files(files: dict[str, Path]) -> None:
         ([source, "--rev", "HEAD~2"], ("--rev", "need --git")),
         ([source, "--out", files["file"]], ("--out", "not a folder")),
         ([source, "--model", tmp / "no-model"], ("--model", "no such folder")),
+        ([source, "--settings", "{inline: 1}"], ("--settings", "not JSON")),
+        ([source, "--settings", "[1]"], ("--settings", "JSON object")),
         # passes the ancestor check as root (/proc is writable) but cannot be made: refused before the
         # replay runs, not with a traceback after it
         ([source, "--out", "/proc/dfim-no-such/out"], ("--out", "/proc")),

@@ -97,7 +97,7 @@ def test_replay_against_the_real_server(checkpoint, tmp_path, monkeypatch):
     monkeypatch.chdir(checkpoint.parent)
     args = parser.parse_args(
         [str(source), "--model", checkpoint.name, "--trigger", "line", "--steps", "1", "--max-canvas", "16"]
-        + ["--out", str(out), "--quiet"]
+        + ["--out", str(out), "--quiet", "--settings", '{"inline": {"multiline": true}}']
     )
     assert replay_command.run(args) == 0
     report = json.loads((out / "report.json").read_text())
@@ -107,6 +107,7 @@ def test_replay_against_the_real_server(checkpoint, tmp_path, monkeypatch):
     assert {"dfim", "commit", "torch", "threads", "cpu"} <= set(report["meta"]["environment"])
     s, (region,) = report["summary"], report["regions"]
     assert report["server"]["is_random"] is True
+    assert report["server"]["settings"]["inline"]["multiline"] is True  # --settings reached the server
     assert s["regions"] == 1 and s["chars"] == region["chars"] == len(source.read_text())
     # requests: on opening, at each line's start reached by typing, and after each accept
     assert region["requests"] >= 2 and s["requests"] == region["requests"] == len(region["latencies_ms"])
