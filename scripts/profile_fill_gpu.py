@@ -49,16 +49,6 @@ from dfim.engine.model.fast import FastDiffusionGemma  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "scripts" / "data" / "typing.py.txt"
 TOKENIZER = DEFAULT_MODEL_DIR / "tokenizer.json"
-TINY = dict(
-    vocab_size=16_384 + 128,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-    num_experts=8,
-    top_k_experts=2,
-    moe_intermediate_size=32,
-    canvas_length=64,
-)
 MAX_FRAMES = 256  # the server's trace keeps this many steps (server/trace_feature.py)
 
 
@@ -66,7 +56,7 @@ def load(shape: str, device: str, folder: Path, model: str | None) -> Engine:
     if model is not None:
         return Engine.load(None if model == "default" else model, device=device)
     dtype = torch.bfloat16 if device == "cuda" else None
-    config = RELEASED_26B_A4B if shape == "26b-a4b" else TINY
+    config = RELEASED_26B_A4B if shape == "26b-a4b" else {}  # tiny: write_random_checkpoint's own shape
     write_random_checkpoint(
         folder, TOKENIZER, stored=False, init_dtype=dtype, name=f"random-{shape}", **config
     )
