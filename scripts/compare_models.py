@@ -8,7 +8,7 @@ For each `--model NAME=PATH` (PATH `default` is the shipped model):
 - a typing replay (`dfim replay`, word triggers) over held-out files: inline latency p50/p95 through the
   server, warm, and acceptance.
 
-    python scripts/compare_models.py --model dfim-small=default --model dfim-base=engine/weights/dfim-base \\
+    python scripts/compare_models.py --model dfim-small=engine/weights/dfim-small --model dfim-base=default \\
         --humaneval ~/data/HumanEval-SingleLineInfilling.jsonl.gz --heldout .corpus/heldout --out runs/compare
 
 Prints one markdown table and writes it, with every raw result, under `--out`.

@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     how.add_argument("--reference", action="store_true", help="score the canonical middles (harness check)")
     how.add_argument("--completions", metavar="FILE", help="JSONL of {task_id, completion}")
     options.add_model(
-        how, help="fill with this checkpoint (default, or 'default': the shipped model, dfim-small)"
+        how, help="fill with this checkpoint (default, or 'default': the shipped model, dfim-base)"
     )
     options.add_device(s)
     options.add_max_tokens(

@@ -56,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="canvases denoised at once; the model's ranking picks one (dfim-small: by likelihood). "
-        "Default as the editor asks: 1 for a line the model drafts (dfim-small), else 2",
+        help="canvases denoised at once; the model's ranking picks one (dfim-base: by likelihood). "
+        "Default as the editor asks: 1 for a line the model drafts (dfim-base does), else 2",
     )
     options.add_json(parser, help="print text, steps, tokens, latency, seed ... as one JSON object")
     options.add_quiet(parser, help="no progress on stderr (a --multiline fill shows its denoising steps)")
