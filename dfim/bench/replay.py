@@ -461,7 +461,7 @@ def markdown(report: dict[str, Any]) -> str:
     model = report["server"]["model"] or "default"
     random_note = " (random weights)" if report["server"]["is_random"] else ""
     lines = [
-        f"# dfim replay: {s['regions']} regions, {s['chars']} chars, model {model}{random_note}",
+        f"# dfim replay: {s['regions']} region{'s' * (s['regions'] != 1)}, {s['chars']} chars, model {model}{random_note}",
         "",
         "| requests | shown | accepted (full/partial) | acceptance | chars saved | p50 ms | p95 ms "
         "| model p50 ms | model ms / accepted |",

@@ -140,6 +140,11 @@ def settings_object(text: str | None) -> dict:
         raise InputError(
             '--settings: a JSON object of server settings, e.g. \'{"inline": {"multiline": true}}\''
         )
+    from dfim.server.options import Options, merge_options
+
+    _, errors = merge_options(Options(), value)  # the server would drop these with a message: refuse them
+    if errors:
+        raise InputError("--settings: " + "; ".join(e.removesuffix(" (ignored)") for e in errors))
     return value
 
 

@@ -21,6 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dfim.commands.checks import InputError, fail, within
+
+    try:
+        within("--gate-threshold", getattr(args, "gate_threshold", None), 0.0, 1.0)
+    except InputError as e:
+        return fail("dfim stats", str(e))
     folder = data_dir(args.data_dir)
     if folder.exists() and not folder.is_dir():
         print(f"dfim stats: --data-dir {folder}: is a file, not a folder", file=sys.stderr)

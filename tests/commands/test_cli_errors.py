@@ -185,6 +185,8 @@ def test_replay_refuses_bad_options_and_files(files: dict[str, Path]) -> None:
         ([source, "--model", tmp / "no-model"], ("--model", "no such folder")),
         ([source, "--settings", "{inline: 1}"], ("--settings", "not JSON")),
         ([source, "--settings", "[1]"], ("--settings", "JSON object")),
+        ([source, "--settings", '{"nope": 1}'], ("--settings", "unknown setting dfim.nope")),
+        ([source, "--settings", '{"inline": {"candidates": 0}}'], ("--settings", "dfim.inline.candidates")),
         # passes the ancestor check as root (/proc is writable) but cannot be made: refused before the
         # replay runs, not with a traceback after it
         ([source, "--out", "/proc/dfim-no-such/out"], ("--out", "/proc")),
@@ -428,6 +430,7 @@ def test_stats_skips_malformed_events_and_says_no_telemetry_on_stderr(files: dic
     assert proc.returncode == 1 and proc.stdout == "" and proc.stderr.startswith("dfim stats: no telemetry")
     # a file where the folder should be, and a folder where the file should be
     assert_refused(cli("stats", "--data-dir", files["file"], cwd=tmp), "dfim stats", "not a folder")
+    assert_refused(cli("stats", "--gate-threshold", "5", cwd=tmp), "dfim stats", "--gate-threshold")
     (empty / "telemetry.jsonl").mkdir()
     assert_refused(cli("stats", "--data-dir", empty, cwd=tmp), "dfim stats", "telemetry.jsonl", "cannot read")
 
