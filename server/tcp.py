@@ -17,12 +17,14 @@ closed (a port scan stopped it). Here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import ipaddress
 import json
 import logging
 import os
 import secrets
+import signal
 import sys
 from pathlib import Path
 
@@ -150,15 +152,20 @@ def serve_tcp(ls, host: str, port: int, token_file: Path | None = None) -> None:
         bound = ls._server.sockets[0].getsockname()
         path = Path(token_file) if token_file else token_path(data_dir(), bound[1])
         write_token(path, token)
-        # on stderr whatever the log level: the user (or the editor's launcher) needs both
-        print(
-            f"dfim serve: listening on {bound[0]}:{bound[1]}; the token is in {path}",
-            file=sys.stderr,
-            flush=True,
-        )
-        if not ipaddress.ip_address(bound[0]).is_loopback:
-            log.warning("listening on %s, not on loopback: other machines can reach the port", bound[0])
-        async with ls._server:
-            await sessions.finished.wait()
+        try:  # a token of a server that is gone is no use to anyone: it goes with the server
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # no signal handlers here
+                asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, sessions.finished.set)
+            # on stderr whatever the log level: the user (or the editor's launcher) needs both
+            print(
+                f"dfim serve: listening on {bound[0]}:{bound[1]}; the token is in {path}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if not ipaddress.ip_address(bound[0]).is_loopback:
+                log.warning("listening on %s, not on loopback: other machines can reach the port", bound[0])
+            async with ls._server:
+                await sessions.finished.wait()
+        finally:
+            path.unlink(missing_ok=True)
 
     asyncio.run(main())

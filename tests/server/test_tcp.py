@@ -153,3 +153,13 @@ def test_a_silent_connection_does_not_block_the_owner(tcp_server):
     silent.close()
     owner.close()  # the owner leaving ends the server
     assert proc.wait(timeout=30) == 0
+
+
+def test_the_token_file_goes_with_the_server(tcp_server):
+    """A stopped server's token is no use: SIGTERM (as a launcher or `kill` stops it) ends the server
+    cleanly and removes the file, instead of leaving one per port in the data dir."""
+    proc, _, _, token_file = tcp_server
+    assert token_file.exists()
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+    assert not token_file.exists()
