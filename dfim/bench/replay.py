@@ -420,7 +420,9 @@ async def replay(
                 uri = f"file:///dfim-replay/{i}/{region.path}"
                 results.append(await replay_region(client, region, uri, options))
                 s = results[-1]
-                bar.update(1, f"{region.source}: {s.accepted} of {s.shown} shown accepted ({s.requests} requests)")
+                bar.update(
+                    1, f"{region.source}: {s.accepted} of {s.shown} shown accepted ({s.requests} requests)"
+                )
             bar.close()
             server = await client.stats()
             await client.stop()
