@@ -8,6 +8,8 @@ code action makes) turns it into an edit that restores the original; anything el
 names of the rules that changed it (`State.trace`). Kinds:
 
 - `line` / `line@col0`: the rest of a line after its indentation (or the whole line at column 0);
+- `line-closed`: a line's code up to the closers it ends with (`)`, `]`, `"`, `;` ...), which stay after the
+  cursor as an editor that closes brackets leaves them; the server pins them after the hole;
 - `ml-eol` / `ml-blank` / `ml-mid`: several lines (a multi-line inline fill) after a line that opens a
   block, on a blank line there, or in the middle of a block;
 - `fh-hole` / `fh-empty` / `fh-braces`: *Fill the hole* on a function body replaced by a hole marker
@@ -39,15 +41,17 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import dev_own_code  # noqa: E402
 
+from dfim.engine.api import SamplerSettings  # noqa: E402
 from dfim.engine.layout import code_of_line, leading_ws, opens_block  # noqa: E402
 from dfim.server import actions  # noqa: E402
 from dfim.server.context import block_lead_for, build_context, single_line  # noqa: E402
-from dfim.server.inline_plan import fit_body_fill, one_line_edit  # noqa: E402
+from dfim.server.inline_plan import fill_request, fit_body_fill, one_line_edit, strip_pinned_tail  # noqa: E402
 from dfim.server.languages import FUNCTION_TYPES, Source  # noqa: E402
+from dfim.server.options import Options  # noqa: E402
 from dfim.server.post_context import post_context  # noqa: E402
 from dfim.server.postprocess import hole_chain, inline_chain  # noqa: E402
 
-KINDS = ("line", "line@col0", "ml-eol", "ml-blank", "ml-mid", "fh-hole", "fh-empty", "fh-braces", "cf-blank",
+KINDS = ("line", "line@col0", "line-closed", "ml-eol", "ml-blank", "ml-mid", "fh-hole", "fh-empty", "fh-braces", "cf-blank",
          "cf-eol")  # fmt: skip
 SEVERAL_CHARS = 200  # a 64-token canvas holds about this much code
 ACTION_CHARS = 380  # a 128-token canvas
@@ -84,6 +88,26 @@ def line_spots(root: Path, globs: tuple[str, ...], limit: int, col0: bool) -> li
         if col0:  # the cursor at column 0, the indentation part of what is missing
             prefix = prefix.rstrip(" \t")
         out.append(Spot("line", orig, prefix + suffix, len(prefix)))
+    return out
+
+
+CLOSERS = ")]}\"';,:"
+
+
+def closed_line_spots(root: Path, globs: tuple[str, ...], limit: int) -> list[Spot]:
+    """After some of a line's code, the rest of it cut before the run of closers and punctuation it ends with, which stays in the
+    document after the cursor (lines that end with none are left out)."""
+    out = []
+    for p in dev_own_code.problems(kind="midline", root=root, patterns=globs):  # some of the line typed
+        prefix, want, suffix = p["prefix"], p["want"], p["suffix"]
+        code = want.rstrip()
+        rest = len(code) - len(code.rstrip(CLOSERS))
+        if not rest or rest == len(code):
+            continue
+        cut = len(code) - rest
+        out.append(Spot("line", prefix + want + suffix, prefix + want[cut:] + suffix, len(prefix)))
+        if len(out) >= limit:
+            break
     return out
 
 
@@ -262,6 +286,11 @@ def inline_outcome(spot: Spot, lang: str) -> Outcome:
     raw = ideal[len(ctx.lead) :]
     if ctx.mode == "line":
         raw = raw.split("\n")[0]  # the model stops at the line end
+    _, pinned = fill_request(ctx, SamplerSettings(draft=True), Options(), lambda text: len(text) // 3)
+    if pinned:  # the engine fills the hole before the pinned rest of the line and echoes it
+        if not raw.endswith(pinned):
+            return Outcome("pin differs", raw)
+        raw = strip_pinned_tail(raw, pinned)
     post = post_context(ctx)
     state = inline_chain(post).run(raw, post)
     trace = ",".join(state.trace) or "-"
@@ -332,6 +361,7 @@ def main() -> None:
     makers: dict[str, Callable[[], list[Spot]]] = {
         "line": lambda: line_spots(args.source, globs, args.limit, col0=False),
         "line@col0": lambda: line_spots(args.source, globs, args.limit, col0=True),
+        "line-closed": lambda: closed_line_spots(args.source, globs, args.limit),
         **{f"ml-{v}": (lambda v=v: several_line_spots(files, texts, lang, v, args.limit)) for v in ("eol", "blank", "mid")},
         **{v: (lambda v=v: action_spots(files, texts, lang, v, args.limit)) for v in KINDS if v[:3] in ("fh-", "cf-")},
     }  # fmt: skip

@@ -145,7 +145,12 @@ def inline_chain(ctx: PostContext, max_lines: int = 40) -> Chain:
         Rule(
             "balance_brackets",
             lambda t, c: balance_brackets(
-                t, c.outer, c.may_close, close_open=c.ends_line and not c.body_follows, in_string=c.in_string
+                t,
+                c.outer,
+                c.may_close,
+                close_open=c.ends_line and not c.body_follows,
+                in_string=c.in_string,
+                rest_of_line=c.rest_of_line,
             ),
         )
     )

@@ -19,13 +19,21 @@ _REPEAT = re.compile(r"(.{1,12}?)\1{3,}", re.S)
 
 
 def balance_brackets(
-    completion: str, outer: Sequence[str], may_close: int, close_open: bool = False, in_string: str = ""
+    completion: str,
+    outer: Sequence[str],
+    may_close: int,
+    close_open: bool = False,
+    in_string: str = "",
+    rest_of_line: str = "",
 ) -> str:
     """Cut the completion at the first closing bracket that the suffix already provides or that closes
     nothing (it may close `may_close` of the `outer` brackets open before it, innermost last); with
     `close_open`, append closers for brackets the completion left open. `in_string`: the quote the cursor
     is inside; the completion's text up to that quote's end is the string's, and its brackets close nothing
-    (`"/{v1` filled with `:[0-9]{3}}"`)."""
+    (`"/{v1` filled with `:[0-9]{3}}"`). A completion that leaves the brackets open as they were is kept
+    whole (`} catch (E e) {`), and so is one before code on its line (`rest_of_line`, such as the `)` an
+    editor that closes brackets leaves) where that code then closes what it reopened and nothing more than
+    was open before it: `expect(▮);` filled with `n).toBe(1`."""
     outer = list(outer)
     own: list[str] = []
     start = 0
@@ -34,6 +42,12 @@ def balance_brackets(
         if end is None:
             return completion  # all of it is inside the string
         start = end.end()
+    if _leaves_open(completion[start:], outer) == outer:
+        return completion  # what it closes it opens again (`} else {`): the code after reads the same
+    if rest_of_line.strip():
+        left = _leaves_open(completion[start:] + rest_of_line, outer)
+        if left is not None and left == outer[: len(left)]:
+            return completion
     for i, c in scan_brackets(completion[start:]):
         i += start
         if c in OPENERS:
@@ -49,6 +63,20 @@ def balance_brackets(
     if close_open and own:
         completion = completion.rstrip() + "".join(CLOSER_OF[c] for c in reversed(own))
     return completion
+
+
+def _leaves_open(text: str, outer: list[str]) -> list[str] | None:
+    """The brackets open after `text` that come after the `outer` ones open before it (None at a closer
+    that matches nothing)."""
+    stack = list(outer)
+    for _, c in scan_brackets(text):
+        if c in OPENERS:
+            stack.append(c)
+        elif stack and stack[-1] == MATCH[c]:
+            stack.pop()
+        else:
+            return None
+    return stack
 
 
 def _same_line(line: str, suffix_line: str, indented: bool) -> bool:

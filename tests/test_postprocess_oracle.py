@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_correct_answers_come_through_the_chains_whole(tmp_path):
     out = tmp_path / "oracle.json"
-    kinds = "line,line@col0,ml-eol,ml-blank,ml-mid,fh-hole,cf-blank"
+    kinds = "line,line@col0,line-closed,ml-eol,ml-blank,ml-mid,fh-hole,cf-blank"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "postprocess_oracle.py"), "--source",
          str(ROOT / "fixtures" / "realcode" / "project"), "--glob", "**/*.py", "--language", "python",

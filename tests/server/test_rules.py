@@ -69,6 +69,16 @@ def test_balance_brackets_closes_what_it_opened_after_a_cut():
     assert rules.balance_brackets("f(1))", (), 0, close_open=True) == "f(1)"
     assert rules.balance_brackets("a[0])", ("(",), 0) == "a[0]"  # the suffix has it (`y = g(▮)`)
     assert rules.balance_brackets("a[0]), 1", ("(",), 1) == "a[0]), 1"  # no suffix closes it: the fill may
+    # the code after the cursor on its line (an editor's closing `)`) closes what the fill reopens
+    balance = rules.balance_brackets
+    assert balance("runs).toBe(1", ("(",), 0, rest_of_line=");") == "runs).toBe(1"  # `expect(▮);`
+    assert balance(").array().min(2", ("(", "("), 0, rest_of_line="),") == ").array().min(2"
+    done = 'g.json").write(dumps(c'  # `(folder / "confi▮))`: the string ends, then two `(` the `))` close
+    assert balance(done, ("(",), 0, in_string='"', rest_of_line="))") == done
+    assert balance("runs].toBe(1", ("(",), 0, rest_of_line=");") == "runs"  # a closer of another kind
+    assert balance("a[0])", ("(",), 0, rest_of_line=")") == "a[0]"  # the line would close one too many
+    assert balance("b)", ("(",), 0) == "b"  # no code after it on the line: the next lines' `)` closes it
+    assert balance("} catch (E e) {", ("{",), 0, close_open=True) == "} catch (E e) {"  # closed, reopened
 
 
 def test_a_fill_inside_a_word_does_not_write_the_line_again():
