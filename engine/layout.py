@@ -173,6 +173,25 @@ def unclosed_on_line(line: str, lang: str | None = None) -> str:
     return "".join(CLOSER_OF[c] for c in reversed(stack))
 
 
+BRACELESS_HEADER = re.compile(r"(?:\}\s*)?(?:(?:else\s+)?if|while|for)\s*\(.*\)$|(?:\}\s*)?else$")
+
+
+def opens_braceless(line: str, lang: str | None = None) -> bool:
+    """Whether a line of a brace language is a control header without its brace, whose one statement goes
+    one level deeper on the next line: `if (l_unlikely(x))`, `} else`, `for (i = 0; i < n; i++)` (a comment
+    after it aside)."""
+    if lang not in BRACE_LANGUAGES:
+        return False
+    code, end = scan_line(line, lang)
+    stripped = re.sub(r"/\*.*?\*/", "", code).strip()
+    return (
+        end != "string"
+        and bool(BRACELESS_HEADER.fullmatch(stripped))
+        and bracket_depth(stripped.lstrip("}")) == 0
+        and not unclosed_on_line(stripped, lang)
+    )
+
+
 def opens_block(line: str, lang: str | None = None) -> bool:
     """Whether a line (up to the cursor) ends by opening a block whose first line goes below it: `def f(x):`,
     `if x > 0:`, `) -> int:` (a signature over several lines), `if (ok) {`, `case 1:`. Not `call(`, `[`, a

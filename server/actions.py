@@ -22,6 +22,7 @@ from dfim.engine.layout import (
     CLOSERS,
     code_of_line,
     opener_indent,
+    opens_braceless,
     statement_indent,
     unclosed_on_line,
 )
@@ -268,7 +269,9 @@ def plan_complete_function(inp: ActionInput) -> ActionPlan:
     else:
         # below the statement the cursor is in (a multi-line call or string included), at its
         # indentation, one level deeper after a line that opens a block (`:` or `{`, comments aside)
-        opens_block = start >= bs and code_of(line, inp.lang).endswith((":", "{"))
+        opens_block = start >= bs and (
+            code_of(line, inp.lang).endswith((":", "{")) or opens_braceless(line, inp.lang)
+        )
         at = line_end(text, start) if opens_block else statement_end(text, start, inp.lang)
         indent = (
             statement_indent(text[:at], inp.lang)

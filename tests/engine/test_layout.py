@@ -65,6 +65,19 @@ def test_unclosed_on_line_and_opens_block():
     assert not layout.opens_block("x = '{'", "python")
 
 
+def test_opens_braceless():
+    for line in (
+        "  if (getCcalls(L) >= MAX)",
+        "} else",
+        "for (i = 0; i < n; i++)  /* all */",
+        "else if (x) // y",
+    ):
+        assert layout.opens_braceless(line, "c"), line
+    for line in ("  if (x) return;", "if (a &&", "while (x) {", "foo(x)", "} while (x);"):
+        assert not layout.opens_braceless(line, "c"), line
+    assert not layout.opens_braceless("if (x)", "python")
+
+
 @pytest.mark.parametrize(
     ("line", "lang", "want"),
     [

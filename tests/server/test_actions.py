@@ -37,6 +37,15 @@ def test_complete_function_adds_lines_below_the_cursors_line_never_into_it():
     assert "completeFunction" not in actions.available_actions(text, "python", blank + 2, blank + 2)
 
 
+def test_complete_function_after_a_braceless_if_writes_its_statement_one_level_deeper():
+    text = "int f(int x) {\n  if (x > 0)\n}\n"
+    at = text.index("(x > 0)") + len("(x > 0)")
+    plan = actions.plan_action("completeFunction", text, "c", at, at)
+    assert plan.lead == "\n    "
+    ((s, e, new),) = actions.finish_action(plan, "return x;\n  return -x;")
+    assert text[:s] + new + text[e:] == "int f(int x) {\n  if (x > 0)\n    return x;\n  return -x;\n}\n"
+
+
 def test_fill_hole_keeps_neither_a_loop_nor_a_tail_that_does_not_parse():
     text = "def close(xs, t):\n    for x in xs:\n        pass\n    return False\n"
     at = text.index("pass")
