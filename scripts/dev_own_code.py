@@ -50,6 +50,8 @@ def problems(
 ) -> list[dict[str, str]]:
     if kind == "block":
         return block_problems(seed, per_file, root, patterns)
+    if kind == "closed":
+        return closed_problems(seed, per_file, root, patterns)
     rng = random.Random(seed)
     files = sorted({path for pattern in patterns for path in root.glob(pattern) if path.is_file()})
     out = []
@@ -74,6 +76,38 @@ def problems(
             prefix = "\n".join(lines[:i]) + "\n" + line[:cut]
             suffix = "\n" + "\n".join(lines[end:])
             out.append({"prefix": prefix, "suffix": suffix, "want": "\n".join(lines[i:end])[cut:]})
+    rng.shuffle(out)
+    return out
+
+
+CLOSERS = ")]}\"';,:"
+
+
+def closed_problems(
+    seed: int = 7, per_file: int = 6, root: Path = ROOT, patterns: tuple[str, ...] = OWN_CODE
+) -> list[dict[str, str]]:
+    """As "midline", on lines whose code ends with closers or punctuation (`)`, `");`, `],`): those stay after
+    the cursor, as an editor that closes brackets leaves them; missing is the code between."""
+    rng = random.Random(seed)
+    files = sorted({path for pattern in patterns for path in root.glob(pattern) if path.is_file()})
+    out = []
+    for path in files:
+        lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+        skip = PYTHON_SKIP if path.suffix == ".py" else OTHER_SKIP
+        candidates = []
+        for i, line in enumerate(lines):
+            code = line.rstrip()
+            closers = len(code) - len(code.rstrip(CLOSERS))
+            start = len(line) - len(line.lstrip())
+            if i > 20 and 12 <= len(line.strip()) <= 70 and not line.strip().startswith(skip):
+                if closers and len(code) - closers - start >= 2:
+                    candidates.append((i, len(code) - closers))
+        for i, close_at in rng.sample(candidates, min(per_file, len(candidates))):
+            line = lines[i]
+            cut = rng.randrange(len(line) - len(line.lstrip()) + 1, close_at)
+            prefix = "\n".join(lines[:i]) + "\n" + line[:cut]
+            suffix = line[close_at:] + "\n" + "\n".join(lines[i + 1 :])
+            out.append({"prefix": prefix, "suffix": suffix, "want": line[cut:close_at]})
     rng.shuffle(out)
     return out
 

@@ -131,9 +131,9 @@ def main() -> None:
     parser.add_argument(
         "--kind",
         default="line",
-        choices=("line", "midline", "block"),
-        help="--dev: where the cursor sits in the line (block: at the end of a line that opens a block, its "
-        "first lines missing)",
+        choices=("line", "midline", "closed", "block"),
+        help="--dev: where the cursor sits in the line (closed: as midline, before the closers the line ends "
+        "with, which stay; block: at the end of a line that opens a block, its first lines missing)",
     )
     parser.add_argument("--source", type=Path, default=ROOT, help="--dev: the checkout to draw lines from")
     parser.add_argument(
