@@ -46,6 +46,16 @@ def test_complete_function_after_a_braceless_if_writes_its_statement_one_level_d
     assert text[:s] + new + text[e:] == "int f(int x) {\n  if (x > 0)\n    return x;\n  return -x;\n}\n"
 
 
+def test_complete_function_reads_the_body_indent_below_a_brace_on_its_own_line():
+    """`where` clauses put a Rust function's `{` on a line of its own: the body is still one level in, and
+    a struct literal's closing `}` there is the body's line, not the end of the fill's scope."""
+    text = "fn f<I>(iter: I) -> W<I>\nwhere I: Iterator,\n{\n    W {\n        iter,\n}\n"
+    at = text.index("iter,\n") + len("iter,")
+    plan = actions.plan_action("completeFunction", text, "rust", at, at)
+    ((s, e, new),) = actions.finish_action(plan, "n: 0,\n    }")
+    assert text[:s] + new + text[e:] == text.replace("iter,\n", "iter,\n        n: 0,\n    }\n")
+
+
 def test_fill_hole_keeps_neither_a_loop_nor_a_tail_that_does_not_parse():
     text = "def close(xs, t):\n    for x in xs:\n        pass\n    return False\n"
     at = text.index("pass")
