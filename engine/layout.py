@@ -188,7 +188,6 @@ def opens_braceless(line: str, lang: str | None = None) -> bool:
         end != "string"
         and bool(BRACELESS_HEADER.fullmatch(stripped))
         and bracket_depth(stripped.lstrip("}")) == 0
-        and not unclosed_on_line(stripped, lang)
     )
 
 

@@ -91,17 +91,14 @@ def line_spots(root: Path, globs: tuple[str, ...], limit: int, col0: bool) -> li
     return out
 
 
-CLOSERS = ")]}\"';,:"
-
-
 def closed_line_spots(root: Path, globs: tuple[str, ...], limit: int) -> list[Spot]:
-    """After some of a line's code, the rest of it cut before the run of closers and punctuation it ends with, which stays in the
-    document after the cursor (lines that end with none are left out)."""
+    """After some of a line's code, the rest of it cut before the run of closers and punctuation it ends
+    with, which stays in the document after the cursor (lines that end with none are left out)."""
     out = []
     for p in dev_own_code.problems(kind="midline", root=root, patterns=globs):  # some of the line typed
         prefix, want, suffix = p["prefix"], p["want"], p["suffix"]
         code = want.rstrip()
-        rest = len(code) - len(code.rstrip(CLOSERS))
+        rest = len(code) - len(code.rstrip(dev_own_code.CLOSERS))
         if not rest or rest == len(code):
             continue
         cut = len(code) - rest

@@ -289,10 +289,8 @@ def _body_indent(text: str, bs: int, be: int) -> str | None:
     """The indentation of a function body's lines: its first line's, where the body starts a line (Python);
     in a brace body, that of its first line of code after the `{` line. None where no such line says."""
     first = text[line_start(text, bs) : line_end(text, bs)]
-    if text[bs : bs + 1] != "{" and text[bs:].startswith(first.strip()):
-        return leading_ws(first)  # not a `{` on a line of its own (`where T: Ord,` then `{`)
     if text[bs : bs + 1] != "{":
-        return None
+        return leading_ws(first) if text[bs:].startswith(first.strip()) else None
     at = next_line_start(text, bs)
     while at < be:
         line = text[at : line_end(text, at)]

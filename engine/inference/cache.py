@@ -139,25 +139,25 @@ class ContextCache:
     ) -> torch.Tensor | None:
         """Run `ids` after the cache's tokens; returns the logits [1, rows, V] after the last `rows` of them
         but `logits_back`, for a causal model or where asked for."""
-        batch = torch.tensor([ids], dtype=torch.long, device=self.device)
         logit_rows = rows + logits_back if want_logits or self.causal else 0
         try:
             if self.runner is not None and self.runner.takes(self, len(ids), logit_rows):
                 keys_values, logits = self.runner.encode(self, ids, logit_rows)
                 self.kv.extend(keys_values)
-                logits = None if logits is None else logits[:, :rows]
-            elif self.causal:
-                logits = self.model.causal_lm(batch, self.kv, last=rows + logits_back)[:, :rows]
-            elif want_logits:
-                logits = self.model.context_lm(batch, self.kv, last=rows + logits_back)[:, :rows]
             else:
-                self.model.encode(batch, self.kv)
-                logits = None
+                batch = torch.tensor([ids], dtype=torch.long, device=self.device)
+                if self.causal:
+                    logits = self.model.causal_lm(batch, self.kv, last=logit_rows)
+                elif want_logits:
+                    logits = self.model.context_lm(batch, self.kv, last=logit_rows)
+                else:
+                    self.model.encode(batch, self.kv)
+                    logits = None
         except BaseException:
             self.reset()  # a half-written cache must never be reused
             raise
         self.ids.extend(ids)
-        return logits
+        return None if logits is None else logits[:, :rows]
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -178,6 +178,20 @@ class FastDiffusionGemma:
             raise ValueError(f"{n} cache rows needed, the static cache holds {self.max_len} (raise max_len)")
         return hi
 
+    def _causal_masks(
+        self, positions: Tensor, hi: int, lo_hi: dict[bool, tuple[int, int]]
+    ) -> dict[bool, Tensor]:
+        """Per layer kind (sliding or not), the cache rows [lo, hi) each query at `positions` [T] sees: its own
+        and those before it, within the window on sliding layers -> [1, 1, T, hi - lo]."""
+        masks = {}
+        for sliding, (lo, _) in lo_hi.items():
+            diff = positions[:, None] - torch.arange(lo, hi, device=self.device)[None, :]
+            ok = diff >= 0
+            if sliding:
+                ok = ok & (diff < self.window)
+            masks[sliding] = ok[None, None]
+        return masks
+
     def _run_layers(
         self,
         x: Tensor,
@@ -291,13 +305,7 @@ class FastDiffusionGemma:
         """The encoder over the first `size` ids of `encode_ids` at the positions after `length_t`; with
         `logits`, the causal LM's logits at the rows `logit_index` names go to `logits_encode`."""
         positions = self.length_t + torch.arange(size, device=self.device)
-        masks = {}
-        for sliding, (lo, _) in lo_hi.items():
-            diff = positions[:, None] - torch.arange(lo, hi, device=self.device)[None, :]
-            ok = diff >= 0
-            if sliding:
-                ok = ok & (diff < self.window)
-            masks[sliding] = ok[None, None]
+        masks = self._causal_masks(positions, hi, lo_hi)
         x = self.embed(self.encode_ids[:, :size])
         x = self._run_layers(x, positions, lo_hi, masks, encoder=True, last_ffn=logits)
         if logits:
@@ -388,13 +396,7 @@ class FastDiffusionGemma:
 
     def _ar_forward(self, hi: int, lo_hi: dict[bool, tuple[int, int]]) -> Tensor:
         """The network as a causal LM for the token in `ar_token` at `ar_pos` -> logits [1, 1, V]."""
-        masks = {}
-        for sliding, (lo, _) in lo_hi.items():
-            keys = torch.arange(lo, hi, device=self.device)
-            ok = keys <= self.ar_pos
-            if sliding:
-                ok = ok & (keys > self.ar_pos - self.window)
-            masks[sliding] = ok[None, None, None]
+        masks = self._causal_masks(self.ar_pos, hi, lo_hi)
         x = self._run_layers(self.embed(self.ar_token), self.ar_pos, lo_hi, masks, encoder=True)
         return self.logits(x)
 
