@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dfim.engine.model import triton_norm
 from dfim.engine.model.config import FULL, ModelConfig
-from dfim.engine.model.ops import Packed, RMSNorm, fused_views, linear, rms_norm
+from dfim.engine.model.ops import Packed, RMSNorm, fused_views, linear, rms_norm, row_views
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -89,6 +90,7 @@ class Attention(nn.Module):
         self.qkv: Tensor | None = None  # [H, (Hq + 2 Hkv) D] after `fuse_linears` (CPU inference)
         self.qkv_packed: Packed | None = None  # fp16 copies for few-row products (`pack_fp16`)
         self.o_packed: Packed | None = None
+        self.qkv_rows: Tensor | None = None  # [(Hq + 2 Hkv) D, H] after `fuse_rows` (GPU inference)
 
     def project(
         self, x: Tensor, cos: Tensor, sin: Tensor, rolled: bool = False
@@ -97,6 +99,18 @@ class Attention(nn.Module):
         come from `roll_tables` (the decoder's cached canvas tables)."""
         b, t, _ = x.shape
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        own_v = [self.v_proj] if self.v_proj is not None else []
+        if (
+            not rolled
+            and triton_norm.applies(x)
+            and row_views(self.qkv_rows, self.q_proj, self.k_proj, *own_v)
+        ):
+            # GPU: one product for q, k and v, then three kernels norm and rotate every head (~16 ops)
+            heads = F.linear(x, self.qkv_rows).view(b, t, -1, d)
+            weights = (self.q_norm.weight, self.k_norm.weight)
+            return triton_norm.head_norm_rope(
+                heads, (hq, hkv, hkv if own_v else 0), weights, cos, sin, self.q_norm.eps
+            )
         if fused_views(
             self.qkv, self.q_proj, self.k_proj, *([self.v_proj] if self.v_proj is not None else [])
         ):

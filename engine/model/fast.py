@@ -6,8 +6,13 @@ what it adds is where keys and values live, how the experts run, and graphs:
 - **Static KV cache.** One preallocated [1, Hkv, max_len, D] tensor pair per layer. The encoder
   (`encode`) writes the context there, or `copy_context` copies it from a plain `KVCache`; the decoder writes the canvas keys/values into the scratch rows just
   after the context (so it needs no concatenation) and never moves `length`; the autoregressive
-  decode writes one row per token. Attention reads a static slice [lo, hi) of the cache and masks
-  what is not valid, so one captured graph serves every context length inside a `bucket`.
+  decode writes one row per token. Attention reads a static slice [lo, hi) of the cache and each query
+  sees only the key intervals its `bounds` row names, so one captured graph serves every context length
+  inside a `bucket`. On CUDA the attention is a Triton kernel that reads the bounds
+  (`dfim.engine.model.triton_attention`); elsewhere SDPA runs with the mask they say.
+- **Fewer kernels a layer on CUDA.** q, k and v come from one product over row-fused weights (`ops.fuse_rows`),
+  their norms and RoPE are three kernels, and the norms around the residual are fused
+  (`dfim.engine.model.triton_norm`).
 - **Grouped mixture of experts.** The network's `Experts` run in a sync-free mode
   (`dfim.engine.model.experts.GPU_KERNELS`): token-expert pairs sorted by expert through
   `torch._grouped_mm` (one CUTLASS grouped GEMM for all 128 experts, empty groups cost nothing), or,
@@ -30,6 +35,7 @@ rows only, so one pass (and one read of the experts' weights) serves every row.
 
 from __future__ import annotations
 
+import functools
 import logging
 from functools import partial
 from pathlib import Path
@@ -38,11 +44,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dfim.engine.model import triton_attention, triton_norm
 from dfim.engine.model.attention import Attention, rope_inv_freq
 from dfim.engine.model.config import FULL
 from dfim.engine.model.experts import pick_gpu_kernel
 from dfim.engine.model.kv_cache import KVCache
 from dfim.engine.model.network import DiffusionGemma, compile_layers
+from dfim.engine.model.ops import fuse_rows
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +120,11 @@ class FastDiffusionGemma:
         )
         for layer in self.layers:
             layer.experts.mode = self.moe
+        if self.device.type == "cuda" or triton_norm.interpreting():
+            for layer in self.layers:  # one q/k/v product (the weights become views: no copy kept)
+                attn = layer.self_attn
+                attn.qkv_rows = fuse_rows(attn.q_proj, attn.k_proj, *([attn.v_proj] if attn.v_proj else []))
+        self.attention = pick_attention(self.device, self.dtype)
         self.compiled = compile
         if compile:
             compile_layers(model)
@@ -142,7 +155,7 @@ class FastDiffusionGemma:
         """What a decoder pass runs (dfim/stats): graphs (a capture that fails turns them off for good), how
         many are captured, the experts' kernel and whether the layers are compiled."""
         graphs = {"graphs": self.use_graphs, "graphs_captured": len(self._graphs)}
-        return {**graphs, "experts": self.moe, "compiled": self.compiled}
+        return {**graphs, "experts": self.moe, "attention": self.attention, "compiled": self.compiled}
 
     # --- cache ------------------------------------------------------------------------------------
 
@@ -178,26 +191,22 @@ class FastDiffusionGemma:
             raise ValueError(f"{n} cache rows needed, the static cache holds {self.max_len} (raise max_len)")
         return hi
 
-    def _causal_masks(
-        self, positions: Tensor, hi: int, lo_hi: dict[bool, tuple[int, int]]
-    ) -> dict[bool, Tensor]:
-        """Per layer kind (sliding or not), the cache rows [lo, hi) each query at `positions` [T] sees: its own
-        and those before it, within the window on sliding layers -> [1, 1, T, hi - lo]."""
-        masks = {}
-        for sliding, (lo, _) in lo_hi.items():
-            diff = positions[:, None] - torch.arange(lo, hi, device=self.device)[None, :]
-            ok = diff >= 0
-            if sliding:
-                ok = ok & (diff < self.window)
-            masks[sliding] = ok[None, None]
-        return masks
+    def _causal_bounds(self, positions: Tensor) -> dict[bool, Tensor]:
+        """Per layer kind (sliding or not), the keys each query at `positions` [T] sees: its own and those
+        before it, within the window on sliding layers -> bounds [T, 4] (`triton_attention`)."""
+        none = torch.zeros_like(positions)
+        lowest = (positions - self.window + 1).clamp(min=0)
+        return {
+            s: torch.stack([lowest if s else none, positions + 1, none, none], dim=1).int()
+            for s in (False, True)
+        }
 
     def _run_layers(
         self,
         x: Tensor,
         positions: Tensor,
         lo_hi: dict[bool, tuple[int, int]],
-        masks: dict[bool, Tensor],
+        bounds: dict[bool, Tensor],
         *,
         encoder: bool,
         last_ffn: bool = True,
@@ -211,7 +220,7 @@ class FastDiffusionGemma:
         for i, layer in enumerate(self.layers):
             sliding = layer.self_attn.is_sliding
             lo, hi = lo_hi[sliding]
-            attend = partial(self._attend_static, i, slots, lo, hi, masks[sliding])
+            attend = partial(self._attend_static, i, slots, lo, hi, bounds[sliding])
             scalar = self.encoder_scalars[i] if encoder else layer.layer_scalar
             x = layer(x, tables[sliding], attend, scalar, rows=0 if i == last and not last_ffn else None)
         return x
@@ -222,24 +231,27 @@ class FastDiffusionGemma:
         slots: Tensor,
         lo: int,
         hi: int,
-        mask: Tensor,
+        bounds: Tensor,
         attn: Attention,
         q: Tensor,
         k: Tensor,
         v: Tensor,
     ) -> Tensor:
         """Write the new keys/values at rows `slots` of layer i's static cache, attend over its rows [lo, hi)
-        where `mask` [1, 1, T|1, hi-lo] allows. Grouped-query attention without copying K/V: the query heads
+        where `bounds` [T, 4] allows. SDPA's grouped-query attention without copying K/V: the query heads
         sharing one KV head are folded into the query-length axis ([1, Hkv, G*T, D]), so SDPA sees plain
-        multi-head attention."""
+        multi-head attention (the Triton kernel folds them the same way)."""
         cache_k, cache_v = self.cache_k[i], self.cache_v[i]
         cache_k[:, :, slots] = k
         cache_v[:, :, slots] = v
+        if self.attention == "triton":
+            return attn.o_proj(triton_attention.attend(q, cache_k, cache_v, lo, hi, bounds))
         b, heads, t, head_dim = q.shape
         kv_heads = attn.num_kv_heads
         groups = heads // kv_heads
         qg = q.reshape(b, kv_heads, groups * t, head_dim)
-        if mask.shape[-2] > 1 and groups > 1:
+        mask = triton_attention.interval_mask(bounds, lo, hi)[None, None]
+        if groups > 1:
             mask = mask[:, :, None].expand(1, 1, groups, t, hi - lo).reshape(1, 1, groups * t, hi - lo)
         out = F.scaled_dot_product_attention(
             qg, cache_k[:, :, lo:hi], cache_v[:, :, lo:hi], attn_mask=mask, scale=1.0
@@ -305,9 +317,10 @@ class FastDiffusionGemma:
         """The encoder over the first `size` ids of `encode_ids` at the positions after `length_t`; with
         `logits`, the causal LM's logits at the rows `logit_index` names go to `logits_encode`."""
         positions = self.length_t + torch.arange(size, device=self.device)
-        masks = self._causal_masks(positions, hi, lo_hi)
         x = self.embed(self.encode_ids[:, :size])
-        x = self._run_layers(x, positions, lo_hi, masks, encoder=True, last_ffn=logits)
+        x = self._run_layers(
+            x, positions, lo_hi, self._causal_bounds(positions), encoder=True, last_ffn=logits
+        )
         if logits:
             self.logits_encode.copy_(self.logits(x[:, self.logit_index]))
 
@@ -339,19 +352,17 @@ class FastDiffusionGemma:
         offsets = torch.arange(tokens, device=self.device)
         slots = self.length_t + offsets
         positions = self.length_t + offsets % length
-        masks = {}
-        for sliding, (lo, _) in lo_hi.items():
-            keys = torch.arange(lo, hi, device=self.device)
-            if rows == 1:
-                ok = (keys < self.length_t + length)[None]  # one mask row serves every query
-            else:
-                start = self.length_t + (offsets // length) * length  # first cache row of each query's row
-                own = (keys[None] >= start[:, None]) & (keys[None] < start[:, None] + length)
-                ok = (keys < self.length_t)[None] | own
-            if sliding:
-                ok = ok & (keys >= self.length_t - self.window + 1)[None]
-            masks[sliding] = ok[None, None]
-        return self.logits(self._run_layers(x, positions, lo_hi, masks, encoder=False, slots=slots))
+        # each query sees the context (within the window on sliding layers) and its own row's cache rows
+        context = self.length_t.expand(tokens)
+        start = self.length_t + (offsets // length) * length
+        lowest = (context - self.window + 1).clamp(min=0)
+        bounds = {
+            s: torch.stack(
+                [lowest if s else torch.zeros_like(start), context, start, start + length], dim=1
+            ).int()
+            for s in (False, True)
+        }
+        return self.logits(self._run_layers(x, positions, lo_hi, bounds, encoder=False, slots=slots))
 
     def fits_rows(self, rows: int, length: int) -> bool:
         """Whether one pass takes `rows` canvases of `length` tokens after the context held: they share the
@@ -396,8 +407,8 @@ class FastDiffusionGemma:
 
     def _ar_forward(self, hi: int, lo_hi: dict[bool, tuple[int, int]]) -> Tensor:
         """The network as a causal LM for the token in `ar_token` at `ar_pos` -> logits [1, 1, V]."""
-        masks = self._causal_masks(self.ar_pos, hi, lo_hi)
-        x = self._run_layers(self.embed(self.ar_token), self.ar_pos, lo_hi, masks, encoder=True)
+        bounds = self._causal_bounds(self.ar_pos)
+        x = self._run_layers(self.embed(self.ar_token), self.ar_pos, lo_hi, bounds, encoder=True)
         return self.logits(x)
 
     def _ar_step(self, hi: int, lo_hi: dict[bool, tuple[int, int]]) -> None:
@@ -488,6 +499,22 @@ def load_fast(
 
     model, _ = load_model(folder, device=device, dtype=dtype)
     return FastDiffusionGemma(model, **options)
+
+
+@functools.cache
+def pick_attention(device: torch.device, dtype: torch.dtype) -> str:
+    """ "triton" where `triton_attention` runs here and agrees with SDPA (`triton_attention.self_test`), else
+    "sdpa"."""
+    if not (device.type == "cuda" or triton_norm.interpreting()) or not triton_attention.available():
+        return "sdpa"
+    try:
+        error = triton_attention.self_test(device, dtype)
+        if not error < 2e-2:
+            raise ValueError(f"relative error {error:.2e} against SDPA")
+    except Exception as err:  # a kernel that fails to build or to agree: SDPA, with the reason in the log
+        log.warning("the Triton attention kernel is not used (%s); SDPA runs instead", err)
+        return "sdpa"
+    return "triton"
 
 
 def weight_bytes(model: DiffusionGemma) -> int:

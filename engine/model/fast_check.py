@@ -280,3 +280,63 @@ def norm_mismatches(
         if worst > NORM_TOLERANCE[torch.float32]:
             found.append(f"strided [2, 3, 5, 64] view: {worst:.2e}")
     return found
+
+
+def fused_norm_mismatches(device: torch.device | str, width: int = 2816, head_dim: int = 256) -> list[str]:
+    """Where the fused kernels of `dfim.engine.model.triton_norm` (the residual norms, the heads' norm and
+    RoPE) differ from the PyTorch ops they replace beyond NORM_TOLERANCE (relative, per element), in every
+    dtype of NORM_TOLERANCE that `device` computes; with and without v heads of their own. Empty: they agree."""
+    from dfim.engine.model import ops, triton_norm
+    from dfim.engine.model.attention import apply_rope
+
+    g = torch.Generator(device=device).manual_seed(0)
+    found: list[str] = []
+
+    def compare(what: str, got: Tensor, want: Tensor, tol: float) -> None:
+        # relative, but sums that cancel to ~0 are measured against 0.1 (their inputs are O(1))
+        err = (got.float() - want.float()).abs() / want.float().abs().clamp(min=0.1)
+        worst = float(err.max()) if want.numel() else 0.0
+        if got.dtype != want.dtype or got.shape != want.shape or worst > tol:
+            found.append(f"{what}: {worst:.2e}")
+
+    def rand(*shape: int, dtype: torch.dtype, scale: float = 3.0) -> Tensor:
+        return (torch.randn(*shape, generator=g, device=device) * scale).to(dtype)
+
+    def reference_norm(t: Tensor, w: Tensor | None) -> Tensor:
+        return ops.rms_norm_reference(t, w, 1e-6)
+
+    dtypes = [torch.float32, torch.float16] if str(device) == "cpu" else list(NORM_TOLERANCE)
+    with torch.no_grad():
+        for dtype in dtypes:
+            tol = NORM_TOLERANCE.get(dtype, 2.0**-9)
+            x, y, a, b = (rand(1, 7, width, dtype=dtype) for _ in range(4))
+            w = [(torch.rand(width, generator=g, device=device) + 0.5).to(dtype) for _ in range(3)]
+            scalar = torch.tensor([0.75], device=device).to(dtype)
+            compare(
+                f"residual_norm {dtype}",
+                triton_norm.residual_norm(x, y, w[0], 1e-6),
+                x + reference_norm(y, w[0]),
+                tol,
+            )
+            want = (x + reference_norm(reference_norm(a, w[0]) + reference_norm(b, w[1]), w[2])) * scalar
+            got = triton_norm.feed_forward_residual(x, a, b, (w[0], w[1], w[2]), scalar, 1e-6)
+            compare(f"feed_forward_residual {dtype}", got, want, tol)
+            for hq, hkv, hv in ((4, 2, 2), (4, 1, 0)):
+                heads = rand(1, 5, hq + hkv + hv, head_dim, dtype=dtype)
+                wq, wk = (
+                    (torch.rand(head_dim, generator=g, device=device) + 0.5).to(dtype) for _ in range(2)
+                )
+                angles = torch.rand(5, head_dim // 2, generator=g, device=device) * 6
+                emb = torch.cat([angles, angles], dim=-1)[None]
+                cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+                q, k, v = triton_norm.head_norm_rope(heads, (hq, hkv, hv), (wq, wk), cos, sin, 1e-6)
+                want_q = apply_rope(reference_norm(heads[:, :, :hq], wq), cos, sin).transpose(1, 2)
+                want_k = apply_rope(reference_norm(heads[:, :, hq : hq + hkv], wk), cos, sin).transpose(1, 2)
+                want_v = reference_norm(heads[:, :, hq + hkv :] if hv else heads[:, :, hq : hq + hkv], None)
+                for name, got_t, want_t in (
+                    ("q", q, want_q),
+                    ("k", k, want_k),
+                    ("v", v, want_v.transpose(1, 2)),
+                ):
+                    compare(f"head_norm_rope {name} {dtype} v heads {hv}", got_t, want_t, tol)
+    return found

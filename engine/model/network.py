@@ -27,12 +27,14 @@ from dfim.engine.model.kv_cache import KVCache
 from dfim.engine.model.ops import (
     Packed,
     RMSNorm,
+    feed_forward_residual,
     fuse_linears,
     fused_views,
     gelu,
     linear,
     pack_fp16,
     pack_weight,
+    residual_norm,
 )
 
 # How a layer's attention reads its keys and values: (attention module, q, k, v) -> attended [B, T, H].
@@ -93,19 +95,25 @@ class Layer(nn.Module):
         `roll_tables` form. With `rows`, only the last `rows` positions go on through the feed-forward (the
         last layer of a causal pass: it shapes no key or value), and none at all for rows=0."""
         q, k, v = self.self_attn.project(self.input_layernorm(x), *rope, rolled=rolled)
-        x = x + self.post_attention_layernorm(attend(self.self_attn, q, k, v))
+        x = residual_norm(x, attend(self.self_attn, q, k, v), self.post_attention_layernorm)
         if rows is not None:
             x = x[:, x.shape[1] - rows :]
             if rows == 0:
                 return x
-        return (x + self.feed_forward(x)) * scalar
+        return self.feed_forward(x, scalar)
 
-    def feed_forward(self, x: Tensor) -> Tensor:
-        dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
+    def feed_forward(self, x: Tensor, scalar: Tensor) -> Tensor:
+        """(x + the dense MLP's and the experts' outputs, each normed, summed and normed) * scalar."""
+        dense = self.mlp(self.pre_feedforward_layernorm(x))
         flat = x.reshape(-1, x.shape[-1])
         weights, index = self.router(flat)  # the router reads the un-normed residual
         moe = self.experts(self.pre_feedforward_layernorm_2(flat), weights, index).reshape(x.shape)
-        return self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(moe))
+        norms = (
+            self.post_feedforward_layernorm_1,
+            self.post_feedforward_layernorm_2,
+            self.post_feedforward_layernorm,
+        )
+        return feed_forward_residual(x, dense, moe, norms, scalar)
 
 
 class SelfConditioning(nn.Module):

@@ -26,7 +26,7 @@ class RMSNorm(nn.Module):
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-    if x.is_cuda and triton_norm.applies(x):
+    if triton_norm.applies(x):
         return triton_norm.rms_norm(x, weight, eps)  # one kernel where the reference launches ~8
     if (
         x.dtype == torch.float32
@@ -37,6 +37,24 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
         # runs ~90 norms on [L, 256] rows, where per-op dispatch costs more than the arithmetic.
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     return rms_norm_reference(x, weight, eps)
+
+
+def residual_norm(x: Tensor, y: Tensor, norm: RMSNorm) -> Tensor:
+    """`x + norm(y)`: a branch normed and added to the residual (one kernel on CUDA)."""
+    if norm.weight is not None and triton_norm.applies(x) and x.shape == y.shape:
+        return triton_norm.residual_norm(x, y, norm.weight, norm.eps)
+    return x + norm(y)
+
+
+def feed_forward_residual(
+    x: Tensor, dense: Tensor, moe: Tensor, norms: tuple[RMSNorm, RMSNorm, RMSNorm], scalar: Tensor
+) -> Tensor:
+    """`(x + norms[2](norms[0](dense) + norms[1](moe))) * scalar`: a Gemma-4 layer's two feed-forward branches
+    joined and added to the residual (one kernel on CUDA where PyTorch launches about ten)."""
+    weights = tuple(n.weight for n in norms)
+    if triton_norm.applies(x) and x.shape == dense.shape == moe.shape and None not in weights:
+        return triton_norm.feed_forward_residual(x, dense, moe, weights, scalar, norms[2].eps)  # type: ignore[arg-type]
+    return (x + norms[2](norms[0](dense) + norms[1](moe))) * scalar
 
 
 def rms_norm_reference(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
@@ -147,6 +165,32 @@ def fuse_linears(*linears: nn.Linear) -> Tensor:
         lin.weight.data = fused[:, start : start + out].t()
         start += out
     return fused
+
+
+def fuse_rows(*linears: nn.Linear) -> Tensor:
+    """Re-lay the weights of linears that read the same input as consecutive rows of one [sum(out), in]
+    matrix and return it: `F.linear(x, fused)` computes all of them in one GEMM, each weight stays a
+    contiguous row-major view (the GPU's layout; `fuse_linears` is the CPU's), and the values and the
+    `state_dict` are unchanged."""
+    fused = torch.cat([lin.weight.detach() for lin in linears])
+    start = 0
+    for lin in linears:
+        out = lin.weight.shape[0]
+        lin.weight.data = fused[start : start + out]
+        start += out
+    return fused
+
+
+def row_views(fused: Tensor | None, *linears: nn.Linear | None) -> bool:
+    """Whether `fused` (from `fuse_rows`) still holds these linears' weights, as `fused_views` asks."""
+    if fused is None or torch.is_grad_enabled():
+        return False
+    start = fused.data_ptr()
+    for lin in linears:
+        if lin is None or lin.weight.data_ptr() != start or not lin.weight.is_contiguous():
+            return False
+        start += lin.weight.numel() * fused.element_size()
+    return True
 
 
 def fused_views(fused: Tensor | None, *linears: nn.Linear | None) -> bool:

@@ -1,10 +1,14 @@
-"""RMSNorm as one Triton kernel, for inference on CUDA.
+"""RMSNorm as one Triton kernel, for inference on CUDA, and the norms around a layer's residual fused.
 
 Why: Gemma's RMSNorm in plain PyTorch is about eight kernels (cast up, square, mean, add, rsqrt, two
 multiplies, cast down), and a denoising step of the 26B-A4B shape runs ~300 norms, most of them on a few
 hundred rows. In eager mode with CUDA graphs (the server's default on a GPU) those ~2,400 small kernels cost
 6.8 of a 45 ms step (docs/gpu.md, "Where a step's time goes"); one kernel a norm removes most of that.
 `torch.compile` fuses them as well, but it costs the first fill of every new shape tens of seconds.
+
+A layer's other norms go with what surrounds them: `residual_norm` adds a normed branch to the residual
+(two kernels become one), `feed_forward_residual` the dense and experts' branches (about ten become one),
+`head_norm_rope` norms and rotates every q/k/v head of a fused projection (about sixteen become three).
 
 The arithmetic is the reference's (`dfim.engine.model.ops.rms_norm`): the row in fp32, mean of squares,
 `rsqrt(mean + eps)`, times the weight in fp32, one rounding to the input's dtype at the end.
@@ -16,6 +20,7 @@ reference arithmetic (`available()` is False).
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import torch
@@ -24,26 +29,20 @@ from torch import Tensor
 
 @functools.cache
 def _compiled() -> tuple[Any, Any] | None:
-    """(triton, the row kernel), or None where Triton cannot be imported."""
+    """(triton, the kernels module), or None where Triton cannot be imported."""
     try:
         import triton
-        import triton.language as tl
+
+        from dfim.engine.model import triton_norm_kernels as kernels
     except ImportError:
         return None
+    return triton, kernels
 
-    @triton.jit
-    def rms_norm_rows(x_ptr, w_ptr, out_ptr, n_cols, x_stride, out_stride, eps,
-                      HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        inside = cols < n_cols
-        x = tl.load(x_ptr + row * x_stride + cols, mask=inside, other=0.0).to(tl.float32)
-        y = x * tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-        if HAS_WEIGHT:
-            y = y * tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=inside)
 
-    return triton, rms_norm_rows
+def interpreting() -> bool:
+    """Whether Triton's interpreter runs kernels on the CPU here (TRITON_INTERPRET=1, tests only): then the
+    fused kernels apply to CPU tensors too, so the CPU can check the code a GPU runs."""
+    return os.environ.get("TRITON_INTERPRET") == "1" and available()
 
 
 def available() -> bool:
@@ -55,7 +54,7 @@ def applies(x: Tensor) -> bool:
     """Whether `ops.rms_norm` should use the kernel for `x`: inference on CUDA, outside `torch.compile`
     (which fuses the reference itself and would only trip over an opaque call), with Triton present."""
     return (
-        x.is_cuda
+        (x.is_cuda or interpreting())
         and not torch.is_grad_enabled()
         and not torch.compiler.is_compiling()
         and x.shape[-1] <= 65536
@@ -69,7 +68,7 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     compiled = _compiled()
     if compiled is None:
         raise RuntimeError("Triton is not available here")
-    triton, kernel = compiled
+    triton, kernels = compiled
     cols = x.shape[-1]
     flat = x.reshape(-1, cols)
     if flat.stride(-1) != 1:
@@ -80,7 +79,7 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
         return out.view(x.shape)
     block = triton.next_power_of_2(cols)
     has_weight = weight is not None
-    kernel[(rows,)](
+    kernels.rms_norm_rows[(rows,)](
         flat,
         weight.contiguous() if has_weight else flat,  # an unused pointer when there is no weight
         out,
@@ -90,6 +89,88 @@ def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
         eps,
         HAS_WEIGHT=has_weight,
         BLOCK=block,
-        num_warps=8 if block >= 4096 else 4 if block >= 1024 else 2,
+        num_warps=_warps(block),
     )
     return out.view(x.shape)
+
+
+def _warps(block: int) -> int:
+    return 8 if block >= 4096 else 4 if block >= 1024 else 2
+
+
+def _kernels() -> tuple[Any, Any]:
+    compiled = _compiled()
+    if compiled is None:
+        raise RuntimeError("Triton is not available here")
+    return compiled
+
+
+def residual_norm(x: Tensor, y: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """`x + rms_norm(y, weight)` (a branch added to the residual) in one kernel; x and y [..., H] alike."""
+    triton, kernels = _kernels()
+    cols = x.shape[-1]
+    x, y = x.contiguous(), y.contiguous()
+    out = torch.empty_like(x)
+    if rows := x.numel() // max(cols, 1):
+        block = triton.next_power_of_2(cols)
+        kernels.residual_norm_rows[(rows,)](
+            x, y, weight.contiguous(), out, cols, eps, BLOCK=block, num_warps=_warps(block)
+        )
+    return out
+
+
+def feed_forward_residual(
+    x: Tensor,
+    a: Tensor,
+    b: Tensor,
+    weights: tuple[Tensor, Tensor, Tensor],
+    scalar: Tensor,
+    eps: float,
+) -> Tensor:
+    """`(x + rms_norm(rms_norm(a, wa) + rms_norm(b, wb), w)) * scalar` (a layer's dense and experts' branches
+    normed, summed, normed, added to the residual and scaled), weights = (wa, wb, w), in one kernel."""
+    triton, kernels = _kernels()
+    cols = x.shape[-1]
+    x, a, b = x.contiguous(), a.contiguous(), b.contiguous()
+    out = torch.empty_like(x)
+    if rows := x.numel() // max(cols, 1):
+        block = triton.next_power_of_2(cols)
+        kernels.feed_forward_residual_rows[(rows,)](
+            x, a, b, *(w.contiguous() for w in weights), scalar, out, cols, eps, BLOCK=block,
+            num_warps=_warps(block),
+        )  # fmt: skip
+    return out
+
+
+def head_norm_rope(
+    heads: Tensor,
+    counts: tuple[int, int, int],
+    weights: tuple[Tensor, Tensor],
+    cos: Tensor,
+    sin: Tensor,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k and v from a fused q/k/v product `heads` [B, T, Hq + Hkv + Hv, D] (Hv 0: v is the k heads
+    themselves, as Gemma's full layers have it): q and k normed with their weights and rotated by cos/sin
+    [B|1, T, D] (`attention.apply_rope`), v normed without a weight -> [B, Hq|Hkv, T, D], contiguous. Three
+    kernel launches; the values are those of `rms_norm` then `apply_rope` in the heads' dtype."""
+    triton, kernels = _kernels()
+    b, t, _, d = heads.shape
+    hq, hkv, hv = counts
+    src = heads.reshape(b * t, -1)
+    if src.stride(-1) != 1:
+        src = src.contiguous()
+    tokens = b * t
+    cos = cos.expand(b, t, d).contiguous()
+    sin = sin.expand(b, t, d).contiguous()
+    outs = []
+    for first, n, weight, rope in ((0, hq, weights[0], True), (hq, hkv, weights[1], True),
+                                   (hq + hkv if hv else hq, hv or hkv, None, False)):  # fmt: skip
+        out = torch.empty(b, n, t, d, dtype=heads.dtype, device=heads.device)
+        if tokens and n:
+            kernels.head_norm_rope_rows[(tokens, n)](
+                src, weight if weight is not None else src, cos, sin, out, first, n, t, src.stride(0), eps,
+                HEAD_DIM=d, HAS_WEIGHT=weight is not None, ROPE=rope, num_warps=_warps(d),
+            )  # fmt: skip
+        outs.append(out)
+    return outs[0], outs[1], outs[2]

@@ -258,5 +258,6 @@ def test_path_info_says_where_fills_denoise(tmp_path):
         "graphs": False,  # CUDA only
         "graphs_captured": 0,
         "experts": fast.model.decoder.layers[0].experts.mode,
+        "attention": "sdpa",  # the Triton kernel: CUDA only
         "compiled": False,  # the engine never compiles the layers
     }

@@ -70,7 +70,7 @@ def causal_logits(model: DiffusionGemma, ids: torch.Tensor) -> torch.Tensor:
         attn = layer.self_attn
         q, k, v = attn.project(layer.input_layernorm(x), *tables[model.config.layer_types[i]])
         x = x + layer.post_attention_layernorm(attn.attend(q, k, v, masks[attn.is_sliding][None, None]))
-        x = (x + layer.feed_forward(x)) * model.model.encoder.language_model.layers[i].layer_scalar
+        x = layer.feed_forward(x, model.model.encoder.language_model.layers[i].layer_scalar)
     return model.logits(x)
 
 

@@ -1,0 +1,131 @@
+"""Attention over the fast path's static KV cache as Triton kernels, for inference on CUDA.
+
+Why: the fast path attends a static slice [lo, hi) of each layer's cache so that one CUDA graph serves every
+context length in a bucket, and hides what a query must not see with a boolean mask. With a mask, PyTorch's
+SDPA cannot take its flash kernel on the sliding layers (the memory-efficient one runs), and on the full
+layers (head_dim 512) cuDNN's flash kernel spreads a few dozen query rows over as few blocks: at a typing
+fill's 64 canvas rows over 1,280 keys it took 0.32 ms a full layer, for a few microseconds of arithmetic
+(docs/gpu.md). Building and expanding the masks and the layout copies around SDPA cost more kernels.
+
+Here there is no mask tensor: each query position carries two key intervals, [lo1, hi1) and [lo2, hi2)
+(`bounds`, [T, 4] int32, computed once a pass per layer kind), which say every mask the fast path needs:
+a causal context row sees [its position - window + 1, position]; a canvas row sees the context and its own
+canvas row's keys. `attend_keys` folds the query heads that share a KV head into its rows (one read of a key
+block serves all of them), runs an online softmax in fp32 over the key blocks some row can see, and, when
+there are too few (head, row block) programs to fill the GPU, splits the keys too; `combine_splits` then
+merges the splits' partial sums (flash-decoding). The output is written as [T, Hq * D], the layout the
+output projection reads, so no transpose follows.
+
+Triton is imported on first use only: the CPU path never needs it (`available()` is False without it).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# Programs to aim for (about two per SM of an H100/H200) before the keys are split, and the fewest keys a
+# split is worth.
+TARGET_PROGRAMS = 264
+MIN_SPLIT_KEYS = 128
+
+
+@functools.cache
+def _compiled() -> tuple[Any, Any] | None:
+    """(triton, the kernels module), or None where Triton cannot be imported."""
+    try:
+        import triton
+
+        from dfim.engine.model import triton_attention_kernels as kernels
+    except ImportError:
+        return None
+    return triton, kernels
+
+
+def available() -> bool:
+    """Whether the kernels can run here (Triton imports)."""
+    return _compiled() is not None
+
+
+def blocks_for(head_dim: int, rows: int) -> tuple[int, int, int]:
+    """(query rows a program, keys a step, warps): the fp32 accumulator of a 512-wide head takes 16 rows."""
+    if head_dim >= 512:
+        return 16, 32, 4
+    return (16 if rows <= 16 else 32 if rows <= 256 else 64), 64, 4
+
+
+def interval_mask(bounds: Tensor, lo: int, hi: int) -> Tensor:
+    """The boolean mask [T, hi - lo] `bounds` [T, 4] says over keys [lo, hi) (True = attend): what the
+    kernel computes, for SDPA where the kernel does not run."""
+    keys = torch.arange(lo, hi, device=bounds.device)[None, :]
+    b = bounds.long()
+    return ((keys >= b[:, 0:1]) & (keys < b[:, 1:2])) | ((keys >= b[:, 2:3]) & (keys < b[:, 3:4]))
+
+
+def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, lo: int, hi: int, bounds: Tensor) -> Tensor:
+    """Attention of q [1, Hq, T, D] over the keys/values [lo, hi) of cache_k/cache_v [1, Hkv, S, D] (each
+    query row sees the keys its row of `bounds` [T, 4] int32 allows) -> [1, T, Hq * D] in q's dtype."""
+    compiled = _compiled()
+    if compiled is None:
+        raise RuntimeError("Triton is not available here")
+    triton, kernels = compiled
+    _, hq, t, d = q.shape
+    hkv = cache_k.shape[1]
+    groups = hq // hkv
+    q = q.contiguous()
+    bounds = bounds.to(torch.int32).contiguous()
+    out = torch.empty(1, t, hq * d, dtype=q.dtype, device=q.device)
+    rows = groups * t
+    if rows == 0:
+        return out
+    block_m, block_n, warps = blocks_for(d, rows)
+    programs = hkv * triton.cdiv(rows, block_m)
+    keys = max(hi - lo, 1)
+    splits = 1
+    while splits < 16 and programs * splits < TARGET_PROGRAMS and keys / (2 * splits) >= MIN_SPLIT_KEYS:
+        splits *= 2
+    per_split = triton.cdiv(triton.cdiv(keys, splits), block_n) * block_n
+    part = stats = out  # unused pointers when the keys are not split
+    if splits > 1:
+        part = torch.empty(splits, hkv, rows, d, dtype=torch.float32, device=q.device)
+        stats = torch.empty(splits, hkv, rows, 2, dtype=torch.float32, device=q.device)
+    exact = q.dtype == torch.float32
+    kernels.attend_keys[(hkv, triton.cdiv(rows, block_m), splits)](
+        q, cache_k, cache_v, bounds, out, part, stats, t, groups, lo, hi, per_split, cache_k.stride(1),
+        out.stride(1), splits, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=splits > 1, EXACT=exact,
+        num_warps=warps, num_stages=2,
+    )  # fmt: skip
+    if splits > 1:
+        kernels.combine_splits[(hkv, rows)](
+            part, stats, out, t, groups, hkv, out.stride(1), HEAD_DIM=d, SPLITS=splits, num_warps=4
+        )
+    return out
+
+
+def self_test(device: torch.device | str, dtype: torch.dtype) -> float:
+    """The worst relative error (norm of the difference over the norm) of `attend` against SDPA with the
+    mask `interval_mask` says, over both head widths of the 26B shape and a small one, split and unsplit
+    keys, a causal window and a second interval."""
+    import torch.nn.functional as F
+
+    g = torch.Generator(device=device).manual_seed(0)
+    worst = 0.0
+    for heads, kv_heads, head_dim, t, keys in ((4, 2, 256, 7, 300), (4, 1, 512, 3, 600), (4, 4, 64, 64, 64)):
+        q = torch.randn(1, heads, t, head_dim, generator=g, device=device).to(dtype)
+        k, v = (
+            torch.randn(1, kv_heads, keys + 8, head_dim, generator=g, device=device).to(dtype) for _ in "kv"
+        )
+        pos = torch.arange(keys - t, keys, device=device)
+        tail = torch.full_like(pos, keys - 2)
+        bounds = torch.stack([(pos - 200).clamp(min=0), pos - 1, tail, tail + 2], dim=1).int()
+        got = attend(q, k, v, 0, keys, bounds).float()
+        mask = interval_mask(bounds, 0, keys)[None, None]
+        groups = heads // kv_heads
+        ref_k, ref_v = (x[:, :, :keys].repeat_interleave(groups, dim=1).float() for x in (k, v))
+        want = F.scaled_dot_product_attention(q.float(), ref_k, ref_v, attn_mask=mask, scale=1.0)
+        want = want.transpose(1, 2).reshape(1, t, heads * head_dim)
+        worst = max(worst, float((got - want).norm() / want.norm()))
+    return worst

@@ -1,0 +1,105 @@
+"""The Triton kernels of `dfim.engine.model.triton_attention` (which explains them). This module imports
+Triton at the top, so only `triton_attention._compiled` imports it, on first use on a GPU machine: the CPU
+install never needs Triton."""
+
+import triton
+import triton.language as tl
+
+# A masked score: far below any real one, yet finite, so a row with no key yet in view computes no NaN
+MASKED = -1.0e30
+
+
+@triton.jit
+def attend_keys(q_ptr, k_ptr, v_ptr, bounds_ptr, out_ptr, part_ptr, stats_ptr, seq_len, groups, key_lo, key_hi,
+                keys_per_split, k_head_stride, out_row_stride, n_splits,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                EXACT: tl.constexpr):  # fmt: skip
+    """Program (KV head, block of query rows, split of the keys). The query heads that share a KV head are
+    folded into its rows (row r: head kv * groups + r // seq_len, position r % seq_len), so every key block
+    read serves all of them. Each row sees the keys in [lo1, hi1) and [lo2, hi2) from `bounds` [T, 4] (its
+    position's), within this split's share of [key_lo, key_hi). Online softmax in fp32, scale 1.0 (Gemma 4's
+    normed queries and keys). SPLIT: the unnormalised sum and the row's max and sum of weights go to
+    `part`/`stats` for `combine_splits`; else the normalised rows go straight to out [T, Hq, D]."""
+    kv = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    split = tl.program_id(2)
+    n_rows = groups * seq_len
+    row_ok = rows < n_rows
+    head = kv * groups + rows // seq_len
+    position = rows % seq_len
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        q_ptr + (head * seq_len + position)[:, None] * HEAD_DIM + dims[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    lo1 = tl.load(bounds_ptr + position * 4 + 0, mask=row_ok, other=0)
+    hi1 = tl.load(bounds_ptr + position * 4 + 1, mask=row_ok, other=0)
+    lo2 = tl.load(bounds_ptr + position * 4 + 2, mask=row_ok, other=0)
+    hi2 = tl.load(bounds_ptr + position * 4 + 3, mask=row_ok, other=0)
+    start = key_lo + split * keys_per_split
+    end = tl.minimum(start + keys_per_split, key_hi)
+    # only the key blocks some row of this block can see
+    first = tl.min(tl.where(row_ok & (hi1 > lo1), lo1, key_hi), axis=0)
+    first = tl.minimum(first, tl.min(tl.where(row_ok & (hi2 > lo2), lo2, key_hi), axis=0))
+    last = tl.maximum(tl.max(tl.where(row_ok, hi1, 0), axis=0), tl.max(tl.where(row_ok, hi2, 0), axis=0))
+    start = tl.maximum(start, first)
+    end = tl.minimum(end, last)
+    k_head = k_ptr + kv * k_head_stride
+    v_head = v_ptr + kv * k_head_stride
+    m = tl.full([BLOCK_M], MASKED, tl.float32)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for block in range(start, end, BLOCK_N):
+        keys = block + tl.arange(0, BLOCK_N)
+        key_ok = keys < end
+        k = tl.load(k_head + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_ok[:, None], other=0.0)
+        if EXACT:
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(k))
+        seen = ((keys[None, :] >= lo1[:, None]) & (keys[None, :] < hi1[:, None])) | (
+            (keys[None, :] >= lo2[:, None]) & (keys[None, :] < hi2[:, None])
+        )
+        seen = seen & key_ok[None, :]
+        scores = tl.where(seen, scores, MASKED)
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.where(seen, tl.exp(scores - m_new[:, None]), 0.0)
+        total = total * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_head + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_ok[:, None], other=0.0)
+        if EXACT:
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    if SPLIT:
+        slot = (split * tl.num_programs(0) + kv) * n_rows + rows
+        tl.store(part_ptr + slot[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_ok[:, None])
+        tl.store(stats_ptr + slot * 2, m, mask=row_ok)
+        tl.store(stats_ptr + slot * 2 + 1, total, mask=row_ok)
+    else:
+        out = acc / tl.maximum(total, 1e-30)[:, None]
+        dest = out_ptr + position[:, None] * out_row_stride + head[:, None] * HEAD_DIM + dims[None, :]
+        tl.store(dest, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def combine_splits(part_ptr, stats_ptr, out_ptr, seq_len, groups, n_kv, out_row_stride,
+                   HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr):  # fmt: skip
+    """Program (KV head, folded row): the splits' partial sums weighted by exp(max - overall max), over
+    their weights' total -> the row of out [T, Hq, D]."""
+    kv = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(1).to(tl.int64)
+    n_rows = groups * seq_len
+    splits = tl.arange(0, SPLITS)
+    slot = (splits * n_kv + kv) * n_rows + row
+    m = tl.load(stats_ptr + slot * 2)
+    total = tl.load(stats_ptr + slot * 2 + 1)
+    weight = tl.exp(m - tl.max(m, axis=0))
+    dims = tl.arange(0, HEAD_DIM)
+    part = tl.load(part_ptr + slot[:, None] * HEAD_DIM + dims[None, :])
+    out = tl.sum(part * weight[:, None], axis=0) / tl.maximum(tl.sum(total * weight, axis=0), 1e-30)
+    head = kv * groups + row // seq_len
+    position = row % seq_len
+    tl.store(out_ptr + position * out_row_stride + head * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))

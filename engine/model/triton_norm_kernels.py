@@ -1,0 +1,95 @@
+"""The Triton kernels of `dfim.engine.model.triton_norm` (which explains them). This module imports Triton at
+the top, so only `triton_norm._compiled` imports it, on first use on a GPU machine: the CPU install never
+needs Triton. Triton resolves a kernel's helpers among its module's globals, hence a module of their own.
+
+Every kernel runs one program per row (a token's hidden state, or one head of it) and computes in fp32,
+rounding to the output's dtype exactly where the separate PyTorch ops of the reference round, so a fused
+kernel gives the reference's values, not merely close ones.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def normed(row_ptr, w_ptr, cols, inside, n_cols, eps, HAS_WEIGHT: tl.constexpr):
+    """One row's RMSNorm in fp32, unrounded: the row, times rsqrt(mean of squares + eps), times the weight."""
+    y = tl.load(row_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+    y = y * tl.rsqrt(tl.sum(y * y, axis=0) / n_cols + eps)
+    if HAS_WEIGHT:
+        y = y * tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
+def rms_norm_rows(x_ptr, w_ptr, out_ptr, n_cols, x_stride, out_stride, eps,
+                  HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < n_cols
+    y = normed(x_ptr + row * x_stride, w_ptr, cols, inside, n_cols, eps, HAS_WEIGHT)
+    tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def residual_norm_rows(x_ptr, y_ptr, w_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr):  # fmt: skip
+    """out = x + norm(y) * w, the norm rounded before the add."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < n_cols
+    dtype = out_ptr.dtype.element_ty
+    y = normed(y_ptr + row * n_cols, w_ptr, cols, inside, n_cols, eps, True).to(dtype).to(tl.float32)
+    x = tl.load(x_ptr + row * n_cols + cols, mask=inside, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n_cols + cols, (x + y).to(dtype), mask=inside)
+
+
+@triton.jit
+def feed_forward_residual_rows(x_ptr, a_ptr, b_ptr, wa_ptr, wb_ptr, w_ptr, scalar_ptr, out_ptr, n_cols, eps,
+                               BLOCK: tl.constexpr):  # fmt: skip
+    """out = (x + norm(norm_a(a) + norm_b(b))) * scalar."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < n_cols
+    dtype = out_ptr.dtype.element_ty
+    a = normed(a_ptr + row * n_cols, wa_ptr, cols, inside, n_cols, eps, True).to(dtype).to(tl.float32)
+    b = normed(b_ptr + row * n_cols, wb_ptr, cols, inside, n_cols, eps, True).to(dtype).to(tl.float32)
+    total = (a + b).to(dtype).to(tl.float32)
+    total = total * tl.rsqrt(tl.sum(total * total, axis=0) / n_cols + eps)
+    total = (total * tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+    x = tl.load(x_ptr + row * n_cols + cols, mask=inside, other=0.0).to(tl.float32)
+    summed = (x + total).to(dtype).to(tl.float32)
+    scalar = tl.load(scalar_ptr).to(tl.float32)
+    tl.store(out_ptr + row * n_cols + cols, (summed * scalar).to(dtype), mask=inside)
+
+
+@triton.jit
+def head_norm_rope_rows(src_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, src_head0, n_heads, seq_len, src_stride,
+                        eps, HEAD_DIM: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROPE: tl.constexpr):  # fmt: skip
+    """One head of one token: RMSNorm over the head (its weight if any), then RoPE
+    (`x * cos + rotate_half(x) * sin`, rotate_half(x) = cat(-x2, x1)); written to out [B, heads, T, D]
+    (the attention's layout). Program (token, head); the source row is head `src_head0 + head` of the token's
+    row of the fused q/k/v product."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    cols = tl.arange(0, HEAD_DIM)
+    half: tl.constexpr = HEAD_DIM // 2
+    row_ptr = src_ptr + token * src_stride + (src_head0 + head) * HEAD_DIM
+    dtype = out_ptr.dtype.element_ty
+    inside = cols < HEAD_DIM
+    y = normed(row_ptr, w_ptr, cols, inside, HEAD_DIM, eps, HAS_WEIGHT).to(dtype).to(tl.float32)
+    if ROPE:
+        partner = (cols + half) % HEAD_DIM
+        # the partner column's normed value, with the same row scale as the whole row's norm gives it
+        x = tl.load(row_ptr + cols).to(tl.float32)
+        xp = tl.load(row_ptr + partner).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / HEAD_DIM + eps)
+        yp = xp * rstd
+        if HAS_WEIGHT:
+            yp = yp * tl.load(w_ptr + partner).to(tl.float32)
+        yp = yp.to(dtype).to(tl.float32)
+        yp = tl.where(cols < half, -yp, yp)
+        cos = tl.load(cos_ptr + token * HEAD_DIM + cols).to(tl.float32)
+        sin = tl.load(sin_ptr + token * HEAD_DIM + cols).to(tl.float32)
+        y = (y * cos).to(dtype).to(tl.float32) + (yp * sin).to(dtype).to(tl.float32)
+    batch, position = token // seq_len, token % seq_len
+    tl.store(out_ptr + ((batch * n_heads + head) * seq_len + position) * HEAD_DIM + cols, y.to(dtype))

@@ -1,0 +1,80 @@
+"""The fast path's Triton kernels checked where they run: on CUDA, or on the CPU under Triton's interpreter
+where Triton is installed (TRITON_INTERPRET=1 makes them apply to CPU tensors; fp32 and fp16 there); without
+either (the CPU-only install) the kernel tests skip.
+
+- attention over key intervals (dfim.engine.model.triton_attention) against SDPA with the same mask;
+- the fused norms (residual, feed-forward, q/k/v heads with RoPE) against the PyTorch ops they replace;
+- the fast path's own tests (tests/engine/model/test_fast_path.py) with every kernel in use: fused q/k/v,
+  the fused norms and the attention kernel, against the plain network."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from dfim.engine.model import triton_attention
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRETER = {**os.environ, "TRITON_INTERPRET": "1"}
+
+CHECK = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from dfim.engine.model import triton_attention
+    from dfim.engine.model.fast_check import fused_norm_mismatches
+
+    device = sys.argv[1]
+    bad = fused_norm_mismatches(device, width=96, head_dim=64)
+    dtypes = [torch.float32, torch.float16] if device == "cpu" else [torch.float32, torch.bfloat16]
+    for dtype in dtypes:
+        error = triton_attention.self_test(device, dtype)
+        limit = 1e-5 if dtype == torch.float32 else 2e-2
+        if not error <= limit:
+            bad.append(f"attention {dtype}: relative error {error:.2e} > {limit:.0e}")
+    print("\\n".join(bad) or "ok")
+    """
+)
+
+
+def run_check(device: str, env: dict[str, str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK, device], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+def test_interval_mask_is_the_union_of_two_intervals():
+    bounds = torch.tensor([[0, 3, 5, 6], [2, 4, 0, 0]], dtype=torch.int32)
+    mask = triton_attention.interval_mask(bounds, 1, 7)  # keys 1..6
+    assert mask.tolist() == [
+        [True, True, False, False, True, False],
+        [False, True, True, False, False, False],
+    ]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs CUDA and Triton")
+def test_kernels_match_the_reference_on_cuda():
+    run_check("cuda", dict(os.environ))
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_kernels_match_the_reference_under_the_interpreter():
+    run_check("cpu", INTERPRETER)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_fast_path_with_every_kernel_matches_the_plain_network():
+    tests = "denoise_logits_match or candidate_rows or autoregressive_logits"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/engine/model/test_fast_path.py",
+         "-k", tests],
+        env=INTERPRETER, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "3 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
