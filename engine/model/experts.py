@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from dfim.engine.model import triton_norm
 from dfim.engine.model.config import ModelConfig
 from dfim.engine.model.ops import Packed, RMSNorm, gelu, linear
 
@@ -29,6 +30,10 @@ class Router(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x: [N, H] -> weights [N, k] (fp32), expert indices [N, k]."""
         scores = self.proj(self.norm(x) * self.scale * self.root_size)
+        if triton_norm.applies(scores):
+            from dfim.engine.model import triton_moe
+
+            return triton_moe.route(scores, self.top_k, self.per_expert_scale)
         probs = scores.softmax(dim=-1, dtype=torch.float32)
         weights, index = torch.topk(probs, self.top_k, dim=-1)
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -213,7 +218,7 @@ def pick_gpu_kernel(experts: Experts, device: torch.device, dtype: torch.dtype, 
     with a per-expert reference here and, with `graphs`, can be captured in a CUDA graph; else `padded`.
     (torch 2.11's grouped GEMM copies its problem sizes from the host on an H200, which a graph cannot
     capture: there the padded kernel would run.)"""
-    if device.type == "cuda":
+    if device.type == "cuda" or triton_norm.interpreting():
         from dfim.engine.model import triton_moe
 
         if triton_moe.available() and _passes(moe_triton, experts, device, dtype, graphs):

@@ -7,7 +7,7 @@ path (`experts.moe_grouped`) also spends 4.5 ms on gathering, activation and sca
 GEMMs, and on an H200 with torch 2.11 its GEMM cannot be captured in a CUDA graph at all, so the padded
 fallback (every expert over every token) runs there.
 
-Here the token-expert pairs are sorted by expert once (`experts._sort_by_expert`, no host sync), then:
+Here the token-expert pairs are sorted by expert once (`sort_pairs`: one program, no host sync), then:
 
 - `gate_up_act`: one program per (expert, tile of the intermediate size) reads its tile of the gate and
   up rows once, multiplies the expert's tokens (gathered through the sort, no copy) and writes
@@ -19,6 +19,8 @@ Here the token-expert pairs are sorted by expert once (`experts._sort_by_expert`
 Both loop over an expert's tokens in blocks of `Tiles.block_m` on the device, so nothing depends on the host
 knowing the counts, and a CUDA graph captures the whole layer. Products accumulate in fp32; the
 activations are rounded once, to the input's dtype, as the reference rounds its GEMM outputs.
+
+`route` is the router's softmax, top-k and renormalisation in one kernel (about eight in PyTorch).
 
 Triton is imported on first use only: the CPU path never needs it (`available()` is False without it).
 """
@@ -34,15 +36,22 @@ from torch import Tensor
 
 
 @functools.cache
-def _compiled() -> tuple[Any, Any, Any] | None:
-    """(triton, gate_up_act, down_weighted), or None where Triton cannot be imported."""
+def _compiled() -> tuple[Any, Any] | None:
+    """(triton, the kernels module), or None where Triton cannot be imported."""
     try:
         import triton
 
         from dfim.engine.model import triton_moe_kernels as kernels
     except ImportError:
         return None
-    return triton, kernels.gate_up_act, kernels.down_weighted
+    return triton, kernels
+
+
+def _kernels() -> tuple[Any, Any]:
+    compiled = _compiled()
+    if compiled is None:
+        raise RuntimeError("Triton is not available here")
+    return compiled
 
 
 def available() -> bool:
@@ -74,6 +83,38 @@ def tiles_for(pairs: int, experts: int) -> Tiles:
     return Tiles(block_m=64, block_k=64)
 
 
+def sort_pairs(index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    """index [N, k] -> (the pair ids sorted by expert, stable; the token of each; offs [E]: each expert's end in
+    that order) in one kernel (`experts._sort_by_expert` and `// k` are about eight)."""
+    triton, kernels = _kernels()
+    n, k = index.shape
+    flat = index.reshape(-1).contiguous()
+    order = torch.empty(n * k, dtype=torch.long, device=index.device)
+    tokens = torch.empty_like(order)
+    offs = torch.empty(num_experts, dtype=torch.int32, device=index.device)
+    pairs = max(triton.next_power_of_2(n * k), 16)
+    kernels.sort_pairs[(1,)](
+        flat, order, tokens, offs, n * k, k, num_experts, PAIRS=pairs,
+        EXPERTS=max(triton.next_power_of_2(num_experts), 16), num_warps=8 if pairs >= 2048 else 4,
+    )  # fmt: skip
+    return order, tokens, offs
+
+
+def route(scores: Tensor, top_k: int, expert_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """`experts.Router`'s routing of scores [N, E] in one kernel -> weights [N, k] fp32, index [N, k]."""
+    triton, kernels = _kernels()
+    n, e = scores.shape
+    scores = scores.contiguous()
+    weights = torch.empty(n, top_k, dtype=torch.float32, device=scores.device)
+    index = torch.empty(n, top_k, dtype=torch.long, device=scores.device)
+    if n:
+        kernels.route_rows[(n,)](
+            scores, expert_scale.contiguous(), weights, index, e, K=top_k,
+            BLOCK_E=max(triton.next_power_of_2(e), 16), BLOCK_K=max(triton.next_power_of_2(top_k), 2), num_warps=1,
+        )  # fmt: skip
+    return weights, index
+
+
 def moe_triton(
     x: Tensor,
     weights: Tensor,
@@ -89,20 +130,15 @@ def moe_triton(
     With the scales (gate_up_scale [E, 2I], down_scale [E, H], float32) the weights are FP8 (e4m3), one
     scale per expert and output channel (`experts_fp8.Fp8Experts`), and stay FP8 in memory: they are
     widened to x's dtype tile by tile, so a pass reads half the bytes (W8A16)."""
-    from dfim.engine.model.experts import _sort_by_expert
-
-    compiled = _compiled()
-    if compiled is None:
-        raise RuntimeError("Triton is not available here")
-    triton, gate_up_act, down_weighted = compiled
+    triton, kernels = _kernels()
+    gate_up_act, down_weighted = kernels.gate_up_act, kernels.down_weighted
     n, k = index.shape
     e, two_i, hidden = gate_up.shape
     inter = two_i // 2
     scaled = gate_up_scale is not None and down_scale is not None
     if x.stride(-1) != 1:
         x = x.contiguous()
-    order, _, _, offs = _sort_by_expert(index, e)
-    tokens = order // k  # the token of each sorted pair
+    order, tokens, offs = sort_pairs(index, e)
     tiles = tiles or tiles_for(n * k, e)
     h = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)
     meta = dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,

@@ -92,3 +92,49 @@ def down_weighted(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, offs_ptr, out_p
         acc = acc * routing[:, None]
         tl.store(out_ptr + slots[:, None] * out_stride + cols[None, :], acc,
                  mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
+
+
+@triton.jit
+def route_rows(scores_ptr, expert_scale_ptr, weight_ptr, index_ptr, n_experts, K: tl.constexpr,
+               BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """One token's routing (`experts.Router`): softmax of its scores in fp32, the top K (highest first, the
+    lower expert id first on a tie, as torch.topk), renormalised to sum 1, times each chosen expert's scale."""
+    row = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, BLOCK_E)
+    inside = experts < n_experts
+    scores = tl.load(scores_ptr + row * n_experts + experts, mask=inside, other=-float("inf")).to(tl.float32)
+    probs = tl.exp(scores - tl.max(scores, axis=0))
+    probs = tl.where(inside, probs / tl.sum(probs, axis=0), -1.0)
+    slots = tl.arange(0, BLOCK_K)
+    chosen = tl.zeros([BLOCK_K], tl.float32)
+    index = tl.zeros([BLOCK_K], tl.int32)
+    for slot in tl.static_range(K):
+        best = tl.max(probs, axis=0)
+        which = tl.min(tl.where(probs == best, experts, BLOCK_E), axis=0)
+        chosen = tl.where(slots == slot, best, chosen)
+        index = tl.where(slots == slot, which, index)
+        probs = tl.where(experts == which, -1.0, probs)
+    used = slots < K
+    scale = tl.load(expert_scale_ptr + index, mask=used, other=0.0).to(tl.float32)
+    weights = chosen / tl.sum(tl.where(used, chosen, 0.0), axis=0) * scale
+    tl.store(weight_ptr + row * K + slots, weights, mask=used)
+    tl.store(index_ptr + row * K + slots, index.to(index_ptr.dtype.element_ty), mask=used)
+
+
+@triton.jit
+def sort_pairs(index_ptr, order_ptr, token_ptr, offs_ptr, n_pairs, k, n_experts, PAIRS: tl.constexpr,
+               EXPERTS: tl.constexpr):  # fmt: skip
+    """One program sorts every token-expert pair by expert (stable: by pair id within an expert): `order`
+    the pair ids in that order, `token` their tokens, `offs` [E] each expert's end in it (a running sum of
+    the counts). The work of an argsort, a scatter-add and a cumsum (several kernels) in one."""
+    pairs = tl.arange(0, PAIRS)
+    inside = pairs < n_pairs
+    expert = tl.load(index_ptr + pairs, mask=inside, other=0).to(tl.int32)
+    key = tl.where(inside, expert, n_experts) * PAIRS + pairs  # the padding sorts after every real pair
+    order = tl.sort(key) % PAIRS
+    tl.store(order_ptr + pairs, order, mask=inside)
+    tl.store(token_ptr + pairs, order // k, mask=inside)
+    counts = tl.histogram(expert, EXPERTS)
+    counts = tl.where(tl.arange(0, EXPERTS) == 0, counts - (PAIRS - n_pairs), counts)  # the padding read 0
+    ids = tl.arange(0, EXPERTS)
+    tl.store(offs_ptr + ids, tl.cumsum(counts, axis=0), mask=ids < n_experts)

@@ -1,5 +1,5 @@
-"""RMSNorm's Triton kernel (dfim.engine.model.triton_norm): where it applies, and that it computes the
-reference's arithmetic. The kernel runs on CUDA, or on the CPU under Triton's interpreter where Triton is
+"""RMSNorm's Triton kernels (dfim.engine.model.triton_norm): where they apply, and that they compute the
+reference's arithmetic (the plain norm, the residual and feed-forward norms, the q/k/v heads' norm and RoPE). The kernel runs on CUDA, or on the CPU under Triton's interpreter where Triton is
 installed; without either (the CPU-only install) those two tests skip."""
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from dfim.engine.model import ops, triton_norm
 CHECK = textwrap.dedent(
     """
     import sys
-    from dfim.engine.model.fast_check import norm_mismatches
+    from dfim.engine.model.fast_check import fused_norm_mismatches, norm_mismatches
 
-    print("\\n".join(norm_mismatches(sys.argv[1], (64, 300, 2816))) or "ok")
+    bad = norm_mismatches(sys.argv[1], (64, 300, 2816)) + fused_norm_mismatches(sys.argv[1], 96, 64)
+    print("\\n".join(bad) or "ok")
     """
 )
 
