@@ -11,8 +11,9 @@ what it adds is where keys and values live, how the experts run, and graphs:
   inside a `bucket`. On CUDA the attention is a Triton kernel that reads the bounds
   (`dfim.engine.model.triton_attention`); elsewhere SDPA runs with the mask they say.
 - **Fewer kernels a layer on CUDA.** q, k and v come from one product over row-fused weights (`ops.fuse_rows`),
-  their norms and RoPE are three kernels, and the norms around the residual are fused
-  (`dfim.engine.model.triton_norm`).
+  their norms and RoPE are three kernels, the dense MLP's gate and up one product and one activation kernel,
+  the norms around the residual are fused (`dfim.engine.model.triton_norm`), the router's top-k and the
+  experts' sort are a kernel each (`dfim.engine.model.triton_moe`).
 - **Grouped mixture of experts.** The network's `Experts` run in a sync-free mode
   (`dfim.engine.model.experts.GPU_KERNELS`): token-expert pairs sorted by expert through
   `torch._grouped_mm` (one CUTLASS grouped GEMM for all 128 experts, empty groups cost nothing), or,
@@ -121,10 +122,15 @@ class FastDiffusionGemma:
         for layer in self.layers:
             layer.experts.mode = self.moe
         if self.device.type == "cuda" or triton_norm.interpreting():
-            for layer in self.layers:  # one q/k/v product (the weights become views: no copy kept)
-                attn = layer.self_attn
+            for layer in self.layers:  # one q/k/v and one gate/up product (the weights become views: no copy)
+                attn, mlp = layer.self_attn, layer.mlp
                 attn.qkv_rows = fuse_rows(attn.q_proj, attn.k_proj, *([attn.v_proj] if attn.v_proj else []))
+                mlp.gate_up_rows = fuse_rows(mlp.gate_proj, mlp.up_proj)
         self.attention = pick_attention(self.device, self.dtype)
+        # the fused norm, MLP and router kernels (`triton_norm.applies`), checked here once, before any capture
+        self.fused = (self.device.type == "cuda" or triton_norm.interpreting()) and triton_norm.works(
+            self.device.type
+        )
         self.compiled = compile
         if compile:
             compile_layers(model)
@@ -155,7 +161,8 @@ class FastDiffusionGemma:
         """What a decoder pass runs (dfim/stats): graphs (a capture that fails turns them off for good), how
         many are captured, the experts' kernel and whether the layers are compiled."""
         graphs = {"graphs": self.use_graphs, "graphs_captured": len(self._graphs)}
-        return {**graphs, "experts": self.moe, "attention": self.attention, "compiled": self.compiled}
+        kernels = {"experts": self.moe, "attention": self.attention, "fused_kernels": self.fused}
+        return {**graphs, **kernels, "compiled": self.compiled}
 
     # --- cache ------------------------------------------------------------------------------------
 

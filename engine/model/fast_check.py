@@ -284,7 +284,7 @@ def norm_mismatches(
 
 def fused_norm_mismatches(device: torch.device | str, width: int = 2816, head_dim: int = 256) -> list[str]:
     """Where the fused kernels of `dfim.engine.model.triton_norm` (the residual norms, the heads' norm and
-    RoPE) differ from the PyTorch ops they replace beyond NORM_TOLERANCE (relative, per element), in every
+    RoPE, the gated activation) differ from the PyTorch ops they replace beyond NORM_TOLERANCE (relative, per element), in every
     dtype of NORM_TOLERANCE that `device` computes; with and without v heads of their own. Empty: they agree."""
     from dfim.engine.model import ops, triton_norm
     from dfim.engine.model.attention import apply_rope
@@ -321,6 +321,9 @@ def fused_norm_mismatches(device: torch.device | str, width: int = 2816, head_di
             want = (x + reference_norm(reference_norm(a, w[0]) + reference_norm(b, w[1]), w[2])) * scalar
             got = triton_norm.feed_forward_residual(x, a, b, (w[0], w[1], w[2]), scalar, 1e-6)
             compare(f"feed_forward_residual {dtype}", got, want, tol)
+            gate_up = rand(1, 7, 2 * width, dtype=dtype, scale=1.5)
+            gate, up = gate_up.chunk(2, dim=-1)
+            compare(f"gelu_mul {dtype}", triton_norm.gelu_mul(gate_up), ops.gelu(gate) * up, tol)
             for hq, hkv, hv in ((4, 2, 2), (4, 1, 0)):
                 heads = rand(1, 5, hq + hkv + hv, head_dim, dtype=dtype)
                 wq, wk = (
@@ -340,3 +343,39 @@ def fused_norm_mismatches(device: torch.device | str, width: int = 2816, head_di
                 ):
                     compare(f"head_norm_rope {name} {dtype} v heads {hv}", got_t, want_t, tol)
     return found
+
+
+def routing_mismatches(device: torch.device | str) -> list[str]:
+    """Where the router's and the experts' sort kernels (`triton_moe.route`, `triton_moe.sort_pairs`) differ
+    from torch.topk's routing and `experts._sort_by_expert`: the same experts and order exactly, the weights
+    within fp32 rounding. Empty: they agree."""
+    from dfim.engine.model import experts, triton_moe
+
+    g = torch.Generator().manual_seed(0)
+    found: list[str] = []
+    with torch.no_grad():
+        for n, k, e in ((5, 2, 8), (37, 8, 128), (3, 4, 20)):
+            index = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).to(device)
+            order, tokens, offs = triton_moe.sort_pairs(index, e)
+            want_order, _, _, want_offs = experts._sort_by_expert(index, e)
+            same = torch.equal(order, want_order) and torch.equal(tokens, want_order // k)
+            if not (same and torch.equal(offs, want_offs)):
+                found.append(f"sort_pairs n={n} k={k} e={e}")
+            scores = torch.randn(n, e, generator=g).to(device)
+            scale = (torch.rand(e, generator=g) + 0.5).to(device)
+            weights, chosen = triton_moe.route(scores, k, scale)
+            want, want_index = torch.topk(scores.softmax(-1, dtype=torch.float32), k, dim=-1)
+            want = want / want.sum(-1, keepdim=True) * scale[want_index]
+            if not torch.equal(chosen, want_index) or not torch.allclose(weights, want, rtol=1e-5, atol=1e-6):
+                found.append(f"route n={n} k={k} e={e}")
+    return found
+
+
+def fused_kernels_mismatches(device: torch.device | str) -> list[str]:
+    """Every fused kernel the layers use on a GPU (`triton_norm`, the router's and the sort's), on small
+    shapes against their references: what `triton_norm.works` runs once before any of them is used."""
+    return (
+        norm_mismatches(device, (96,), rows=(3,))
+        + fused_norm_mismatches(device, width=96, head_dim=64)
+        + routing_mismatches(device)
+    )

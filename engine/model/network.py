@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dfim.engine.model import triton_norm
 from dfim.engine.model.attention import Attention, Rotary, roll_tables
 from dfim.engine.model.config import ModelConfig
 from dfim.engine.model.experts import Experts, Router
@@ -35,6 +36,7 @@ from dfim.engine.model.ops import (
     pack_fp16,
     pack_weight,
     residual_norm,
+    row_views,
 )
 
 # How a layer's attention reads its keys and values: (attention module, q, k, v) -> attended [B, T, H].
@@ -53,8 +55,11 @@ class MLP(nn.Module):
         self.gate_up: Tensor | None = None  # [H, 2I] after `fuse_linears` (CPU inference)
         self.gate_up_packed: Packed | None = None  # fp16 copies for few-row products (`pack_fp16`)
         self.down_packed: Packed | None = None
+        self.gate_up_rows: Tensor | None = None  # [2I, H] after `fuse_rows` (GPU inference)
 
     def forward(self, x: Tensor) -> Tensor:
+        if triton_norm.applies(x) and row_views(self.gate_up_rows, self.gate_proj, self.up_proj):
+            return self.down_proj(triton_norm.gelu_mul(F.linear(x, self.gate_up_rows)))
         if fused_views(self.gate_up, self.gate_proj, self.up_proj):
             gate, up = linear(x, self.gate_up.t(), self.gate_up_packed).chunk(2, dim=-1)
             return linear(gelu(gate) * up, self.down_proj.weight, self.down_packed)

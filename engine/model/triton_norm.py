@@ -8,7 +8,8 @@ hundred rows. In eager mode with CUDA graphs (the server's default on a GPU) tho
 
 A layer's other norms go with what surrounds them: `residual_norm` adds a normed branch to the residual
 (two kernels become one), `feed_forward_residual` the dense and experts' branches (about ten become one),
-`head_norm_rope` norms and rotates every q/k/v head of a fused projection (about sixteen become three).
+`head_norm_rope` norms and rotates every q/k/v head of a fused projection (about sixteen become three), and
+`gelu_mul` is a gated MLP's activation over one fused gate/up product.
 
 The arithmetic is the reference's (`dfim.engine.model.ops.rms_norm`): the row in fp32, mean of squares,
 `rsqrt(mean + eps)`, times the weight in fp32, one rounding to the input's dtype at the end.
@@ -20,11 +21,14 @@ reference arithmetic (`available()` is False).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Any
 
 import torch
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -59,7 +63,25 @@ def applies(x: Tensor) -> bool:
         and not torch.compiler.is_compiling()
         and x.shape[-1] <= 65536
         and available()
+        and works(x.device.type)
     )
+
+
+@functools.cache
+def works(device_type: str) -> bool:
+    """Whether every fused kernel of the layers builds and agrees with its reference on this kind of device
+    (`fast_check.fused_kernels_mismatches`, small shapes, run once): where one fails, none is used (the
+    reference ops run) and the log says why, so a Triton that cannot build a kernel costs speed, not a crash."""
+    from dfim.engine.model.fast_check import fused_kernels_mismatches
+
+    try:
+        with torch.no_grad():
+            bad = fused_kernels_mismatches(device_type)
+    except Exception as err:  # noqa: BLE001 - any failure to build or run: the reference ops
+        bad = [f"{type(err).__name__}: {err}"]
+    if bad:
+        log.warning("Triton's fused kernels are not used on %s: %s", device_type, "; ".join(bad)[:500])
+    return not bad
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
@@ -174,3 +196,14 @@ def head_norm_rope(
             )  # fmt: skip
         outs.append(out)
     return outs[0], outs[1], outs[2]
+
+
+def gelu_mul(gate_up: Tensor) -> Tensor:
+    """`gelu(gate) * up` for gate_up [..., 2I] = [gate ; up] (one product over row-fused weights) -> [..., I]."""
+    triton, kernels = _kernels()
+    width = gate_up.shape[-1] // 2
+    flat = gate_up.reshape(-1, 2 * width).contiguous()
+    out = torch.empty(*gate_up.shape[:-1], width, dtype=gate_up.dtype, device=gate_up.device)
+    if rows := flat.shape[0]:
+        kernels.gelu_mul_rows[(rows, triton.cdiv(width, 1024))](flat, out, width, BLOCK=1024, num_warps=4)
+    return out

@@ -258,6 +258,7 @@ def test_path_info_says_where_fills_denoise(tmp_path):
         "graphs": False,  # CUDA only
         "graphs_captured": 0,
         "experts": fast.model.decoder.layers[0].experts.mode,
-        "attention": "sdpa",  # the Triton kernel: CUDA only
+        "attention": "sdpa",  # the Triton kernels: CUDA only
+        "fused_kernels": False,
         "compiled": False,  # the engine never compiles the layers
     }
