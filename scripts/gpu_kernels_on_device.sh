@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The fast path's kernels on the GPU machine, in two calls of one lease (each under the 10-minute limit):
+#   bash scripts/gpu_kernels_on_device.sh check   # kernel tests on CUDA, check_fast_gpu, a typing pass's profile, bench_gpu
+#   bash scripts/gpu_kernels_on_device.sh server  # the real server at the 26B shape, and a fill's profile at the engine
+# Carry .whl (pygls and its dependencies; the machine has no registry). Results go to $OUT.
+set -uo pipefail
+source scripts/device_env.sh
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PYTHONPATH
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+OUT=${OUT:-/tmp/out}
+run() {  # name, seconds, command...: its output to $OUT/name.log, and a line saying how it ended
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  echo "$name: exit $? after $((SECONDS - start)) s"
+}
+case ${1:-check} in
+  check)
+    run kernel_tests 240 python3 -m pytest -q -p no:cacheprovider tests/engine/model/test_triton_norm.py \
+      tests/engine/model/test_triton_moe.py tests/engine/model/test_triton_attention.py -k "cuda or interval"
+    tail -3 "$OUT/kernel_tests.log"
+    run check_fast_gpu 180 python3 scripts/check_fast_gpu.py --skip-hf --out "$OUT/check_fast_gpu.txt"
+    tail -3 "$OUT/check_fast_gpu.log"
+    run profile_gpu 150 python3 scripts/profile_gpu.py --canvas 32 --context 1152 --steps 8 --top 25 \
+      --out "$OUT/profile_gpu_canvas32.txt"
+    grep -E "kernels per step|summary" "$OUT/profile_gpu_canvas32.txt"
+    run bench_gpu 200 python3 scripts/bench_gpu.py --out "$OUT/bench_gpu.txt"
+    tail -12 "$OUT/bench_gpu.txt"
+    ;;
+  server)
+    run bench_gpu_server 420 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 \
+      --out "$OUT/bench_gpu_server.txt"
+    tail -20 "$OUT/bench_gpu_server.txt"
+    run profile_fill 120 python3 scripts/profile_fill_gpu.py --out "$OUT/profile_fill.txt"
+    tail -15 "$OUT/profile_fill.txt"
+    ;;
+esac
