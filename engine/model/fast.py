@@ -224,10 +224,16 @@ class FastDiffusionGemma:
         tables = {s: (cos[positions][None], sin[positions][None]) for s, (cos, sin) in self.rope.items()}
         slots = positions if slots is None else slots
         last = len(self.layers) - 1
+        masks = {}  # SDPA's masks, built once a pass per layer kind (the Triton kernel reads the bounds)
+        if self.attention != "triton":
+            masks = {
+                s: triton_attention.interval_mask(bounds[s], lo, hi)[None, None]
+                for s, (lo, hi) in lo_hi.items()
+            }
         for i, layer in enumerate(self.layers):
             sliding = layer.self_attn.is_sliding
             lo, hi = lo_hi[sliding]
-            attend = partial(self._attend_static, i, slots, lo, hi, bounds[sliding])
+            attend = partial(self._attend_static, i, slots, lo, hi, bounds[sliding], masks.get(sliding))
             scalar = self.encoder_scalars[i] if encoder else layer.layer_scalar
             x = layer(x, tables[sliding], attend, scalar, rows=0 if i == last and not last_ffn else None)
         return x
@@ -239,13 +245,14 @@ class FastDiffusionGemma:
         lo: int,
         hi: int,
         bounds: Tensor,
+        mask: Tensor | None,
         attn: Attention,
         q: Tensor,
         k: Tensor,
         v: Tensor,
     ) -> Tensor:
         """Write the new keys/values at rows `slots` of layer i's static cache, attend over its rows [lo, hi)
-        where `bounds` [T, 4] allows. SDPA's grouped-query attention without copying K/V: the query heads
+        where `bounds` [T, 4] allows (`mask` [1, 1, T, hi - lo] says the same for SDPA). SDPA's grouped-query attention without copying K/V: the query heads
         sharing one KV head are folded into the query-length axis ([1, Hkv, G*T, D]), so SDPA sees plain
         multi-head attention (the Triton kernel folds them the same way)."""
         cache_k, cache_v = self.cache_k[i], self.cache_v[i]
@@ -257,7 +264,7 @@ class FastDiffusionGemma:
         kv_heads = attn.num_kv_heads
         groups = heads // kv_heads
         qg = q.reshape(b, kv_heads, groups * t, head_dim)
-        mask = triton_attention.interval_mask(bounds, lo, hi)[None, None]
+        assert mask is not None
         if groups > 1:
             mask = mask[:, :, None].expand(1, 1, groups, t, hi - lo).reshape(1, 1, groups * t, hi - lo)
         out = F.scaled_dot_product_attention(

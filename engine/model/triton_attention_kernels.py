@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 # A masked score: far below any real one, yet finite, so a row with no key yet in view computes no NaN
-MASKED = -1.0e30
+MASKED = tl.constexpr(-1.0e30)
 
 
 @triton.jit
