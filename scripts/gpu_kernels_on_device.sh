@@ -2,6 +2,7 @@
 # The fast path's kernels on the GPU machine, in two calls of one lease (each under the 10-minute limit):
 #   bash scripts/gpu_kernels_on_device.sh check   # kernel tests on CUDA, check_fast_gpu, a typing pass's profile, bench_gpu
 #   bash scripts/gpu_kernels_on_device.sh server  # the real server at the 26B shape, and a fill's profile at the engine
+#   bash scripts/gpu_kernels_on_device.sh verify  # check_fast_gpu and bench_gpu alone
 # Carry .whl (pygls and its dependencies; the machine has no registry). Results go to $OUT.
 set -uo pipefail
 source scripts/device_env.sh
@@ -26,6 +27,12 @@ case ${1:-check} in
     run profile_gpu 150 python3 scripts/profile_gpu.py --canvas 32 --context 1152 --steps 8 --top 25 \
       --out "$OUT/profile_gpu_canvas32.txt"
     grep -E "kernels per step|summary" "$OUT/profile_gpu_canvas32.txt"
+    run bench_gpu 200 python3 scripts/bench_gpu.py --out "$OUT/bench_gpu.txt"
+    tail -12 "$OUT/bench_gpu.txt"
+    ;;
+  verify)  # the correctness check, then the benchmark (which runs it again and exits 1 when it fails)
+    run check_fast_gpu 200 python3 scripts/check_fast_gpu.py --skip-hf --out "$OUT/check_fast_gpu.txt"
+    tail -3 "$OUT/check_fast_gpu.log"
     run bench_gpu 200 python3 scripts/bench_gpu.py --out "$OUT/bench_gpu.txt"
     tail -12 "$OUT/bench_gpu.txt"
     ;;
