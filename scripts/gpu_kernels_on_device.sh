@@ -3,6 +3,7 @@
 #   bash scripts/gpu_kernels_on_device.sh check   # kernel tests on CUDA, check_fast_gpu, a typing pass's profile, bench_gpu
 #   bash scripts/gpu_kernels_on_device.sh server  # the real server at the 26B shape, and a fill's profile at the engine
 #   bash scripts/gpu_kernels_on_device.sh verify  # check_fast_gpu and bench_gpu alone
+#   bash scripts/gpu_kernels_on_device.sh all     # all of it, in one call of about 8 minutes
 # Carry .whl (pygls and its dependencies; the machine has no registry). Results go to $OUT.
 set -uo pipefail
 source scripts/device_env.sh
@@ -35,6 +36,18 @@ case ${1:-check} in
     tail -3 "$OUT/check_fast_gpu.log"
     run bench_gpu 200 python3 scripts/bench_gpu.py --out "$OUT/bench_gpu.txt"
     tail -12 "$OUT/bench_gpu.txt"
+    ;;
+  all)  # everything once, in about 8 minutes of one call
+    run check_fast_gpu 180 python3 scripts/check_fast_gpu.py --skip-hf --out "$OUT/check_fast_gpu.txt"
+    tail -3 "$OUT/check_fast_gpu.log"
+    run bench_gpu 130 python3 scripts/bench_gpu.py --out "$OUT/bench_gpu.txt"
+    grep -E "^\| ours|^\| transformers|speed-up" "$OUT/bench_gpu.txt"
+    run bench_gpu_server 150 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 \
+      --out "$OUT/bench_gpu_server.txt"
+    grep -E "^==|round trip|per decoder pass" "$OUT/bench_gpu_server.txt"
+    run profile_gpu 70 python3 scripts/profile_gpu.py --canvas 32 --context 1152 --steps 8 --top 25 \
+      --out "$OUT/profile_gpu_canvas32.txt"
+    grep -E "kernels per step|summary" "$OUT/profile_gpu_canvas32.txt"
     ;;
   server)
     run bench_gpu_server 420 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 \

@@ -27,9 +27,14 @@ class Router(nn.Module):
         self.per_expert_scale = nn.Parameter(torch.ones(config.num_experts))
         self.root_size = config.hidden_size**-0.5
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """x: [N, H] -> weights [N, k] (fp32), expert indices [N, k]."""
-        scores = self.proj(self.norm(x) * self.scale * self.root_size)
+    def input(self, x: Tensor) -> Tensor:
+        """What the router's product reads: the residual normed, scaled."""
+        return self.norm(x) * self.scale * self.root_size
+
+    def forward(self, x: Tensor, normed: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """x: [N, H] -> weights [N, k] (fp32), expert indices [N, k]. `normed`: `input(x)`, where the caller
+        has it already (`ops.feed_forward_inputs`)."""
+        scores = self.proj(self.input(x) if normed is None else normed)
         if triton_norm.applies(scores):
             from dfim.engine.model import triton_moe
 

@@ -400,6 +400,11 @@ def fused_norm_mismatches(device: torch.device | str, width: int = 2816, head_di
             want = (x + reference_norm(reference_norm(a, w[0]) + reference_norm(b, w[1]), w[2])) * scalar
             got = triton_norm.feed_forward_residual(x, a, b, (w[0], w[1], w[2]), scalar, 1e-6)
             compare(f"feed_forward_residual {dtype}", got, want, tol)
+            root = width**-0.5
+            got3 = triton_norm.feed_forward_inputs(x, w[0], w[1], w[2], root, 1e-6)
+            want3 = (reference_norm(x, w[0]), reference_norm(x, w[1]), reference_norm(x, None) * w[2] * root)
+            for name, got_t, want_t in zip(("dense", "experts", "router"), got3, want3, strict=True):
+                compare(f"feed_forward_inputs {name} {dtype}", got_t, want_t, tol)
             gate_up = rand(1, 7, 2 * width, dtype=dtype, scale=1.5)
             gate, up = gate_up.chunk(2, dim=-1)
             compare(f"gelu_mul {dtype}", triton_norm.gelu_mul(gate_up), ops.gelu(gate) * up, tol)

@@ -28,6 +28,7 @@ from dfim.engine.model.kv_cache import KVCache
 from dfim.engine.model.ops import (
     Packed,
     RMSNorm,
+    feed_forward_inputs,
     feed_forward_residual,
     fuse_linears,
     fused_views,
@@ -109,10 +110,13 @@ class Layer(nn.Module):
 
     def feed_forward(self, x: Tensor, scalar: Tensor) -> Tensor:
         """(x + the dense MLP's and the experts' outputs, each normed, summed and normed) * scalar."""
-        dense = self.mlp(self.pre_feedforward_layernorm(x))
         flat = x.reshape(-1, x.shape[-1])
-        weights, index = self.router(flat)  # the router reads the un-normed residual
-        moe = self.experts(self.pre_feedforward_layernorm_2(flat), weights, index).reshape(x.shape)
+        dense_in, experts_in, router_in = feed_forward_inputs(
+            flat, self.pre_feedforward_layernorm, self.pre_feedforward_layernorm_2, self.router
+        )
+        dense = self.mlp(dense_in).reshape(x.shape)
+        weights, index = self.router(flat, router_in)  # the router reads the un-normed residual, its own norm
+        moe = self.experts(experts_in, weights, index).reshape(x.shape)
         norms = (
             self.post_feedforward_layernorm_1,
             self.post_feedforward_layernorm_2,

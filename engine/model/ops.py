@@ -46,6 +46,18 @@ def residual_norm(x: Tensor, y: Tensor, norm: RMSNorm) -> Tensor:
     return x + norm(y)
 
 
+def feed_forward_inputs(
+    x: Tensor, dense_norm: RMSNorm, experts_norm: RMSNorm, router: nn.Module
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The three inputs of a Gemma-4 layer's feed-forward from its residual x: the dense MLP's
+    (`dense_norm(x)`), the experts' (`experts_norm(x)`) and the router's (`router.input(x)`), in one kernel on
+    CUDA where PyTorch launches five."""
+    a, b = dense_norm.weight, experts_norm.weight
+    if triton_norm.applies(x) and a is not None and b is not None:
+        return triton_norm.feed_forward_inputs(x, a, b, router.scale, router.root_size, dense_norm.eps)
+    return dense_norm(x), experts_norm(x), router.input(x)
+
+
 def feed_forward_residual(
     x: Tensor, dense: Tensor, moe: Tensor, norms: tuple[RMSNorm, RMSNorm, RMSNorm], scalar: Tensor
 ) -> Tensor:

@@ -8,7 +8,8 @@ hundred rows. In eager mode with CUDA graphs (the server's default on a GPU) tho
 
 A layer's other norms go with what surrounds them: `residual_norm` adds a normed branch to the residual
 (two kernels become one), `feed_forward_residual` the dense and experts' branches (about ten become one),
-`head_norm_rope` norms and rotates every q/k/v head of a fused projection (about sixteen become three), and
+`head_norm_rope` norms and rotates every q/k/v head of a fused projection (about sixteen become one),
+`feed_forward_inputs` writes the three norms the feed-forward reads (five become one), and
 `gelu_mul` is a gated MLP's activation over one fused gate/up product.
 
 The arithmetic is the reference's (`dfim.engine.model.ops.rms_norm`): the row in fp32, mean of squares,
@@ -174,8 +175,8 @@ def head_norm_rope(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """q, k and v from a fused q/k/v product `heads` [B, T, Hq + Hkv + Hv, D] (Hv 0: v is the k heads
     themselves, as Gemma's full layers have it): q and k normed with their weights and rotated by cos/sin
-    [B|1, T, D] (`attention.apply_rope`), v normed without a weight -> [B, Hq|Hkv, T, D], contiguous. Three
-    kernel launches; the values are those of `rms_norm` then `apply_rope` in the heads' dtype."""
+    [B|1, T, D] (`attention.apply_rope`), v normed without a weight -> [B, Hq|Hkv, T, D], contiguous. One
+    kernel launch; the values are those of `rms_norm` then `apply_rope` in the heads' dtype."""
     triton, kernels = _kernels()
     b, t, _, d = heads.shape
     hq, hkv, hv = counts
@@ -185,17 +186,32 @@ def head_norm_rope(
     tokens = b * t
     cos = cos.expand(b, t, d).contiguous()
     sin = sin.expand(b, t, d).contiguous()
-    outs = []
-    for first, n, weight, rope in ((0, hq, weights[0], True), (hq, hkv, weights[1], True),
-                                   (hq + hkv if hv else hq, hv or hkv, None, False)):  # fmt: skip
-        out = torch.empty(b, n, t, d, dtype=heads.dtype, device=heads.device)
-        if tokens and n:
-            kernels.head_norm_rope_rows[(tokens, n)](
-                src, weight if weight is not None else src, cos, sin, out, first, n, t, src.stride(0), eps,
-                HEAD_DIM=d, HAS_WEIGHT=weight is not None, ROPE=rope, num_warps=_warps(d),
-            )  # fmt: skip
-        outs.append(out)
-    return outs[0], outs[1], outs[2]
+    q = torch.empty(b, hq, t, d, dtype=heads.dtype, device=heads.device)
+    k = torch.empty(b, hkv, t, d, dtype=heads.dtype, device=heads.device)
+    v = torch.empty_like(k)
+    if tokens:
+        kernels.qkv_heads_rows[(tokens, hq + 2 * hkv)](
+            src, weights[0], weights[1], cos, sin, q, k, v, hq, hkv, hq + hkv if hv else hq, t, src.stride(0), eps,
+            HEAD_DIM=d, num_warps=_warps(d),
+        )  # fmt: skip
+    return q, k, v
+
+
+def feed_forward_inputs(
+    x: Tensor, weight_a: Tensor, weight_b: Tensor, router_scale: Tensor, root: float, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(rms_norm(x, weight_a), rms_norm(x, weight_b), rms_norm(x) * router_scale * root) from one read of x."""
+    triton, kernels = _kernels()
+    cols = x.shape[-1]
+    x = x.contiguous()
+    outs = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+    if rows := x.numel() // max(cols, 1):
+        block = triton.next_power_of_2(cols)
+        kernels.feed_forward_inputs_rows[(rows,)](
+            x, weight_a.contiguous(), weight_b.contiguous(), router_scale.contiguous(), *outs, cols, root, eps,
+            BLOCK=block, num_warps=_warps(block),
+        )  # fmt: skip
+    return outs
 
 
 def gelu_mul(gate_up: Tensor) -> Tensor:

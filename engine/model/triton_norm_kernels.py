@@ -63,23 +63,20 @@ def feed_forward_residual_rows(x_ptr, a_ptr, b_ptr, wa_ptr, wb_ptr, w_ptr, scala
 
 
 @triton.jit
-def head_norm_rope_rows(src_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, src_head0, n_heads, seq_len, src_stride,
-                        eps, HEAD_DIM: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROPE: tl.constexpr):  # fmt: skip
+def head_norm_rope(src_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, token, src_head, out_head, n_heads, seq_len,
+                   src_stride, eps, HEAD_DIM: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROPE: tl.constexpr):  # fmt: skip
     """One head of one token: RMSNorm over the head (its weight if any), then RoPE
-    (`x * cos + rotate_half(x) * sin`, rotate_half(x) = cat(-x2, x1)); written to out [B, heads, T, D]
-    (the attention's layout). Program (token, head); the source row is head `src_head0 + head` of the token's
-    row of the fused q/k/v product."""
-    token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1).to(tl.int64)
+    (`x * cos + rotate_half(x) * sin`, rotate_half(x) = cat(-x2, x1)), each rounded as its PyTorch op
+    rounds; written to out [B, n_heads, T, D] (the attention's layout) at head `out_head`."""
     cols = tl.arange(0, HEAD_DIM)
     half: tl.constexpr = HEAD_DIM // 2
-    row_ptr = src_ptr + token * src_stride + (src_head0 + head) * HEAD_DIM
+    row_ptr = src_ptr + token * src_stride + src_head * HEAD_DIM
     dtype = out_ptr.dtype.element_ty
     inside = cols < HEAD_DIM
     y = normed(row_ptr, w_ptr, cols, inside, HEAD_DIM, eps, HAS_WEIGHT).to(dtype).to(tl.float32)
     if ROPE:
-        partner = (cols + half) % HEAD_DIM
         # the partner column's normed value, with the same row scale as the whole row's norm gives it
+        partner = (cols + half) % HEAD_DIM
         x = tl.load(row_ptr + cols).to(tl.float32)
         xp = tl.load(row_ptr + partner).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / HEAD_DIM + eps)
@@ -92,7 +89,47 @@ def head_norm_rope_rows(src_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, src_head0, n_
         sin = tl.load(sin_ptr + token * HEAD_DIM + cols).to(tl.float32)
         y = (y * cos).to(dtype).to(tl.float32) + (yp * sin).to(dtype).to(tl.float32)
     batch, position = token // seq_len, token % seq_len
-    tl.store(out_ptr + ((batch * n_heads + head) * seq_len + position) * HEAD_DIM + cols, y.to(dtype))
+    tl.store(out_ptr + ((batch * n_heads + out_head) * seq_len + position) * HEAD_DIM + cols, y.to(dtype))
+
+
+@triton.jit
+def qkv_heads_rows(src_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, n_q, n_kv, v_head0, seq_len,
+                   src_stride, eps, HEAD_DIM: tl.constexpr):  # fmt: skip
+    """Program (token, head) over every q, k and v head of a fused q/k/v product's row: q and k normed with
+    their weights and rotated, v normed without a weight (`v_head0`: where v's heads start in the row: after
+    k's, or k's own heads where the layer has no v projection)."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    if head < n_q:
+        head_norm_rope(src_ptr, wq_ptr, cos_ptr, sin_ptr, q_ptr, token, head, head, n_q, seq_len, src_stride, eps,
+                       HEAD_DIM, True, True)  # fmt: skip
+    elif head < n_q + n_kv:
+        head_norm_rope(src_ptr, wk_ptr, cos_ptr, sin_ptr, k_ptr, token, head, head - n_q, n_kv, seq_len, src_stride,
+                       eps, HEAD_DIM, True, True)  # fmt: skip
+    else:
+        v = head - n_q - n_kv
+        head_norm_rope(src_ptr, wk_ptr, cos_ptr, sin_ptr, v_ptr, token, v_head0 + v, v, n_kv, seq_len, src_stride,
+                       eps, HEAD_DIM, False, False)  # fmt: skip
+
+
+@triton.jit
+def feed_forward_inputs_rows(x_ptr, wa_ptr, wb_ptr, scale_ptr, a_ptr, b_ptr, r_ptr, n_cols, root, eps,
+                             BLOCK: tl.constexpr):  # fmt: skip
+    """A layer's three feed-forward inputs from one read of the residual x: norm_a(x) (the dense MLP's),
+    norm_b(x) (the experts'), and the router's norm(x) * scale * root, rounded after each product as the
+    reference rounds."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < n_cols
+    dtype = a_ptr.dtype.element_ty
+    y = normed(x_ptr + row * n_cols, wa_ptr, cols, inside, n_cols, eps, False)
+    wa = tl.load(wa_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+    wb = tl.load(wb_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+    tl.store(a_ptr + row * n_cols + cols, (y * wa).to(dtype), mask=inside)
+    tl.store(b_ptr + row * n_cols + cols, (y * wb).to(dtype), mask=inside)
+    scale = tl.load(scale_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+    r = (y.to(dtype).to(tl.float32) * scale).to(dtype).to(tl.float32) * root
+    tl.store(r_ptr + row * n_cols + cols, r.to(dtype), mask=inside)
 
 
 @triton.jit
