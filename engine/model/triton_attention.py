@@ -21,11 +21,10 @@ Triton is imported on first use only: the CPU path never needs it (`available()`
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import torch
 from torch import Tensor
+
+from dfim.engine.model import triton_kernels
 
 # Programs to aim for (about two per SM of an H100/H200) before the keys are split, and the fewest keys a
 # split is worth.
@@ -33,21 +32,12 @@ TARGET_PROGRAMS = 264
 MIN_SPLIT_KEYS = 128
 
 
-@functools.cache
-def _compiled() -> tuple[Any, Any] | None:
-    """(triton, the kernels module), or None where Triton cannot be imported."""
-    try:
-        import triton
-
-        from dfim.engine.model import triton_attention_kernels as kernels
-    except ImportError:
-        return None
-    return triton, kernels
+KERNELS = "dfim.engine.model.triton_attention_kernels"
 
 
 def available() -> bool:
     """Whether the kernels can run here (Triton imports)."""
-    return _compiled() is not None
+    return triton_kernels.load(KERNELS) is not None
 
 
 def blocks_for(head_dim: int, rows: int) -> tuple[int, int, int]:
@@ -68,10 +58,7 @@ def interval_mask(bounds: Tensor, lo: int, hi: int) -> Tensor:
 def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, lo: int, hi: int, bounds: Tensor) -> Tensor:
     """Attention of q [1, Hq, T, D] over the keys/values [lo, hi) of cache_k/cache_v [1, Hkv, S, D] (each
     query row sees the keys its row of `bounds` [T, 4] int32 allows) -> [1, T, Hq * D] in q's dtype."""
-    compiled = _compiled()
-    if compiled is None:
-        raise RuntimeError("Triton is not available here")
-    triton, kernels = compiled
+    triton, kernels = triton_kernels.require(KERNELS)
     _, hq, t, d = q.shape
     hkv = cache_k.shape[1]
     groups = hq // hkv

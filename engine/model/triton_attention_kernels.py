@@ -1,5 +1,5 @@
 """The Triton kernels of `dfim.engine.model.triton_attention` (which explains them). This module imports
-Triton at the top, so only `triton_attention._compiled` imports it, on first use on a GPU machine: the CPU
+Triton at the top, so only `triton_kernels.load` imports it, on first use on a GPU machine: the CPU
 install never needs Triton."""
 
 import triton

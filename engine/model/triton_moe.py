@@ -27,36 +27,19 @@ Triton is imported on first use only: the CPU path never needs it (`available()`
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
+from dfim.engine.model import triton_kernels
 
-@functools.cache
-def _compiled() -> tuple[Any, Any] | None:
-    """(triton, the kernels module), or None where Triton cannot be imported."""
-    try:
-        import triton
-
-        from dfim.engine.model import triton_moe_kernels as kernels
-    except ImportError:
-        return None
-    return triton, kernels
-
-
-def _kernels() -> tuple[Any, Any]:
-    compiled = _compiled()
-    if compiled is None:
-        raise RuntimeError("Triton is not available here")
-    return compiled
+KERNELS = "dfim.engine.model.triton_moe_kernels"
 
 
 def available() -> bool:
     """Whether the kernels can run here (Triton imports)."""
-    return _compiled() is not None
+    return triton_kernels.load(KERNELS) is not None
 
 
 @dataclass(frozen=True)
@@ -86,7 +69,7 @@ def tiles_for(pairs: int, experts: int) -> Tiles:
 def sort_pairs(index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
     """index [N, k] -> (the pair ids sorted by expert, stable; the token of each; offs [E]: each expert's end in
     that order) in one kernel (`experts._sort_by_expert` and `// k` are about eight)."""
-    triton, kernels = _kernels()
+    triton, kernels = triton_kernels.require(KERNELS)
     n, k = index.shape
     flat = index.reshape(-1).contiguous()
     order = torch.empty(n * k, dtype=torch.long, device=index.device)
@@ -102,7 +85,7 @@ def sort_pairs(index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]
 
 def route(scores: Tensor, top_k: int, expert_scale: Tensor) -> tuple[Tensor, Tensor]:
     """`experts.Router`'s routing of scores [N, E] in one kernel -> weights [N, k] fp32, index [N, k]."""
-    triton, kernels = _kernels()
+    triton, kernels = triton_kernels.require(KERNELS)
     n, e = scores.shape
     scores = scores.contiguous()
     weights = torch.empty(n, top_k, dtype=torch.float32, device=scores.device)
@@ -130,7 +113,7 @@ def moe_triton(
     With the scales (gate_up_scale [E, 2I], down_scale [E, H], float32) the weights are FP8 (e4m3), one
     scale per expert and output channel (`experts_fp8.Fp8Experts`), and stay FP8 in memory: they are
     widened to x's dtype tile by tile, so a pass reads half the bytes (W8A16)."""
-    triton, kernels = _kernels()
+    triton, kernels = triton_kernels.require(KERNELS)
     gate_up_act, down_weighted = kernels.gate_up_act, kernels.down_weighted
     n, k = index.shape
     e, two_i, hidden = gate_up.shape

@@ -1,5 +1,5 @@
 """The Triton kernels of `dfim.engine.model.triton_moe` (which explains them). This module imports Triton at
-the top, so only `triton_moe._compiled` imports it, on first use on a GPU machine: the CPU install never
+the top, so only `triton_kernels.load` imports it, on first use on a GPU machine: the CPU install never
 needs Triton.
 
 Triton resolves a kernel's helpers among its module's globals, which is why the kernels live in a module of

@@ -24,24 +24,16 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import Any
 
 import torch
 from torch import Tensor
 
+from dfim.engine.model import triton_kernels
+
 log = logging.getLogger(__name__)
 
 
-@functools.cache
-def _compiled() -> tuple[Any, Any] | None:
-    """(triton, the kernels module), or None where Triton cannot be imported."""
-    try:
-        import triton
-
-        from dfim.engine.model import triton_norm_kernels as kernels
-    except ImportError:
-        return None
-    return triton, kernels
+KERNELS = "dfim.engine.model.triton_norm_kernels"
 
 
 def interpreting() -> bool:
@@ -52,7 +44,7 @@ def interpreting() -> bool:
 
 def available() -> bool:
     """Whether the kernel can run here (Triton imports)."""
-    return _compiled() is not None
+    return triton_kernels.load(KERNELS) is not None
 
 
 def applies(x: Tensor) -> bool:
@@ -88,10 +80,7 @@ def works(device_type: str) -> bool:
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     """RMSNorm over the last axis of `x` (any float dtype), scaled by `weight` [H] when given, in one
     kernel launch: one program per row."""
-    compiled = _compiled()
-    if compiled is None:
-        raise RuntimeError("Triton is not available here")
-    triton, kernels = compiled
+    triton, kernels = triton_kernels.require(KERNELS)
     cols = x.shape[-1]
     flat = x.reshape(-1, cols)
     if flat.stride(-1) != 1:
@@ -121,16 +110,9 @@ def _warps(block: int) -> int:
     return 8 if block >= 4096 else 4 if block >= 1024 else 2
 
 
-def _kernels() -> tuple[Any, Any]:
-    compiled = _compiled()
-    if compiled is None:
-        raise RuntimeError("Triton is not available here")
-    return compiled
-
-
 def residual_norm(x: Tensor, y: Tensor, weight: Tensor, eps: float) -> Tensor:
     """`x + rms_norm(y, weight)` (a branch added to the residual) in one kernel; x and y [..., H] alike."""
-    triton, kernels = _kernels()
+    triton, kernels = triton_kernels.require(KERNELS)
     cols = x.shape[-1]
     x, y = x.contiguous(), y.contiguous()
     out = torch.empty_like(x)
@@ -152,7 +134,7 @@ def feed_forward_residual(
 ) -> Tensor:
     """`(x + rms_norm(rms_norm(a, wa) + rms_norm(b, wb), w)) * scalar` (a layer's dense and experts' branches
     normed, summed, normed, added to the residual and scaled), weights = (wa, wb, w), in one kernel."""
-    triton, kernels = _kernels()
+    triton, kernels = triton_kernels.require(KERNELS)
     cols = x.shape[-1]
     x, a, b = x.contiguous(), a.contiguous(), b.contiguous()
     out = torch.empty_like(x)
@@ -177,7 +159,7 @@ def head_norm_rope(
     themselves, as Gemma's full layers have it): q and k normed with their weights and rotated by cos/sin
     [B|1, T, D] (`attention.apply_rope`), v normed without a weight -> [B, Hq|Hkv, T, D], contiguous. One
     kernel launch; the values are those of `rms_norm` then `apply_rope` in the heads' dtype."""
-    triton, kernels = _kernels()
+    triton, kernels = triton_kernels.require(KERNELS)
     b, t, _, d = heads.shape
     hq, hkv, hv = counts
     src = heads.reshape(b * t, -1)
@@ -201,7 +183,7 @@ def feed_forward_inputs(
     x: Tensor, weight_a: Tensor, weight_b: Tensor, router_scale: Tensor, root: float, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(rms_norm(x, weight_a), rms_norm(x, weight_b), rms_norm(x) * router_scale * root) from one read of x."""
-    triton, kernels = _kernels()
+    triton, kernels = triton_kernels.require(KERNELS)
     cols = x.shape[-1]
     x = x.contiguous()
     outs = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
@@ -216,7 +198,7 @@ def feed_forward_inputs(
 
 def gelu_mul(gate_up: Tensor) -> Tensor:
     """`gelu(gate) * up` for gate_up [..., 2I] = [gate ; up] (one product over row-fused weights) -> [..., I]."""
-    triton, kernels = _kernels()
+    triton, kernels = triton_kernels.require(KERNELS)
     width = gate_up.shape[-1] // 2
     flat = gate_up.reshape(-1, 2 * width).contiguous()
     out = torch.empty(*gate_up.shape[:-1], width, dtype=gate_up.dtype, device=gate_up.device)

@@ -1,5 +1,5 @@
 """The Triton kernels of `dfim.engine.model.triton_norm` (which explains them). This module imports Triton at
-the top, so only `triton_norm._compiled` imports it, on first use on a GPU machine: the CPU install never
+the top, so only `triton_kernels.load` imports it, on first use on a GPU machine: the CPU install never
 needs Triton. Triton resolves a kernel's helpers among its module's globals, hence a module of their own.
 
 Every kernel runs one program per row (a token's hidden state, or one head of it) and computes in fp32,

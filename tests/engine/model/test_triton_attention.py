@@ -41,13 +41,6 @@ CHECK = textwrap.dedent(
 )
 
 
-def run_check(device: str, env: dict[str, str]) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", CHECK, device], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
-
-
 def test_interval_mask_is_the_union_of_two_intervals():
     bounds = torch.tensor([[0, 3, 5, 6], [2, 4, 0, 0]], dtype=torch.int32)
     mask = triton_attention.interval_mask(bounds, 1, 7)  # keys 1..6
@@ -58,13 +51,13 @@ def test_interval_mask_is_the_union_of_two_intervals():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs CUDA and Triton")
-def test_kernels_match_the_reference_on_cuda():
-    run_check("cuda", dict(os.environ))
+def test_kernels_match_the_reference_on_cuda(kernel_check):
+    kernel_check(CHECK, "cuda", dict(os.environ))
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
-def test_kernels_match_the_reference_under_the_interpreter():
-    run_check("cpu", INTERPRETER)
+def test_kernels_match_the_reference_under_the_interpreter(kernel_check):
+    kernel_check(CHECK, "cpu", INTERPRETER)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")

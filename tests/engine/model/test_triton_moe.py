@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -65,22 +63,15 @@ CHECK = textwrap.dedent(
 )
 
 
-def run_check(device: str, env: dict[str, str]) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", CHECK, device], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_kernels_match_the_reference_on_cuda():
+def test_kernels_match_the_reference_on_cuda(kernel_check):
     pytest.importorskip("triton")
-    run_check("cuda", dict(os.environ))
+    kernel_check(CHECK, "cuda", dict(os.environ))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
-def test_kernels_match_the_reference_under_the_interpreter():
-    run_check("cpu", {**os.environ, "TRITON_INTERPRET": "1"})
+def test_kernels_match_the_reference_under_the_interpreter(kernel_check):
+    kernel_check(CHECK, "cpu", {**os.environ, "TRITON_INTERPRET": "1"})
 
 
 def test_an_experts_pairs_fit_one_block_where_they_can():

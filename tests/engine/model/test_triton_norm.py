@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -26,13 +24,6 @@ CHECK = textwrap.dedent(
 )
 
 
-def run_check(device: str, env: dict[str, str]) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", CHECK, device], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
-
-
 def test_cpu_inference_and_training_keep_the_reference_arithmetic():
     x = torch.randn(4, 96, dtype=torch.bfloat16)
     weight = torch.rand(96, dtype=torch.bfloat16) + 0.5
@@ -48,10 +39,10 @@ def test_cpu_inference_and_training_keep_the_reference_arithmetic():
 @pytest.mark.skipif(
     not torch.cuda.is_available() or not triton_norm.available(), reason="needs CUDA and Triton"
 )
-def test_kernel_matches_the_reference_on_cuda():
-    run_check("cuda", dict(os.environ))
+def test_kernel_matches_the_reference_on_cuda(kernel_check):
+    kernel_check(CHECK, "cuda", dict(os.environ))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
-def test_kernel_matches_the_reference_under_the_interpreter():
-    run_check("cpu", {**os.environ, "TRITON_INTERPRET": "1"})
+def test_kernel_matches_the_reference_under_the_interpreter(kernel_check):
+    kernel_check(CHECK, "cpu", {**os.environ, "TRITON_INTERPRET": "1"})
