@@ -105,7 +105,7 @@ class Attention(nn.Module):
             and triton_norm.applies(x)
             and row_views(self.qkv_rows, self.q_proj, self.k_proj, *own_v)
         ):
-            # GPU: one product for q, k and v, then three kernels norm and rotate every head (~16 ops)
+            # GPU: one product for q, k and v, then one kernel norms and rotates every head (~16 ops)
             heads = F.linear(x, self.qkv_rows).view(b, t, -1, d)
             weights = (self.q_norm.weight, self.k_norm.weight)
             return triton_norm.head_norm_rope(

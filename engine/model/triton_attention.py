@@ -21,6 +21,8 @@ Triton is imported on first use only: the CPU path never needs it (`available()`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -59,6 +61,12 @@ def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, lo: int, hi: int, bounds
     """Attention of q [1, Hq, T, D] over the keys/values [lo, hi) of cache_k/cache_v [1, Hkv, S, D] (each
     query row sees the keys its row of `bounds` [T, 4] int32 allows) -> [1, T, Hq * D] in q's dtype."""
     triton, kernels = triton_kernels.require(KERNELS)
+    if (
+        q.shape[0] != 1
+        or not (cache_k.is_contiguous() and cache_v.is_contiguous())
+        or cache_k.shape != cache_v.shape
+    ):
+        raise ValueError("attend reads batch 1 over contiguous caches of one shape")
     _, hq, t, d = q.shape
     hkv = cache_k.shape[1]
     groups = hq // hkv
@@ -92,15 +100,23 @@ def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, lo: int, hi: int, bounds
     return out
 
 
-def self_test(device: torch.device | str, dtype: torch.dtype) -> float:
+# (query heads, KV heads, head dim) of both layer kinds of the 26B-A4B shape and a small one
+DEFAULT_HEADS = ((4, 2, 256), (8, 1, 512), (4, 4, 64))
+
+
+def self_test(
+    device: torch.device | str, dtype: torch.dtype, heads_of: Sequence[tuple[int, int, int]] = DEFAULT_HEADS
+) -> float:
     """The worst relative error (norm of the difference over the norm) of `attend` against SDPA with the
-    mask `interval_mask` says, over both head widths of the 26B shape and a small one, split and unsplit
-    keys, a causal window and a second interval."""
+    mask `interval_mask` says, for each (query heads, KV heads, head dim) of `heads_of` at 1, 7 and 300 query
+    positions (every block size `blocks_for` picks), split and unsplit keys, a causal window and a second
+    interval. A shape the kernel cannot build raises."""
     import torch.nn.functional as F
 
     g = torch.Generator(device=device).manual_seed(0)
     worst = 0.0
-    for heads, kv_heads, head_dim, t, keys in ((4, 2, 256, 7, 300), (4, 1, 512, 3, 600), (4, 4, 64, 64, 64)):
+    cases = [(h, kv, d, t, keys) for h, kv, d in heads_of for t, keys in ((1, 600), (7, 300), (300, 320))]
+    for heads, kv_heads, head_dim, t, keys in cases:
         q = torch.randn(1, heads, t, head_dim, generator=g, device=device).to(dtype)
         k, v = (
             torch.randn(1, kv_heads, keys + 8, head_dim, generator=g, device=device).to(dtype) for _ in "kv"

@@ -35,6 +35,8 @@ from torch import Tensor
 from dfim.engine.model import triton_kernels
 
 KERNELS = "dfim.engine.model.triton_moe_kernels"
+# The most token-expert pairs `sort_pairs` sorts in one program: a 1,024-token encode chunk at top-8.
+MAX_SORTED_PAIRS = 8192
 
 
 def available() -> bool:
@@ -69,8 +71,13 @@ def tiles_for(pairs: int, experts: int) -> Tiles:
 def sort_pairs(index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
     """index [N, k] -> (the pair ids sorted by expert, stable; the token of each; offs [E]: each expert's end in
     that order) in one kernel (`experts._sort_by_expert` and `// k` are about eight)."""
-    triton, kernels = triton_kernels.require(KERNELS)
     n, k = index.shape
+    if n * k > MAX_SORTED_PAIRS:  # one program holds every pair: past this, torch's sort (several kernels)
+        from dfim.engine.model.experts import _sort_by_expert
+
+        order, _, _, offs = _sort_by_expert(index, num_experts)
+        return order, order // k, offs
+    triton, kernels = triton_kernels.require(KERNELS)
     flat = index.reshape(-1).contiguous()
     order = torch.empty(n * k, dtype=torch.long, device=index.device)
     tokens = torch.empty_like(order)

@@ -111,6 +111,7 @@ def route_rows(scores_ptr, expert_scale_ptr, weight_ptr, index_ptr, n_experts, K
     for slot in tl.static_range(K):
         best = tl.max(probs, axis=0)
         which = tl.min(tl.where(probs == best, experts, BLOCK_E), axis=0)
+        which = tl.minimum(which, n_experts - 1)  # a NaN score matches nothing: still a real expert
         chosen = tl.where(slots == slot, best, chosen)
         index = tl.where(slots == slot, which, index)
         probs = tl.where(experts == which, -1.0, probs)

@@ -21,9 +21,11 @@ reference arithmetic (`available()` is False).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -37,9 +39,14 @@ KERNELS = "dfim.engine.model.triton_norm_kernels"
 
 
 def interpreting() -> bool:
-    """Whether Triton's interpreter runs kernels on the CPU here (TRITON_INTERPRET=1, tests only): then the
-    fused kernels apply to CPU tensors too, so the CPU can check the code a GPU runs."""
-    return os.environ.get("TRITON_INTERPRET") == "1" and available()
+    """Whether the tests asked for the fused kernels on CPU tensors, run by Triton's interpreter
+    (DFIM_TRITON_ON_CPU=1 and TRITON_INTERPRET=1, both): the CPU then checks the code a GPU runs. Triton's
+    own variable alone changes nothing, so a server that inherits it stays on the reference ops."""
+    return (
+        os.environ.get("DFIM_TRITON_ON_CPU") == "1"
+        and os.environ.get("TRITON_INTERPRET") == "1"
+        and available()
+    )
 
 
 def available() -> bool:
@@ -48,16 +55,33 @@ def available() -> bool:
 
 
 def applies(x: Tensor) -> bool:
-    """Whether `ops.rms_norm` should use the kernel for `x`: inference on CUDA, outside `torch.compile`
-    (which fuses the reference itself and would only trip over an opaque call), with Triton present."""
+    """Whether the layers' fused kernels (this module's, and the router's of `triton_moe`) should run on `x`:
+    inference on CUDA, outside `torch.compile` (which fuses the reference itself and would only trip over an
+    opaque call), with Triton present, the kernels checked (`works`) and not `disabled`."""
     return (
         (x.is_cuda or interpreting())
         and not torch.is_grad_enabled()
         and not torch.compiler.is_compiling()
         and x.shape[-1] <= 65536
+        and not _disabled
         and available()
         and works(x.device.type)
     )
+
+
+_disabled = False
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """The reference PyTorch ops for the duration, on every device (the fp32 check's reference pass, so it
+    does not compare the fused kernels with themselves)."""
+    global _disabled
+    before, _disabled = _disabled, True
+    try:
+        yield
+    finally:
+        _disabled = before
 
 
 @functools.cache

@@ -4,7 +4,8 @@ needs Triton. Triton resolves a kernel's helpers among its module's globals, hen
 
 Every kernel runs one program per row (a token's hidden state, or one head of it) and computes in fp32,
 rounding to the output's dtype exactly where the separate PyTorch ops of the reference round, so a fused
-kernel gives the reference's values, not merely close ones.
+kernel gives the reference's values up to its rsqrt and tanh (the gated activation's tanh is a sigmoid form,
+within ~1e-7 of PyTorch's for large negative inputs).
 """
 
 import triton
@@ -72,8 +73,7 @@ def head_norm_rope(src_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, token, src_head, o
     half: tl.constexpr = HEAD_DIM // 2
     row_ptr = src_ptr + token * src_stride + src_head * HEAD_DIM
     dtype = out_ptr.dtype.element_ty
-    inside = cols < HEAD_DIM
-    y = normed(row_ptr, w_ptr, cols, inside, HEAD_DIM, eps, HAS_WEIGHT).to(dtype).to(tl.float32)
+    y = normed(row_ptr, w_ptr, cols, cols < HEAD_DIM, HEAD_DIM, eps, HAS_WEIGHT).to(dtype).to(tl.float32)
     if ROPE:
         # the partner column's normed value, with the same row scale as the whole row's norm gives it
         partner = (cols + half) % HEAD_DIM

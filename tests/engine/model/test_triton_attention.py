@@ -1,5 +1,6 @@
 """The fast path's Triton kernels checked where they run: on CUDA, or on the CPU under Triton's interpreter
-where Triton is installed (TRITON_INTERPRET=1 makes them apply to CPU tensors; fp32 and fp16 there); without
+where Triton is installed (TRITON_INTERPRET=1 with DFIM_TRITON_ON_CPU=1 makes them apply to CPU tensors;
+fp32 and fp16 there); without
 either (the CPU-only install) the kernel tests skip.
 
 - attention over key intervals (dfim.engine.model.triton_attention) against SDPA with the same mask;
@@ -20,7 +21,7 @@ import torch
 from dfim.engine.model import triton_attention
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETER = {**os.environ, "TRITON_INTERPRET": "1"}
+INTERPRETER = {**os.environ, "TRITON_INTERPRET": "1", "DFIM_TRITON_ON_CPU": "1"}
 
 CHECK = textwrap.dedent(
     """
@@ -69,3 +70,22 @@ def test_fast_path_with_every_kernel_matches_the_plain_network():
         env=INTERPRETER, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0 and "3 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+USES_KERNELS = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, "tests/engine/model")
+    from test_fast_path import fast_of, make_model
+
+    info = fast_of(make_model()).describe()
+    want = {"attention": "triton", "fused_kernels": True, "experts": "triton"}
+    print("ok" if all(info[k] == v for k, v in want.items()) else info)
+    """
+)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+def test_the_interpreted_fast_path_runs_every_kernel(kernel_check):
+    """What makes the test above a test of the kernels: under the interpreter the fast path picks them all."""
+    kernel_check(USES_KERNELS, "cpu", INTERPRETER)
