@@ -175,7 +175,7 @@ class FastDiffusionGemma:
         self.truncate(0)
 
     def truncate(self, length: int) -> None:
-        """Forget context rows from `length` on (the rows stay allocated; masks hide them)."""
+        """Forget context rows from `length` on (the rows stay allocated; the attention's bounds hide them)."""
         self.length = min(self.length, length)
         self.length_t.fill_(self.length)
 
@@ -257,9 +257,10 @@ class FastDiffusionGemma:
         v: Tensor,
     ) -> Tensor:
         """Write the new keys/values at rows `slots` of layer i's static cache, attend over its rows [lo, hi)
-        where `bounds` [T, 4] allows (`mask` [1, 1, T, hi - lo] says the same for SDPA). SDPA's grouped-query attention without copying K/V: the query heads
-        sharing one KV head are folded into the query-length axis ([1, Hkv, G*T, D]), so SDPA sees plain
-        multi-head attention (the Triton kernel folds them the same way)."""
+        where `bounds` [T, 4] allows (`mask` [1, 1, T, hi - lo] says the same for SDPA). SDPA's grouped-query
+        attention without copying K/V: the query heads sharing one KV head are folded into the query-length
+        axis ([1, Hkv, G*T, D]), so SDPA sees plain multi-head attention (the Triton kernel folds them the
+        same way)."""
         cache_k, cache_v = self.cache_k[i], self.cache_v[i]
         cache_k[:, :, slots] = k
         cache_v[:, :, slots] = v
