@@ -370,9 +370,10 @@ def norm_mismatches(
 
 
 def fused_norm_mismatches(device: torch.device | str, width: int = 2816, head_dim: int = 256) -> list[str]:
-    """Where the fused kernels of `dfim.engine.model.triton_norm` (the residual norms, the heads' norm and
-    RoPE, the gated activation) differ from the PyTorch ops they replace beyond NORM_TOLERANCE (relative, per element), in every
-    dtype of NORM_TOLERANCE that `device` computes; with and without v heads of their own. Empty: they agree."""
+    """Where the fused kernels of `dfim.engine.model.triton_norm` (the residual norms, the feed-forward's
+    inputs, the heads' norm and RoPE, the gated activation) differ from the PyTorch ops they replace beyond
+    NORM_TOLERANCE (relative, per element), in every dtype of NORM_TOLERANCE that `device` computes; with and
+    without v heads of their own. Empty: they agree."""
     from dfim.engine.model import ops, triton_norm
     from dfim.engine.model.attention import apply_rope
 
