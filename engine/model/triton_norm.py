@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 KERNELS = "dfim.engine.model.triton_norm_kernels"
 
 
+@functools.cache  # read once: the CPU path asks for every norm, and the tests set it before Python starts
 def interpreting() -> bool:
     """Whether the tests asked for the fused kernels on CPU tensors, run by Triton's interpreter
     (DFIM_TRITON_ON_CPU=1 and TRITON_INTERPRET=1, both): the CPU then checks the code a GPU runs. Triton's
