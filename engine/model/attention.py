@@ -109,11 +109,9 @@ class Attention(nn.Module):
             heads = F.linear(x, self.qkv_rows).view(b, t, -1, d)
             weights = (self.q_norm.weight, self.k_norm.weight)
             return triton_norm.head_norm_rope(
-                heads, (hq, hkv, hkv if own_v else 0), weights, cos, sin, self.q_norm.eps
+                heads, (hq, hkv), bool(own_v), weights, cos, sin, self.q_norm.eps
             )
-        if fused_views(
-            self.qkv, self.q_proj, self.k_proj, *([self.v_proj] if self.v_proj is not None else [])
-        ):
+        if fused_views(self.qkv, self.q_proj, self.k_proj, *own_v):
             # One GEMM instead of two or three, and one norm over every head's row instead of three (the
             # q and k norm weights are applied after it; v's norm has none): per-op cost dominates here.
             heads = rms_norm(

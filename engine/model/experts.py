@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from dfim.engine.model import triton_norm
+from dfim.engine.model import triton_moe, triton_norm
 from dfim.engine.model.config import ModelConfig
 from dfim.engine.model.ops import Packed, RMSNorm, gelu, linear
 
@@ -36,8 +36,6 @@ class Router(nn.Module):
         has it already (`ops.feed_forward_inputs`)."""
         scores = self.proj(self.input(x) if normed is None else normed)
         if triton_norm.applies(scores):
-            from dfim.engine.model import triton_moe
-
             return triton_moe.route(scores, self.top_k, self.per_expert_scale)
         probs = scores.softmax(dim=-1, dtype=torch.float32)
         weights, index = torch.topk(probs, self.top_k, dim=-1)
@@ -223,9 +221,7 @@ def pick_gpu_kernel(experts: Experts, device: torch.device, dtype: torch.dtype, 
     with a per-expert reference here and, with `graphs`, can be captured in a CUDA graph; else `padded`.
     (torch 2.11's grouped GEMM copies its problem sizes from the host on an H200, which a graph cannot
     capture: there the padded kernel would run.)"""
-    if device.type == "cuda" or triton_norm.interpreting():
-        from dfim.engine.model import triton_moe
-
+    if triton_norm.runs_on(device.type):
         if triton_moe.available() and _passes(moe_triton, experts, device, dtype, graphs):
             return "triton"
     if hasattr(torch, "_grouped_mm") and _passes(moe_grouped, experts, device, dtype, graphs):

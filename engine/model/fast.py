@@ -121,10 +121,9 @@ class FastDiffusionGemma:
         )
         for layer in self.layers:
             layer.experts.mode = self.moe
-        if self.device.type == "cuda" or triton_norm.interpreting():
-            for (
-                layer
-            ) in self.layers:  # one q/k/v and one gate/up product (the weights become views of one copy)
+        kernels_here = triton_norm.runs_on(self.device.type)
+        if kernels_here:  # one q/k/v and one gate/up product (the weights become views of one copy)
+            for layer in self.layers:
                 attn, mlp = layer.self_attn, layer.mlp
                 attn.qkv_rows = fuse_rows(attn.q_proj, attn.k_proj, *([attn.v_proj] if attn.v_proj else []))
                 mlp.gate_up_rows = fuse_rows(mlp.gate_proj, mlp.up_proj)
@@ -133,9 +132,7 @@ class FastDiffusionGemma:
         }
         self.attention = pick_attention(self.device, self.dtype, tuple(sorted(heads)))
         # the fused norm, MLP and router kernels (`triton_norm.applies`), checked here once, before any capture
-        self.fused = (self.device.type == "cuda" or triton_norm.interpreting()) and triton_norm.works(
-            self.device.type
-        )
+        self.fused = kernels_here and triton_norm.works(self.device.type)
         self.compiled = compile
         if compile:
             compile_layers(model)
@@ -528,7 +525,7 @@ def pick_attention(
     """The attention kernel: "triton" where `triton_attention` runs here and agrees with SDPA
     (`triton_attention.self_test`) for every (query heads, KV heads, head dim) of the model's layers, else
     "sdpa"."""
-    if not (device.type == "cuda" or triton_norm.interpreting()) or not triton_attention.available():
+    if not triton_norm.runs_on(device.type) or not triton_attention.available():
         return "sdpa"
     try:
         error = triton_attention.self_test(device, dtype, heads_of)

@@ -426,7 +426,7 @@ def fused_norm_mismatches(device: torch.device | str, width: int = 2816, head_di
                 angles = torch.rand(5, head_dim // 2, generator=g, device=device) * 6
                 emb = torch.cat([angles, angles], dim=-1)[None]
                 cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
-                q, k, v = triton_norm.head_norm_rope(heads, (hq, hkv, hv), (wq, wk), cos, sin, 1e-6)
+                q, k, v = triton_norm.head_norm_rope(heads, (hq, hkv), hv > 0, (wq, wk), cos, sin, 1e-6)
                 want_q = apply_rope(reference_norm(heads[:, :, :hq], wq), cos, sin).transpose(1, 2)
                 want_k = apply_rope(reference_norm(heads[:, :, hq : hq + hkv], wk), cos, sin).transpose(1, 2)
                 want_v = reference_norm(heads[:, :, hq + hkv :] if hv else heads[:, :, hq : hq + hkv], None)

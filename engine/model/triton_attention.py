@@ -42,11 +42,11 @@ def available() -> bool:
     return triton_kernels.load(KERNELS) is not None
 
 
-def blocks_for(head_dim: int, rows: int) -> tuple[int, int, int]:
-    """(query rows a program, keys a step, warps): the fp32 accumulator of a 512-wide head takes 16 rows."""
+def blocks_for(head_dim: int, rows: int) -> tuple[int, int]:
+    """(query rows a program, keys a step): the fp32 accumulator of a 512-wide head takes 16 rows."""
     if head_dim >= 512:
-        return 16, 32, 4
-    return (16 if rows <= 16 else 32 if rows <= 256 else 64), 64, 4
+        return 16, 32
+    return (16 if rows <= 16 else 32 if rows <= 256 else 64), 64
 
 
 def interval_mask(bounds: Tensor, lo: int, hi: int) -> Tensor:
@@ -76,7 +76,7 @@ def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, lo: int, hi: int, bounds
     rows = groups * t
     if rows == 0:
         return out
-    block_m, block_n, warps = blocks_for(d, rows)
+    block_m, block_n = blocks_for(d, rows)
     programs = hkv * triton.cdiv(rows, block_m)
     keys = max(hi - lo, 1)
     splits = 1
@@ -90,8 +90,8 @@ def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, lo: int, hi: int, bounds
     exact = q.dtype == torch.float32
     kernels.attend_keys[(hkv, triton.cdiv(rows, block_m), splits)](
         q, cache_k, cache_v, bounds, out, part, stats, t, groups, lo, hi, per_split, cache_k.stride(1),
-        out.stride(1), splits, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=splits > 1, EXACT=exact,
-        num_warps=warps, num_stages=2,
+        out.stride(1), HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=splits > 1, EXACT=exact,
+        num_warps=4, num_stages=2,
     )  # fmt: skip
     if splits > 1:
         kernels.combine_splits[(hkv, rows)](

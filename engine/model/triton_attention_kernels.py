@@ -11,7 +11,7 @@ MASKED = tl.constexpr(-1.0e30)
 
 @triton.jit
 def attend_keys(q_ptr, k_ptr, v_ptr, bounds_ptr, out_ptr, part_ptr, stats_ptr, seq_len, groups, key_lo, key_hi,
-                keys_per_split, k_head_stride, out_row_stride, n_splits,
+                keys_per_split, k_head_stride, out_row_stride,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                 EXACT: tl.constexpr):  # fmt: skip
     """Program (KV head, block of query rows, split of the keys). The query heads that share a KV head are

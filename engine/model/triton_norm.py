@@ -50,6 +50,12 @@ def interpreting() -> bool:
     )
 
 
+def runs_on(device_type: str) -> bool:
+    """Whether the Triton kernels are meant for tensors of this device type: CUDA, or the CPU when the tests
+    ask for the interpreter (`interpreting`)."""
+    return device_type == "cuda" or interpreting()
+
+
 def available() -> bool:
     """Whether the kernel can run here (Triton imports)."""
     return triton_kernels.load(KERNELS) is not None
@@ -60,7 +66,7 @@ def applies(x: Tensor) -> bool:
     inference on CUDA, outside `torch.compile` (which fuses the reference itself and would only trip over an
     opaque call), with Triton present, the kernels checked (`works`) and not `disabled`."""
     return (
-        (x.is_cuda or interpreting())
+        runs_on(x.device.type)
         and not torch.is_grad_enabled()
         and not torch.compiler.is_compiling()
         and x.shape[-1] <= 65536
@@ -174,19 +180,20 @@ def feed_forward_residual(
 
 def head_norm_rope(
     heads: Tensor,
-    counts: tuple[int, int, int],
+    counts: tuple[int, int],
+    own_v: bool,
     weights: tuple[Tensor, Tensor],
     cos: Tensor,
     sin: Tensor,
     eps: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k and v from a fused q/k/v product `heads` [B, T, Hq + Hkv + Hv, D] (Hv 0: v is the k heads
-    themselves, as Gemma's full layers have it): q and k normed with their weights and rotated by cos/sin
+    """q, k and v from a fused q/k/v product `heads` [B, T, Hq + Hkv (+ Hkv with `own_v`), D], counts =
+    (Hq, Hkv) (without `own_v`, v is the k heads themselves, as Gemma's full layers have it): q and k normed with their weights and rotated by cos/sin
     [B|1, T, D] (`attention.apply_rope`), v normed without a weight -> [B, Hq|Hkv, T, D], contiguous. One
     kernel launch; the values are those of `rms_norm` then `apply_rope` in the heads' dtype."""
     triton, kernels = triton_kernels.require(KERNELS)
     b, t, _, d = heads.shape
-    hq, hkv, hv = counts
+    hq, hkv = counts
     src = heads.reshape(b * t, -1)
     if src.stride(-1) != 1:
         src = src.contiguous()
@@ -198,7 +205,7 @@ def head_norm_rope(
     v = torch.empty_like(k)
     if tokens:
         kernels.qkv_heads_rows[(tokens, hq + 2 * hkv)](
-            src, weights[0], weights[1], cos, sin, q, k, v, hq, hkv, hq + hkv if hv else hq, t, src.stride(0), eps,
+            src, weights[0], weights[1], cos, sin, q, k, v, hq, hkv, hq + hkv if own_v else hq, t, src.stride(0), eps,
             HEAD_DIM=d, num_warps=_warps(d),
         )  # fmt: skip
     return q, k, v
