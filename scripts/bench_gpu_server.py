@@ -170,13 +170,20 @@ def gpu_name(device: str) -> str:
     return out.stdout.strip().replace("\n", "; ") or f"unknown (nvidia-smi: {out.stderr.strip()})"
 
 
-def write_folder(folder: Path, shape: str, device: str, draft: bool) -> Path:
-    """The checkpoint without weights; bf16 on a GPU (what the fast path was measured in), fp32 on the CPU."""
+def write_folder(folder: Path, shape: str, device: str, draft: bool, experts: str = "bf16") -> Path:
+    """The checkpoint without weights; bf16 on a GPU (what the fast path was measured in), fp32 on the CPU;
+    `experts` "fp8": the experts' weights in e4m3, as an FP8 checkpoint's are kept."""
     import torch
 
     dtype = torch.bfloat16 if device == "cuda" else None  # None: the engine's own fp32
     write_random_checkpoint(
-        folder, TOKENIZER, stored=False, init_dtype=dtype, name=f"random-{shape}", **SHAPES[shape]
+        folder,
+        TOKENIZER,
+        stored=False,
+        init_dtype=dtype,
+        init_experts="fp8" if experts == "fp8" else None,
+        name=f"random-{shape}",
+        **SHAPES[shape],
     )
     if draft:  # the encoder drafts single lines, as dfim's own checkpoints do (decision 38)
         info = json.loads((folder / "dfim.json").read_text())
@@ -345,7 +352,7 @@ async def run(args: argparse.Namespace, report: Report) -> None:
         folder = DEFAULT_MODEL_DIR if args.model == "default" else Path(args.model)
         report(f"checkpoint: {folder}")
     else:
-        folder = write_folder(tmp / "ckpt", args.shape, args.device, args.draft)
+        folder = write_folder(tmp / "ckpt", args.shape, args.device, args.draft, args.experts)
         notes = json.dumps(json.loads((folder / "dfim.json").read_text()))
         report(f"checkpoint: {folder} (shape {args.shape}, no weight files), dfim.json {notes}")
     settings: dict[str, dict[str, Any]] = {
@@ -443,6 +450,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--blocks", type=int, default=2, help="timed block fills after the warm-up one")
     parser.add_argument("--draft", action="store_true", help="dfim.json asks for the encoder's draft")
+    parser.add_argument(
+        "--experts", choices=("bf16", "fp8"), default="bf16", help="the random shape's experts' weights"
+    )
     parser.add_argument("--settings", default="{}", help="server settings merged over the benchmark's (JSON)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds one request may take")
     parser.add_argument(

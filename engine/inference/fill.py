@@ -32,7 +32,7 @@ from dfim.engine.api import (
     StepInfo,
     parse_rank,
 )
-from dfim.engine.inference import autoregressive, confidence, draft, sampler
+from dfim.engine.inference import autoregressive, confidence, draft, sampler, triton_sampler
 from dfim.engine.inference.cache import ContextCache, common_prefix_length
 from dfim.engine.inference.canvas import (
     CanvasPlan,
@@ -174,7 +174,9 @@ class Engine:
         # every step reads. The CPU keeps fp32 (its products and int8 kernels are written for it).
         if dtype is None:
             dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-        model, settings = load_model(folder, device=str(dev), dtype=dtype)
+        # An FP8 checkpoint's experts stay FP8 on a GPU (half the bytes a pass reads; the Triton kernel widens
+        # them tile by tile); the CPU dequantizes them at load, as it has no FP8 kernels.
+        model, settings = load_model(folder, device=str(dev), dtype=dtype, fp8_experts=dev.type == "cuda")
         if tokenizer.chat and settings.draft:  # the draft reads the FIM layout (dfim.engine.inference.chat)
             settings = dataclasses.replace(settings, draft=False)
         if dev.type == "cpu":
@@ -371,11 +373,19 @@ class Engine:
         return self._fast_backend
 
     def path_info(self) -> dict[str, object]:
-        """Where fills denoise (dfim/stats): device, weights' dtype, and what the fast path runs (None until
-        the first fill builds it)."""
+        """Where fills denoise (dfim/stats): device, weights' dtype, what the fast path runs (None until the
+        first fill builds it), and what reads the sampler's distributions (`triton_sampler`'s kernel or
+        PyTorch)."""
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         fast = None if self._fast_backend is None else self._fast_backend.fast.describe()
-        return {"device": str(self.device), "dtype": dtype, "fast": self.fast, "fast_path": fast}
+        sampler = "triton" if triton_sampler.used_on(self.device.type) else "torch"
+        return {
+            "device": str(self.device),
+            "dtype": dtype,
+            "fast": self.fast,
+            "fast_path": fast,
+            "sampler": sampler,
+        }
 
     def _score_likelihood(
         self, request: FillRequest, plan: CanvasPlan, candidates: list[_Candidate], cache: ContextCache

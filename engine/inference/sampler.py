@@ -162,5 +162,5 @@ def token_logprob(state: DenoiseState, ids: Tensor) -> Tensor:
     assert state.logits is not None
     index = ids.unsqueeze(-1)
     if state.dist is not None:
-        return torch.log(state.dist.probs.gather(-1, index).squeeze(-1))
+        return state.dist.log_prob(ids)
     return state.logits.gather(-1, index).squeeze(-1) - torch.logsumexp(state.logits, dim=-1)

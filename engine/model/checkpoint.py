@@ -234,14 +234,16 @@ def _match_scales(folder: Path, expected: dict[str, torch.Tensor], present: set[
 
 
 def load_model(
-    folder: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32
+    folder: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, *, fp8_experts: bool = False
 ) -> tuple[DiffusionGemma, SamplerSettings]:
     """Build the network from a checkpoint folder, checking every key and shape against the config.
 
     Tensors are read one at a time from the memory-mapped shards and moved to `device` in `dtype`, so
     host memory holds one tensor, not the checkpoint. Scaled FP8 weights (see engine/model/fp8.py) are
-    dequantized on `device` as they are read. A folder whose dfim.json has a `random_init` entry holds no
-    weights: they are made on `device` (engine/model/random_init.py)."""
+    dequantized on `device` as they are read, except, with `fp8_experts`, the experts' weights, which stay
+    FP8 and run on the FP8 kernels (`experts_fp8.row_scaled`: half the bytes a pass reads). A folder whose
+    dfim.json has a `random_init` entry holds no weights: they are made on `device`
+    (engine/model/random_init.py)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: checkpoint folder not found")
@@ -253,7 +255,10 @@ def load_model(
         stored = _stored_weights(folder)
         if stored:  # which of the two was meant is not ours to guess
             raise CheckpointError(f"{folder}: {INFO_FILE} asks for random weights, but it holds {stored[0]}")
-        return random_model(config, init, device, dtype), settings
+        model = random_model(config, init, device, dtype)
+        if init.experts == "fp8":
+            _experts_in_fp8(model, {}, device, dtype)
+        return model, settings
     with torch.device("meta"):
         model = DiffusionGemma(config)
     expected = model.state_dict()
@@ -286,13 +291,59 @@ def load_model(
                     scale_layout(shape, _shape(handles, scales[key]), quant.blocks if quant else ())
                 except QuantizationError as err:
                     raise CheckpointError(f"{folder}: {scales[key]}: {err}") from None
+        kept = _fp8_expert_keys(scales, quant) if fp8_experts else set()
         state = {
-            key: _load_tensor(folder, handles, key, scales.get(key), quant, device, dtype) for key in expected
+            key: _load_tensor(folder, handles, key, scales.get(key), quant, device, dtype)
+            for key in expected
+            if key not in kept
         }
-    model.load_state_dict(state, strict=True, assign=True)
+        raw = {key: (_get(handles, key).to(device), _get(handles, scales[key]).to(device)) for key in kept}
+    model.load_state_dict(state, strict=not kept, assign=True)
+    if kept:
+        assert quant is not None
+        _experts_in_fp8(model, raw, device, dtype, quant.blocks)
     model.int8_weights = quant is not None and quant.method == INT8_METHOD
     model.eval()
     return model, settings
+
+
+def _fp8_expert_keys(scales: dict[str, str], quant: Quantization | None) -> set[str]:
+    """The scaled expert tensors an FP8 (not int8) checkpoint can keep in FP8."""
+    if quant is None or quant.method == INT8_METHOD:
+        return set()
+    return {key for key in scales if key.endswith((".experts.gate_up_proj", ".experts.down_proj"))}
+
+
+def _experts_in_fp8(
+    model: DiffusionGemma,
+    raw: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    device: str,
+    dtype: torch.dtype,
+    blocks: tuple[tuple[int, int], ...] = (),
+) -> None:
+    """Every layer's experts on FP8 weights: from the checkpoint's tensors in `raw` (key -> (weight, scale)),
+    else (random weights) quantized from the layer's own; one kernel, picked on the first layer, for all."""
+    from dfim.engine.model import experts_fp8
+    from dfim.engine.model.experts import Experts
+
+    kernel = None
+    for name, module in model.named_modules():
+        if not isinstance(module, Experts) or module.fp8 is not None:
+            continue  # a module reached twice (shared weights) is converted once
+        if raw:
+            for key in (f"{name}.gate_up_proj", f"{name}.down_proj"):
+                if key not in raw:
+                    raise CheckpointError(f"{key} is not FP8 while the other experts are")
+                if not is_float8(raw[key][0].dtype):
+                    raise CheckpointError(f"{key} has a scale but is {raw[key][0].dtype}, not float8")
+            gate_up = experts_fp8.row_scaled(*raw[f"{name}.gate_up_proj"], blocks)
+            down = experts_fp8.row_scaled(*raw[f"{name}.down_proj"], blocks)
+            fp8 = experts_fp8.Fp8Experts(gate_up[0], gate_up[1], down[0], down[1])
+        else:
+            fp8 = experts_fp8.quantize_experts(module.gate_up_proj.data, module.down_proj.data)
+        if kernel is None:
+            kernel = experts_fp8.pick_fp8_kernel(fp8, torch.device(device), dtype)
+        experts_fp8.keep_fp8(module, fp8, kernel)
 
 
 def _shape(handles: dict[str, Any], key: str) -> tuple[int, ...]:
@@ -436,13 +487,14 @@ def write_random_checkpoint(
     *,
     stored: bool = True,
     init_dtype: torch.dtype | None = None,
+    init_experts: str | None = None,
     name: str = "random-tiny",
     **config_overrides: Any,
 ) -> Path:
     """A randomly initialised checkpoint (small unless `config_overrides` say otherwise) for tests, demos and
     benchmarks. `dfim.json` marks it untrained. `stored=False` writes no weights: `dfim.json`'s `random_init`
     has the loader make them on its device, in `init_dtype` (None: the dtype it is asked for), so a 26B shape
-    costs no 52 GB of files (engine/model/random_init.py)."""
+    costs no 52 GB of files (engine/model/random_init.py); `init_experts="fp8"` has it keep the experts in FP8."""
     tokenizer_json = Path(tokenizer_json)
     vocab_size = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
     values: dict[str, Any] = {
@@ -473,7 +525,7 @@ def write_random_checkpoint(
         folder.mkdir(parents=True, exist_ok=True)
         for old in _stored_weights(folder):  # a folder written before with weights: they would be refused
             (folder / old).unlink()
-        info[RANDOM_INIT] = RandomInit(seed=seed, dtype=init_dtype).to_json()
+        info[RANDOM_INIT] = RandomInit(seed=seed, dtype=init_dtype, experts=init_experts).to_json()
         _write_notes(config, folder, SamplerSettings(), init_dtype or torch.float32, info)
     (folder / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
     return folder

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from dfim.engine.model.experts import FP8_KERNELS, Experts, _sort_by_expert, probe_routing
+from dfim.engine.model.fp8 import dequantize, scale_as_float, scale_layout
 from dfim.engine.model.ops import gelu
 
 E4M3 = torch.float8_e4m3fn
@@ -159,12 +160,48 @@ def moe_w8a16_reference(x: Tensor, weights: Tensor, index: Tensor, experts: Fp8E
 
 def pick_fp8_kernel(experts: Fp8Experts, device: torch.device, dtype: torch.dtype) -> str:
     """`triton_fp8` where Triton runs it on this CUDA device and it agrees with its reference (W8A16: it
-    reads the weights at the grouped GEMM's bytes without quantizing activations); else `grouped_fp8`."""
-    return "triton_fp8" if fp8_kernel_works(experts, device, dtype, triton=True) is None else "grouped_fp8"
+    reads the weights at the grouped GEMM's bytes without quantizing activations); else `grouped_fp8` where
+    that runs; else `w8a16_reference` (any device: each expert's weights widened when it is used)."""
+    if fp8_kernel_works(experts, device, dtype, triton=True) is None:
+        return "triton_fp8"
+    if fp8_kernel_works(experts, device, dtype) is None:
+        return "grouped_fp8"
+    return "w8a16_reference"
 
 
 FP8_KERNELS["grouped_fp8"] = moe_grouped_fp8
 FP8_KERNELS["triton_fp8"] = moe_triton_fp8
+FP8_KERNELS["w8a16_reference"] = moe_w8a16_reference
+
+
+def row_scaled(
+    weight: Tensor, scale: Tensor, blocks: tuple[tuple[int, int], ...] = ()
+) -> tuple[Tensor, Tensor]:
+    """An expert tensor as an FP8 checkpoint stores it (weight [E, out, in] float8, its scale per tensor,
+    expert, channel or block: `fp8.scale_layout`) -> (e4m3 [E, out, in], float32 [E, out]): the layout
+    the kernels read. Per-tensor and per-channel e4m3 weights are kept byte for byte (the scale broadcast
+    to every row); block scales, and other float8 formats, are dequantized in fp32 and quantized again
+    row by row, which rounds each weight a second time."""
+    (_, rows_in_scale, cols_in_scale), block = scale_layout(tuple(weight.shape), tuple(scale.shape), blocks)
+    if block is None and cols_in_scale == 1 and weight.dtype == E4M3:
+        e, rows = weight.shape[0], weight.shape[1]
+        s = scale_as_float(scale).to(weight.device).reshape(-1, rows_in_scale, 1)
+        return weight, s.expand(e, rows, 1)[..., 0].contiguous()
+    return quantize_rows(dequantize(weight, scale, torch.float32, blocks))
+
+
+def keep_fp8(experts: Experts, fp8: Fp8Experts, kernel: str) -> None:
+    """Run a layer's experts from `fp8` with `kernel` (of `FP8_KERNELS`) from now on; the bf16 tensors
+    are left empty (they were never made, or are freed)."""
+    experts.fp8 = fp8
+    experts.mode = kernel
+    device = fp8.gate_up.device
+    for name in ("gate_up_proj", "down_proj"):
+        param = getattr(experts, name)
+        dtype = param.dtype if param.dtype.is_floating_point else torch.float32
+        setattr(
+            experts, name, torch.nn.Parameter(torch.empty(0, dtype=dtype, device=device), requires_grad=False)
+        )
 
 
 def use_fp8_experts(experts: Experts, drop_bf16: bool = False) -> Fp8Experts:

@@ -182,7 +182,7 @@ def is_float8(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point and dtype.itemsize == 1
 
 
-def _scale_as_float(scale: torch.Tensor) -> torch.Tensor:
+def scale_as_float(scale: torch.Tensor) -> torch.Tensor:
     # ue8m0 scales (`scale_fmt: "ue8m0"`) are powers of two stored as a biased exponent byte, either
     # as torch's float8_e8m0fnu (converts exactly) or as raw uint8 (2 ** (byte - 127)).
     if scale.dtype == torch.uint8:
@@ -253,7 +253,7 @@ def dequantize(
     tensors are on. Raises QuantizationError when the scale's shape fits none of the layouts."""
     shape = tuple(weight.shape)
     s3_shape, block = scale_layout(shape, tuple(scale.shape), blocks)
-    s3 = _scale_as_float(scale).to(weight.device).reshape(s3_shape)
+    s3 = scale_as_float(scale).to(weight.device).reshape(s3_shape)
     w3 = weight.reshape((1, *shape) if weight.ndim == 2 else shape)
     n, rows, cols = w3.shape
     col_index = torch.arange(cols, device=weight.device) // block[1] if block else None

@@ -273,16 +273,12 @@ class DiffusionGemma(nn.Module):
             attn, mlp, experts = layer.self_attn, layer.mlp, layer.experts
             attn.qkv, attn.qkv_packed = fused(attn.q_proj, attn.k_proj, attn.v_proj)
             mlp.gate_up, mlp.gate_up_packed = fused(mlp.gate_proj, mlp.up_proj)
-            transpose_storage(
-                attn.o_proj.weight,
-                mlp.down_proj.weight,
-                layer.router.proj.weight,
-                experts.gate_up_proj,
-                experts.down_proj,
-            )
+            transpose_storage(attn.o_proj.weight, mlp.down_proj.weight, layer.router.proj.weight)
             attn.o_packed, mlp.down_packed = pack(attn.o_proj.weight), pack(mlp.down_proj.weight)
-            experts.gate_up_packed = [pack(w) for w in experts.gate_up_proj]  # views: the 3-D's version
-            experts.down_packed = [pack(w) for w in experts.down_proj]
+            if experts.fp8 is None:  # FP8 experts run on their own kernel (experts_fp8), unpacked
+                transpose_storage(experts.gate_up_proj, experts.down_proj)
+                experts.gate_up_packed = [pack(w) for w in experts.gate_up_proj]  # views: the 3-D's version
+                experts.down_packed = [pack(w) for w in experts.down_proj]
         conditioning = self.decoder.self_conditioning
         conditioning.gate_up, conditioning.gate_up_packed = fused(
             conditioning.gate_proj, conditioning.up_proj

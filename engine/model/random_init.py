@@ -7,6 +7,9 @@ them:
 
     {"name": "random-26b-a4b", "random": true, "random_init": {"seed": 0, "dtype": "bfloat16"}}
 
+(`"experts": "fp8"` in `random_init` also quantizes the experts' weights to e4m3, as an FP8 checkpoint's are
+kept, so the FP8 kernels can be timed the same way.)
+
 `load_model` (engine/model/checkpoint.py) then builds the network on the meta device, allocates it on the
 target device in that dtype and initialises it there, so the weights never exist on the host: a 26B model
 is ready on a GPU in seconds, where building it on the CPU first would take minutes and 100 GB of memory.
@@ -36,11 +39,14 @@ class RandomInit:
     seed: int = 0
     dtype: torch.dtype | None = None
     std: float = 0.02
+    experts: str | None = None  # "fp8": the experts' weights quantized to e4m3 and run on the FP8 kernels
 
     def to_json(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"seed": self.seed, "std": self.std}
         if self.dtype is not None:
             entry["dtype"] = str(self.dtype).removeprefix("torch.")
+        if self.experts is not None:
+            entry["experts"] = self.experts
         return entry
 
 
@@ -51,7 +57,7 @@ def parse_random_init(info: dict[str, Any], path: Path) -> RandomInit | None:
         return None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: bad {RANDOM_INIT} (expected a JSON object, got {raw!r})")
-    unknown = sorted(set(raw) - {"seed", "dtype", "std"})
+    unknown = sorted(set(raw) - {"seed", "dtype", "std", "experts"})
     if unknown:  # a misspelt key would otherwise make weights other than the ones asked for
         raise CheckpointError(f"{path}: bad {RANDOM_INIT} (unknown keys {unknown})")
     seed, dtype, std = raw.get("seed", 0), raw.get("dtype"), raw.get("std", 0.02)
@@ -61,7 +67,12 @@ def parse_random_init(info: dict[str, Any], path: Path) -> RandomInit | None:
         raise CheckpointError(f"{path}: bad {RANDOM_INIT} dtype {dtype!r} (one of {', '.join(DTYPES)})")
     if not isinstance(std, int | float) or isinstance(std, bool) or not 0 < std < 1:
         raise CheckpointError(f"{path}: bad {RANDOM_INIT} std (expected a number in (0, 1), got {std!r})")
-    return RandomInit(seed=seed, dtype=None if dtype is None else DTYPES[dtype], std=float(std))
+    experts = raw.get("experts")
+    if experts not in (None, "fp8"):
+        raise CheckpointError(f'{path}: bad {RANDOM_INIT} experts {experts!r} ("fp8" or absent)')
+    return RandomInit(
+        seed=seed, dtype=None if dtype is None else DTYPES[dtype], std=float(std), experts=experts
+    )
 
 
 def random_model(config: ModelConfig, init: RandomInit, device: str, dtype: torch.dtype) -> DiffusionGemma:

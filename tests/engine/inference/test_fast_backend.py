@@ -251,7 +251,13 @@ def test_path_info_says_where_fills_denoise(tmp_path):
     """dfim/stats reports it (scripts/bench_gpu_server.py prints it): the fast path's part once a fill built it."""
     folder = write_random_checkpoint(tmp_path / "ckpt", TOKENIZER_JSON, canvas_length=32)
     plain, fast = make_engine(folder, fast=False), make_engine(folder, fast=True)
-    assert plain.path_info() == {"device": "cpu", "dtype": "float32", "fast": False, "fast_path": None}
+    assert plain.path_info() == {
+        "device": "cpu",
+        "dtype": "float32",
+        "fast": False,
+        "fast_path": None,
+        "sampler": "torch",
+    }
     assert fast.path_info()["fast_path"] is None  # built by the first fill
     fast.fill(FillRequest(prefix="x = ", suffix="\n", max_tokens=8, settings=SamplerSettings(max_steps=2)))
     assert fast.path_info()["fast_path"] == {

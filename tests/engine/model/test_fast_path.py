@@ -292,3 +292,25 @@ def test_loader_reads_a_saved_checkpoint_and_rejects_other_architectures(tmp_pat
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="not a DiffusionGemma checkpoint"):
         load_fast(folder, device="cpu", dtype=torch.float32)
+
+
+@torch.no_grad()
+def test_experts_kept_in_fp8_run_on_the_fast_path_as_on_the_network():
+    """An FP8 checkpoint's experts on a GPU stay FP8 (no bf16 copy); the fast path picks an FP8 kernel for
+    them (on the CPU the widening reference) and computes what the plain network computes."""
+    from dfim.engine.model.experts import Experts
+    from dfim.engine.model.experts_fp8 import keep_fp8, quantize_experts
+
+    model = make_model()
+    for m in model.modules():
+        if isinstance(m, Experts) and m.fp8 is None:
+            keep_fp8(m, quantize_experts(m.gate_up_proj.data, m.down_proj.data), "w8a16_reference")
+    fast = fast_of(model)
+    assert fast.moe == "w8a16_reference"
+    g = torch.Generator().manual_seed(2)
+    context = torch.randint(0, 96, (1, 11), generator=g)
+    canvas = torch.randint(0, 96, (1, 8), generator=g)
+    cache = model.new_cache()
+    model.encode(context, cache)
+    fast.encode(context)
+    assert (fast.denoise(canvas) - model.denoise(canvas, cache)).abs().max().item() <= TOLERANCE

@@ -1,0 +1,143 @@
+"""The sampler's reads of a step's distribution as one row-wise Triton kernel, on CUDA.
+
+Why: a denoising step's logits are [B, L, V] fp32, and at the 26B shape V is 262,144, so a 256-token
+canvas's logits are 268 MB. The chain's reads of them in PyTorch (softmax, argmax, the entropy's products
+and sum, the cumulative sum and search of the draw) are about ten passes over that, ~3.5 ms a step on an
+H200, a sixth of the step (docs/gpu.md). One program per position reads its row three times (the mode; the
+normaliser and the entropy's moment; the draw) and writes four numbers: the mode, the entropy, the
+log-normaliser and the drawn token. No [.., V] tensor is written.
+
+The arithmetic is `sampler_state.Distribution`'s: the mode is the first index of the largest logit (as
+`torch.argmax`); the entropy is `log A - B / A` with `A = sum exp(x - m)` and `B = sum exp(x - m) (x - m)`,
+which is `-sum p (x - m) - log p_m`; the draw inverts the CDF at `u * total` with the same uniform number per
+position, so both paths draw from one random stream. Sums run in another order than PyTorch's, so values
+agree to rounding, and a draw can differ only where `u * total` falls within rounding of a CDF step.
+
+`works` checks the kernel against that reference once per device kind before it is used; where it fails (or
+Triton is missing) the PyTorch reads run and the log says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dfim.engine.model import triton_kernels, triton_norm
+
+log = logging.getLogger(__name__)
+
+KERNELS = "dfim.engine.inference.triton_sampler_kernels"
+BLOCK = 4096  # logits a program reads per step of its loops: 16 a thread at 8 warps
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """What one kernel launch reads off processed logits [..., V]: each [...]."""
+
+    mode: Tensor  # long: the first index of the largest logit
+    entropy: Tensor  # float32, nats
+    log_normalizer: Tensor  # float32: logsumexp of the row
+    sampled: Tensor | None  # long: the inverse CDF's token at the given uniform numbers (None: not asked)
+
+
+def available() -> bool:
+    return triton_kernels.load(KERNELS) is not None
+
+
+def applies(logits: Tensor) -> bool:
+    """Whether the kernel reads these logits: fp32 on CUDA (or the CPU under the tests' interpreter), not
+    that need no gradient, with Triton present and the kernel checked on this kind of device."""
+    return logits.dtype == torch.float32 and not logits.requires_grad and used_on(logits.device.type)
+
+
+def used_on(device_type: str) -> bool:
+    """Whether fp32 logits on this kind of device are read by the kernel (dfim/stats)."""
+    return triton_norm.runs_on(device_type) and available() and works(device_type)
+
+
+def row_stats(logits: Tensor, u: Tensor | None = None) -> RowStats:
+    """logits [..., V] fp32 -> `RowStats` per row; with `u` ([...], uniform in [0, 1)) also the draw."""
+    triton, kernels = triton_kernels.require(KERNELS)
+    shape, vocab = logits.shape[:-1], logits.shape[-1]
+    flat = logits.reshape(-1, vocab)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    rows, device = flat.shape[0], logits.device
+    mode = torch.empty(rows, dtype=torch.long, device=device)
+    entropy = torch.empty(rows, dtype=torch.float32, device=device)
+    lse = torch.empty(rows, dtype=torch.float32, device=device)
+    sampled = torch.empty(rows, dtype=torch.long, device=device) if u is not None else None
+    uniform = u.reshape(-1).to(torch.float32).contiguous() if u is not None else entropy
+    if rows:
+        block = min(BLOCK, max(triton.next_power_of_2(vocab), 16))
+        kernels.sample_rows[(rows,)](
+            flat, uniform, mode, entropy, lse, sampled if sampled is not None else mode, vocab, flat.stride(0),
+            BLOCK=block, SAMPLE=u is not None, num_warps=8 if block >= 2048 else 4,
+        )  # fmt: skip
+    return RowStats(
+        mode.view(shape),
+        entropy.view(shape),
+        lse.view(shape),
+        sampled.view(shape) if sampled is not None else None,
+    )
+
+
+def reference(logits: Tensor, u: Tensor) -> RowStats:
+    """`row_stats` in PyTorch, as `Distribution` computes it without the kernel."""
+    probs = torch.softmax(logits, dim=-1)
+    mode = logits.argmax(dim=-1)
+    shifted = logits - logits.gather(-1, mode.unsqueeze(-1))
+    entropy = -torch.nansum(probs * shifted, dim=-1) - torch.log(
+        probs.gather(-1, mode.unsqueeze(-1)).squeeze(-1)
+    )
+    cdf = probs.cumsum(dim=-1)
+    drawn = torch.searchsorted(cdf, (u * cdf[..., -1]).unsqueeze(-1), right=True).squeeze(-1)
+    sampled = torch.where(drawn < logits.shape[-1], drawn, mode)
+    return RowStats(mode, entropy, torch.logsumexp(logits, dim=-1), sampled)
+
+
+def mismatches(device: torch.device | str, vocab: int = 5000, rows: int = 6) -> list[str]:
+    """The kernel against `reference` on random logits with masked (-inf) tokens and a tie for the mode;
+    a draw may differ only where the reference's CDF at the kernel's token is within rounding of the target."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    logits = (torch.randn(rows, vocab, generator=g) * 3).to(device)
+    logits[:, ::7] = -float("inf")
+    logits[1, 10] = logits[1, 20] = logits[1].max() + 1  # a tie: the first index wins
+    u = torch.rand(rows, generator=g).to(device)
+    got, want = row_stats(logits, u), reference(logits, u)
+    bad = []
+    if not torch.equal(got.mode, want.mode):
+        bad.append(f"mode {got.mode.tolist()} != {want.mode.tolist()}")
+    for name in ("entropy", "log_normalizer"):
+        a, b = getattr(got, name), getattr(want, name)
+        if not torch.allclose(a, b, rtol=1e-4, atol=1e-4):
+            bad.append(f"{name} off by {float((a - b).abs().max()):.3g}")
+    assert got.sampled is not None and want.sampled is not None
+    cdf = torch.softmax(logits, dim=-1).cumsum(dim=-1)
+    target = u * cdf[:, -1]
+    for row in (got.sampled != want.sampled).nonzero().flatten().tolist():
+        k = int(got.sampled[row])
+        if (
+            not abs(float(cdf[row, k] - target[row])) < 1e-5
+            and not abs(float(cdf[row, k - 1] - target[row])) < 1e-5
+        ):
+            bad.append(f"row {row} drew {k}, the reference {int(want.sampled[row])}")
+    return bad
+
+
+@functools.cache
+def works(device_type: str) -> bool:
+    """Whether the kernel builds and agrees with `reference` on this kind of device (run once); where not,
+    the sampler's PyTorch reads run and the log says why."""
+    try:
+        with torch.no_grad():
+            bad = mismatches(device_type)
+    except Exception as err:  # noqa: BLE001 - any failure to build or run: the PyTorch reads
+        bad = [f"{type(err).__name__}: {err}"]
+    if bad:
+        log.warning("The sampler's Triton kernel is not used on %s: %s", device_type, "; ".join(bad)[:500])
+    return not bad
