@@ -32,17 +32,30 @@ from dfim.engine.model.experts_fp8 import moe_w8a16_reference, quantize_experts
 from dfim.engine.model.ops import gelu
 
 SWEEP = [
-    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=s)
-    for m, n, k, w, s in [(16, 64, 64, 4, 3), (16, 32, 128, 4, 4), (16, 64, 128, 4, 3), (32, 64, 64, 4, 3),
-                          (32, 64, 128, 4, 3), (64, 64, 64, 4, 3), (64, 64, 128, 8, 3), (32, 32, 128, 4, 4)]
+    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st, swap=sw)
+    for m, n, k, w, st, sw in [
+        (16, 64, 64, 4, 3, False), (16, 32, 128, 4, 4, False), (16, 64, 128, 4, 3, False),
+        (32, 64, 64, 4, 3, False), (32, 64, 128, 4, 3, False), (64, 64, 64, 4, 3, False),
+        (16, 64, 128, 4, 3, True), (16, 128, 128, 4, 3, True), (16, 64, 64, 4, 4, True),
+        (32, 64, 128, 4, 3, True), (32, 128, 64, 8, 3, True), (64, 128, 64, 8, 3, True),
+    ]
 ]  # fmt: skip
 
-
+# FP8 weights: half the bytes a tile, so longer reductions a step; swapped (the weights as the first operand,
+# widened in registers) against the plain orientation
 FP8_SWEEP = [
-    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=s)
-    for m, n, k, w, s in [(16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (16, 64, 256, 8, 4), (16, 128, 256, 8, 3),
-                          (16, 32, 256, 4, 4), (32, 64, 256, 4, 3), (16, 64, 512, 8, 3), (16, 128, 128, 8, 4)]
+    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st, swap=sw)
+    for m, n, k, w, st, sw in [
+        (16, 64, 256, 4, 3, False), (16, 32, 256, 4, 4, False),
+        (16, 64, 128, 4, 3, True), (16, 64, 256, 4, 3, True), (16, 128, 128, 4, 3, True),
+        (16, 128, 256, 8, 3, True), (32, 64, 256, 4, 3, True), (32, 128, 128, 4, 3, True),
+        (64, 128, 128, 8, 3, True), (16, 64, 128, 4, 5, True), (32, 64, 128, 4, 4, True),
+    ]
 ]  # fmt: skip
+
+
+def tiles_name(t: triton_moe.Tiles) -> str:
+    return f"{t.block_m}x{t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}{' swap' if t.swap else ''}"
 
 
 def reference(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
@@ -118,8 +131,7 @@ def main() -> None:
         ]
         if args.sweep:
             kernels += [
-                (f"triton {t.block_m}x{t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}",
-                 functools.partial(triton_moe.moe_triton, tiles=t))
+                (f"triton {tiles_name(t)}", functools.partial(triton_moe.moe_triton, tiles=t))
                 for t in SWEEP[1:]
             ]  # fmt: skip
         calls = [(name, functools.partial(kernel, x, weights, index, gate_up, down), want, floor, 2e-2)
@@ -134,11 +146,12 @@ def main() -> None:
             ]  # fmt: skip
             if args.sweep:
                 calls += [
-                    (f"triton_fp8 {t.block_m}x{t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}",
+                    (f"triton_fp8 {tiles_name(t)}",
                      functools.partial(triton_moe.moe_triton, x, weights, index, fp8.gate_up, fp8.down, t,
                                        fp8.gate_up_scale, fp8.down_scale), want8, floor / 2, 2e-2)
                     for t in FP8_SWEEP
                 ]  # fmt: skip
+        best: dict[str, tuple[float, str]] = {}  # the fastest correct kernel, bf16 and FP8 weights apart
         for name, fn, reference_out, bound, limit in calls:
             try:
                 got = fn().float()
@@ -149,10 +162,15 @@ def main() -> None:
                 continue
             ok = err <= limit
             failed |= not ok
+            family = "fp8" if "fp8" in name else "bf16"
+            if ok and ms < best.get(family, (float("inf"), ""))[0]:
+                best[family] = (ms, name)
             say(
                 f"  {name:28s} {ms:7.3f} ms ({'graph' if graphed else 'eager'}), {100 * bound / ms:5.1f}% of "
                 f"its floor, relative error {err:.1e}{'' if ok else '  FAILED'}"
             )
+        for family, (ms, name) in sorted(best.items()):
+            say(f"  best {family} at {n} tokens: {name} {ms:.3f} ms")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("\n".join(lines) + "\n")

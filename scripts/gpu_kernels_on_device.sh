@@ -4,6 +4,9 @@
 #   bash scripts/gpu_kernels_on_device.sh server  # the real server at the 26B shape, and a fill's profile at the engine
 #   bash scripts/gpu_kernels_on_device.sh verify  # check_fast_gpu and bench_gpu alone
 #   bash scripts/gpu_kernels_on_device.sh all     # all of it, in one call of about 8 minutes
+#   bash scripts/gpu_kernels_on_device.sh tune    # kernel tests, the fp32 check, the experts' tile sweep (bf16
+#                                                 # and FP8), bench_gpu and a 256-token step's profile (~7 min)
+#   bash scripts/gpu_kernels_on_device.sh fp8     # the server with bf16 and FP8 experts, and bench_fp8 (~7 min)
 # Carry .whl (pygls and its dependencies; the machine has no registry). Results go to $OUT.
 set -uo pipefail
 source scripts/device_env.sh
@@ -48,6 +51,31 @@ case ${1:-check} in
     run profile_gpu 70 python3 scripts/profile_gpu.py --canvas 32 --context 1152 --steps 8 --top 25 \
       --out "$OUT/profile_gpu_canvas32.txt"
     grep -E "kernels per step|summary" "$OUT/profile_gpu_canvas32.txt"
+    ;;
+  tune)
+    run kernel_tests 200 python3 -m pytest -q -p no:cacheprovider tests/engine/model/test_triton_norm.py \
+      tests/engine/model/test_triton_moe.py tests/engine/model/test_triton_attention.py \
+      tests/engine/inference/test_triton_sampler.py -k "cuda or interval"
+    tail -3 "$OUT/kernel_tests.log"
+    run check_fast_gpu 180 python3 scripts/check_fast_gpu.py --skip-hf --out "$OUT/check_fast_gpu.txt"
+    tail -3 "$OUT/check_fast_gpu.log"
+    run bench_moe_gpu 150 python3 scripts/bench_moe_gpu.py --sweep --fp8 --tokens 32,64,256 \
+      --out "$OUT/bench_moe_gpu.txt"
+    grep -E "tokens:|best" "$OUT/bench_moe_gpu.txt"
+    run bench_gpu 130 python3 scripts/bench_gpu.py --out "$OUT/bench_gpu.txt"
+    grep -E "^\| ours|^\| transformers|speed-up" "$OUT/bench_gpu.txt"
+    run profile_gpu 120 python3 scripts/profile_gpu.py --top 30 --out "$OUT/profile_gpu_block.txt"
+    grep -E "kernels per step|summary" "$OUT/profile_gpu_block.txt"
+    ;;
+  fp8)
+    run bench_gpu_server 200 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 \
+      --out "$OUT/bench_gpu_server.txt"
+    grep -E "^==|round trip|per decoder pass|engine path" "$OUT/bench_gpu_server.txt"
+    run bench_gpu_server_fp8 200 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 --experts fp8 \
+      --out "$OUT/bench_gpu_server_fp8.txt"
+    grep -E "^==|round trip|per decoder pass|engine path" "$OUT/bench_gpu_server_fp8.txt"
+    run bench_fp8 150 python3 scripts/bench_fp8.py --out "$OUT/bench_fp8.txt"
+    grep -E "ms/step|summary" "$OUT/bench_fp8.txt"
     ;;
   server)
     run bench_gpu_server 420 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 \
