@@ -41,30 +41,50 @@ def tile_product(acc, x_ptr, rows_at, row_ok, x_stride, w_rows, col_ok, w_k, k0,
         w = tl.load(w_rows[None, :] + ks[:, None] * w_k, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
     if SCALED:  # FP8 weights: widened here, each output channel's scale applied after the sum
         w = w.to(x.dtype)
-    a, b = (w, x) if SWAP else (x, w)
-    if EXACT:  # fp32 weights: no TF32 rounding (the fp32 correctness check reads 1e-6)
-        return tl.dot(a, b, acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
+    # (statements, not conditional expressions: Triton resolves a constexpr `if` at compile time only)
+    if SWAP:
+        if EXACT:  # fp32 weights: no TF32 rounding (the fp32 correctness check reads 1e-6)
+            acc = tl.dot(w, x, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, x, acc)
+    else:
+        if EXACT:
+            acc = tl.dot(x, w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, w, acc)
+    return acc
 
 
 @triton.jit
 def per_column(acc, values, SWAP: tl.constexpr):
     """acc times one value per output column ([columns]), in acc's orientation."""
-    return acc * (values[:, None] if SWAP else values[None, :])
+    if SWAP:
+        out = acc * values[:, None]
+    else:
+        out = acc * values[None, :]
+    return out
 
 
 @triton.jit
 def per_row(acc, values, SWAP: tl.constexpr):
     """acc times one value per row ([rows]), in acc's orientation."""
-    return acc * (values[None, :] if SWAP else values[:, None])
+    if SWAP:
+        out = acc * values[None, :]
+    else:
+        out = acc * values[:, None]
+    return out
 
 
 @triton.jit
 def tile_offsets(rows, cols, row_stride, row_ok, col_ok, SWAP: tl.constexpr):
     """Offsets and mask of the [rows, columns] tile of a row-major output, in acc's orientation."""
     if SWAP:
-        return rows[None, :] * row_stride + cols[:, None], row_ok[None, :] & col_ok[:, None]
-    return rows[:, None] * row_stride + cols[None, :], row_ok[:, None] & col_ok[None, :]
+        offsets = rows[None, :] * row_stride + cols[:, None]
+        ok = row_ok[None, :] & col_ok[:, None]
+    else:
+        offsets = rows[:, None] * row_stride + cols[None, :]
+        ok = row_ok[:, None] & col_ok[None, :]
+    return offsets, ok
 
 
 @triton.jit
@@ -78,9 +98,11 @@ def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, offs_ptr, h_ptr, n_hidden, n
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < end
         tokens = tl.load(token_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-        shape = (BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N)
-        gate = tl.zeros(shape, dtype=tl.float32)
-        up = tl.zeros(shape, dtype=tl.float32)
+        if SWAP:
+            gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros_like(gate)
         for k0 in range(0, n_hidden, BLOCK_K):
             gate = tile_product(gate, x_ptr, tokens, row_ok, x_stride, gate_rows, col_ok, w_k, k0, n_hidden,
                                 BLOCK_K, EXACT, SCALED, SWAP)  # fmt: skip
@@ -107,7 +129,10 @@ def down_weighted(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, offs_ptr, out_p
     for row0 in range(start, end, BLOCK_M):
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < end
-        acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if SWAP:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, n_inter, BLOCK_K):
             acc = tile_product(acc, h_ptr, rows.to(tl.int64), row_ok, h_stride, w_rows, col_ok, w_k, k0, n_inter,
                                BLOCK_K, EXACT, SCALED, SWAP)  # fmt: skip
