@@ -32,30 +32,25 @@ from dfim.engine.model.experts_fp8 import moe_w8a16_reference, quantize_experts
 from dfim.engine.model.ops import gelu
 
 SWEEP = [
-    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st, swap=sw)
-    for m, n, k, w, st, sw in [
-        (16, 64, 64, 4, 3, False), (16, 32, 128, 4, 4, False), (16, 64, 128, 4, 3, False),
-        (32, 64, 64, 4, 3, False), (32, 64, 128, 4, 3, False), (64, 64, 64, 4, 3, False),
-        (16, 64, 128, 4, 3, True), (16, 128, 128, 4, 3, True), (16, 64, 64, 4, 4, True),
-        (32, 64, 128, 4, 3, True), (32, 128, 64, 8, 3, True), (64, 128, 64, 8, 3, True),
+    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st)
+    for m, n, k, w, st in [
+        (16, 64, 64, 4, 3), (16, 32, 128, 4, 4), (16, 64, 128, 4, 3), (32, 64, 64, 4, 3), (32, 64, 128, 4, 3),
+        (64, 64, 64, 4, 3), (64, 64, 128, 8, 3), (32, 32, 128, 4, 4), (32, 64, 128, 4, 4),
     ]
 ]  # fmt: skip
 
-# FP8 weights: half the bytes a tile, so longer reductions a step; swapped (the weights as the first operand,
-# widened in registers) against the plain orientation
+# FP8 weights: half the bytes a tile, so longer reductions a step are tried too
 FP8_SWEEP = [
-    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st, swap=sw)
-    for m, n, k, w, st, sw in [
-        (16, 64, 256, 4, 3, False), (16, 32, 256, 4, 4, False),
-        (16, 64, 128, 4, 3, True), (16, 64, 256, 4, 3, True), (16, 128, 128, 4, 3, True),
-        (16, 128, 256, 8, 3, True), (32, 64, 256, 4, 3, True), (32, 128, 128, 4, 3, True),
-        (64, 128, 128, 8, 3, True), (16, 64, 128, 4, 5, True), (32, 64, 128, 4, 4, True),
+    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st)
+    for m, n, k, w, st in [
+        (16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (16, 64, 256, 8, 4), (16, 128, 256, 8, 3),
+        (16, 32, 256, 4, 4), (32, 64, 256, 4, 3), (16, 64, 512, 8, 3), (32, 64, 128, 4, 4),
     ]
 ]  # fmt: skip
 
 
 def tiles_name(t: triton_moe.Tiles) -> str:
-    return f"{t.block_m}x{t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}{' swap' if t.swap else ''}"
+    return f"{t.block_m}x{t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}"
 
 
 def reference(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:

@@ -53,9 +53,6 @@ class Tiles:
     block_k: int = 64  # reduction columns per step
     num_warps: int = 4
     num_stages: int = 3  # loads in flight: the kernels are bound by reading the weights
-    # Weights as the products' first operand (`triton_moe_kernels.tile_product`): block_n is then the MMA's
-    # M, which Hopper's warpgroup MMA wants >= 64, and an FP8 tile is widened in registers.
-    swap: bool = False
 
 
 def tiles_for(pairs: int, experts: int) -> Tiles:
@@ -136,7 +133,7 @@ def moe_triton(
     h = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)
     meta = dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-                EXACT=x.dtype == torch.float32, SCALED=scaled, SWAP=tiles.swap)  # fmt: skip
+                EXACT=x.dtype == torch.float32, SCALED=scaled)  # fmt: skip
     gate_up_act[(e, triton.cdiv(inter, tiles.block_n))](
         x, gate_up, gate_up_scale.float().contiguous() if scaled else x, tokens, offs, h, hidden, inter,
         x.stride(0), *gate_up.stride(), h.stride(0), **meta,

@@ -22,126 +22,76 @@ def expert_tile(offs_ptr, w_ptr, w_e, n_cols, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def tile_product(acc, x_ptr, rows_at, row_ok, x_stride, w_rows, col_ok, w_k, k0, n_k, BLOCK_K: tl.constexpr,
-                 EXACT: tl.constexpr, SCALED: tl.constexpr, SWAP: tl.constexpr):  # fmt: skip
-    """acc plus one step of the reduction: the rows' inputs (x_ptr + rows_at * x_stride) times a weight tile
-    (w_rows: each output column's row of the weight). acc is [rows, columns], or with SWAP its transpose
-    [columns, rows]: the weight is then the product's first operand, its output columns the MMA's M, which
-    Hopper's warpgroup MMA needs to be at least 64 while an expert's rows are often 16 (and which takes that
-    operand from registers, where an FP8 tile is widened, rather than through shared memory)."""
-    ks = k0 + tl.arange(0, BLOCK_K)
-    k_ok = ks < n_k
-    if SWAP:
-        x = tl.load(x_ptr + rows_at[None, :] * x_stride + ks[:, None], mask=row_ok[None, :] & k_ok[:, None],
-                    other=0.0)  # fmt: skip
-        w = tl.load(w_rows[:, None] + ks[None, :] * w_k, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-    else:
-        x = tl.load(x_ptr + rows_at[:, None] * x_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                    other=0.0)  # fmt: skip
-        w = tl.load(w_rows[None, :] + ks[:, None] * w_k, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-    if SCALED:  # FP8 weights: widened here, each output channel's scale applied after the sum
-        w = w.to(x.dtype)
-    # (statements, not conditional expressions: Triton resolves a constexpr `if` at compile time only)
-    if SWAP:
-        if EXACT:  # fp32 weights: no TF32 rounding (the fp32 correctness check reads 1e-6)
-            acc = tl.dot(w, x, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, x, acc)
-    else:
-        if EXACT:
-            acc = tl.dot(x, w, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, w, acc)
-    return acc
-
-
-@triton.jit
-def per_column(acc, values, SWAP: tl.constexpr):
-    """acc times one value per output column ([columns]), in acc's orientation."""
-    if SWAP:
-        out = acc * values[:, None]
-    else:
-        out = acc * values[None, :]
-    return out
-
-
-@triton.jit
-def per_row(acc, values, SWAP: tl.constexpr):
-    """acc times one value per row ([rows]), in acc's orientation."""
-    if SWAP:
-        out = acc * values[None, :]
-    else:
-        out = acc * values[:, None]
-    return out
-
-
-@triton.jit
-def tile_offsets(rows, cols, row_stride, row_ok, col_ok, SWAP: tl.constexpr):
-    """Offsets and mask of the [rows, columns] tile of a row-major output, in acc's orientation."""
-    if SWAP:
-        offsets = rows[None, :] * row_stride + cols[:, None]
-        ok = row_ok[None, :] & col_ok[:, None]
-    else:
-        offsets = rows[:, None] * row_stride + cols[None, :]
-        ok = row_ok[:, None] & col_ok[None, :]
-    return offsets, ok
-
-
-@triton.jit
 def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, offs_ptr, h_ptr, n_hidden, n_inter, x_stride, w_e, w_n,
                 w_k, h_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                EXACT: tl.constexpr, SCALED: tl.constexpr, SWAP: tl.constexpr):  # fmt: skip
+                EXACT: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
     expert, cols, col_ok, start, end, w_expert = expert_tile(offs_ptr, w_ptr, w_e, n_inter, BLOCK_N)
-    gate_rows = w_expert + cols * w_n
-    up_rows = w_expert + (cols + n_inter) * w_n
     for row0 in range(start, end, BLOCK_M):
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < end
         tokens = tl.load(token_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-        if SWAP:
-            gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        else:
-            gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        up = tl.zeros_like(gate)
+        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, n_hidden, BLOCK_K):
-            gate = tile_product(gate, x_ptr, tokens, row_ok, x_stride, gate_rows, col_ok, w_k, k0, n_hidden,
-                                BLOCK_K, EXACT, SCALED, SWAP)  # fmt: skip
-            up = tile_product(up, x_ptr, tokens, row_ok, x_stride, up_rows, col_ok, w_k, k0, n_hidden, BLOCK_K,
-                              EXACT, SCALED, SWAP)  # fmt: skip
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < n_hidden
+            x = tl.load(x_ptr + tokens[:, None] * x_stride + ks[None, :],
+                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
+            w_mask = k_ok[:, None] & col_ok[None, :]
+            wg = tl.load(w_expert + cols[None, :] * w_n + ks[:, None] * w_k, mask=w_mask, other=0.0)
+            wu = tl.load(w_expert + (cols[None, :] + n_inter) * w_n + ks[:, None] * w_k, mask=w_mask,
+                         other=0.0)  # fmt: skip
+            if SCALED:  # FP8 weights: widened here, each output channel's scale applied after the sum
+                wg = wg.to(x.dtype)
+                wu = wu.to(x.dtype)
+            if EXACT:  # fp32 weights: no TF32 rounding (the fp32 correctness check reads 1e-6)
+                gate = tl.dot(x, wg, gate, input_precision="ieee")
+                up = tl.dot(x, wu, up, input_precision="ieee")
+            else:
+                gate = tl.dot(x, wg, gate)
+                up = tl.dot(x, wu, up)
         if SCALED:
-            scales = scale_ptr + expert * 2 * n_inter + cols
-            gate = per_column(gate, tl.load(scales, mask=col_ok, other=0.0), SWAP)
-            up = per_column(up, tl.load(scales + n_inter, mask=col_ok, other=0.0), SWAP)
+            gate = gate * tl.load(scale_ptr + expert * 2 * n_inter + cols, mask=col_ok, other=0.0)[None, :]
+            up = (
+                up
+                * tl.load(scale_ptr + expert * 2 * n_inter + n_inter + cols, mask=col_ok, other=0.0)[None, :]
+            )
         # gelu, tanh approximation (ops.gelu); tanh(z) = 2 sigmoid(2z) - 1
         inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
         act = 0.5 * gate * (2.0 * tl.sigmoid(2.0 * inner)) * up
-        offsets, ok = tile_offsets(rows.to(tl.int64), cols, h_stride, row_ok, col_ok, SWAP)
-        tl.store(h_ptr + offsets, act.to(h_ptr.dtype.element_ty), mask=ok)
+        tl.store(h_ptr + rows[:, None].to(tl.int64) * h_stride + cols[None, :],
+                 act.to(h_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
 
 
 @triton.jit
 def down_weighted(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, offs_ptr, out_ptr, n_inter, n_hidden,
                   h_stride, w_e, w_n, w_k, out_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SCALED: tl.constexpr,
-                  SWAP: tl.constexpr):  # fmt: skip
+                  BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
     expert, cols, col_ok, start, end, w_expert = expert_tile(offs_ptr, w_ptr, w_e, n_hidden, BLOCK_N)
-    w_rows = w_expert + cols * w_n
     for row0 in range(start, end, BLOCK_M):
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < end
-        if SWAP:
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        else:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, n_inter, BLOCK_K):
-            acc = tile_product(acc, h_ptr, rows.to(tl.int64), row_ok, h_stride, w_rows, col_ok, w_k, k0, n_inter,
-                               BLOCK_K, EXACT, SCALED, SWAP)  # fmt: skip
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < n_inter
+            h = tl.load(h_ptr + rows[:, None].to(tl.int64) * h_stride + ks[None, :],
+                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
+            w = tl.load(w_expert + cols[None, :] * w_n + ks[:, None] * w_k, mask=k_ok[:, None] & col_ok[None, :],
+                        other=0.0)  # fmt: skip
+            if SCALED:
+                w = w.to(h.dtype)
+            if EXACT:
+                acc = tl.dot(h, w, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(h, w, acc)
         if SCALED:
-            acc = per_column(acc, tl.load(scale_ptr + expert * n_hidden + cols, mask=col_ok, other=0.0), SWAP)
+            acc = acc * tl.load(scale_ptr + expert * n_hidden + cols, mask=col_ok, other=0.0)[None, :]
         slots = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-        acc = per_row(acc, tl.load(weight_ptr + slots, mask=row_ok, other=0.0).to(tl.float32), SWAP)
-        offsets, ok = tile_offsets(slots, cols, out_stride, row_ok, col_ok, SWAP)
-        tl.store(out_ptr + offsets, acc, mask=ok)
+        routing = tl.load(weight_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)
+        acc = acc * routing[:, None]
+        tl.store(out_ptr + slots[:, None] * out_stride + cols[None, :], acc,
+                 mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
 
 
 @triton.jit
