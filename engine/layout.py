@@ -131,11 +131,46 @@ def scan_line(line: str, lang: str | None = None) -> tuple[str, str]:
     return ("", end) if end == "string" else ("".join(line[i] for i in code), end)
 
 
+# What `scan_brackets` stops at: a bracket, a quote, or what may start a comment; the rest is skipped in C.
+_BRACKET_EVENTS = re.compile(r"[()\[\]{}'\"`#/]")
+# What ends a string that a quote opened, or escapes a character in it.
+_STRING_STOPS = {q: re.compile("[" + re.escape(q) + ("\\\\]" if q == "`" else "\\\\\r\n]")) for q in "'\"`"}
+
+
 def scan_brackets(text: str, skip_comments: bool = False) -> list[tuple[int, str]]:
     """(index, bracket) for the brackets of several lines outside string literals (and `#` / `//` comments
-    if asked): `scan_code` of no particular language."""
-    code, _ = scan_code(text, None, comments=skip_comments, lines=True)
-    return [(i, text[i]) for i in code if text[i] in OPENERS or text[i] in CLOSERS]
+    if asked): the brackets of `scan_code(text, None, comments=skip_comments, lines=True)`'s code. The
+    server reads a prefix's brackets several times a request, so this jumps from one character that matters
+    to the next instead of visiting each (`tests/engine/test_layout.py` holds it to `scan_code`)."""
+    out: list[tuple[int, str]] = []
+    n = len(text)
+    i = 0
+    while True:
+        m = _BRACKET_EVENTS.search(text, i)
+        if m is None:
+            return out
+        i = m.start()
+        c = text[i]
+        if c in OPENERS or c in CLOSERS:
+            out.append((i, c))
+            i += 1
+        elif c in "'\"`":  # to the closing quote; a line end also ends ' and " (backslash escapes one char)
+            stop = _STRING_STOPS[c]
+            i += 1
+            while i < n:
+                m = stop.search(text, i)
+                if m is None:
+                    return out
+                i = m.end() + (text[m.start()] == "\\")
+                if text[m.start()] != "\\":
+                    break
+        elif skip_comments and _comment_starts(text, i, None):  # to the line's end
+            ends = [x for x in (text.find("\n", i), text.find("\r", i)) if x >= 0]
+            if not ends:
+                return out
+            i = min(ends)
+        else:  # a `/` or `#` that starts no comment
+            i += 1
 
 
 def open_quote(line: str, lang: str | None = None) -> str:
