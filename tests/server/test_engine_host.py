@@ -225,5 +225,11 @@ def test_path_info_is_the_engine_s_and_none_without_one(tmp_path) -> None:
     host = EngineHost()
     assert host.path_info() is None  # nothing loaded (a served model has no path_info either)
     host.engine = Engine.load(write_random_checkpoint(tmp_path, DEFAULT_MODEL_DIR / "tokenizer.json"))
-    assert host.path_info() == {"device": "cpu", "dtype": "float32", "fast": False, "fast_path": None, "sampler": "torch"}
+    assert host.path_info() == {
+        "device": "cpu",
+        "dtype": "float32",
+        "fast": False,
+        "fast_path": None,
+        "sampler": "torch",
+    }
     host.shutdown()
