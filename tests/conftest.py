@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -33,3 +35,17 @@ def kernel_check() -> Callable[[str, str, dict[str, str]], None]:
         assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
 
     return check
+
+
+@pytest.fixture(params=["cuda", "interpreter"])
+def kernel_target(request) -> tuple[str, dict[str, str]]:
+    """Where a Triton kernel check runs, as (device, environment): on CUDA, and on the CPU under Triton's
+    interpreter with the fast path's kernels applying to CPU tensors (`triton_norm.interpreting`). Each skips
+    where it cannot run (CI has neither Triton nor a GPU)."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    if request.param == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("needs CUDA")
+        return "cuda", dict(os.environ)
+    return "cpu", {**os.environ, "TRITON_INTERPRET": "1", "DFIM_TRITON_ON_CPU": "1"}

@@ -20,15 +20,12 @@ Triton is missing) the PyTorch reads run and the log says why.
 from __future__ import annotations
 
 import functools
-import logging
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from dfim.engine.model import triton_kernels, triton_norm
-
-log = logging.getLogger(__name__)
 
 KERNELS = "dfim.engine.inference.triton_sampler_kernels"
 BLOCK = 4096  # logits a program reads per step of its loops: 16 a thread at 8 warps
@@ -133,11 +130,6 @@ def mismatches(device: torch.device | str, vocab: int = 5000, rows: int = 6) -> 
 def works(device_type: str) -> bool:
     """Whether the kernel builds and agrees with `reference` on this kind of device (run once); where not,
     the sampler's PyTorch reads run and the log says why."""
-    try:
-        with torch.no_grad():
-            bad = mismatches(device_type)
-    except Exception as err:  # noqa: BLE001 - any failure to build or run: the PyTorch reads
-        bad = [f"{type(err).__name__}: {err}"]
-    if bad:
-        log.warning("The sampler's Triton kernel is not used on %s: %s", device_type, "; ".join(bad)[:500])
-    return not bad
+    return triton_kernels.passes_check(
+        lambda: mismatches(device_type), "The sampler's Triton kernel is", device_type
+    )

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 from collections.abc import Iterator
 
@@ -31,9 +30,6 @@ import torch
 from torch import Tensor
 
 from dfim.engine.model import triton_kernels
-
-log = logging.getLogger(__name__)
-
 
 KERNELS = "dfim.engine.model.triton_norm_kernels"
 
@@ -98,14 +94,9 @@ def works(device_type: str) -> bool:
     reference ops run) and the log says why, so a Triton that cannot build a kernel costs speed, not a crash."""
     from dfim.engine.model.fast_check import fused_kernels_mismatches
 
-    try:
-        with torch.no_grad():
-            bad = fused_kernels_mismatches(device_type)
-    except Exception as err:  # noqa: BLE001 - any failure to build or run: the reference ops
-        bad = [f"{type(err).__name__}: {err}"]
-    if bad:
-        log.warning("Triton's fused kernels are not used on %s: %s", device_type, "; ".join(bad)[:500])
-    return not bad
+    return triton_kernels.passes_check(
+        lambda: fused_kernels_mismatches(device_type), "Triton's fused kernels are", device_type
+    )
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:

@@ -6,11 +6,8 @@ CPU-only install) these skip, and the CPU tests of the sampler cover the referen
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import textwrap
 
-import pytest
 import torch
 
 from dfim.engine.inference import triton_sampler
@@ -52,15 +49,8 @@ CHECK = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_kernel_matches_the_reference_on_cuda(kernel_check):
-    pytest.importorskip("triton")
-    kernel_check(CHECK, "cuda", dict(os.environ))
-
-
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
-def test_kernel_matches_the_reference_under_the_interpreter(kernel_check):
-    kernel_check(CHECK, "cpu", {**os.environ, "TRITON_INTERPRET": "1", "DFIM_TRITON_ON_CPU": "1"})
+def test_kernel_matches_the_reference(kernel_check, kernel_target):
+    kernel_check(CHECK, *kernel_target)
 
 
 def test_the_reference_reads_what_the_distribution_reads():

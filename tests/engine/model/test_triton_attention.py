@@ -51,14 +51,8 @@ def test_interval_mask_is_the_union_of_two_intervals():
     ]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs CUDA and Triton")
-def test_kernels_match_the_reference_on_cuda(kernel_check):
-    kernel_check(CHECK, "cuda", dict(os.environ))
-
-
-@pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
-def test_kernels_match_the_reference_under_the_interpreter(kernel_check):
-    kernel_check(CHECK, "cpu", INTERPRETER)
+def test_kernels_match_the_reference(kernel_check, kernel_target):
+    kernel_check(CHECK, *kernel_target)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")

@@ -5,12 +5,7 @@ products are wrong, Triton 3.9); without either (the CPU-only install) those tes
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import textwrap
-
-import pytest
-import torch
 
 CHECK = textwrap.dedent(
     """
@@ -63,15 +58,8 @@ CHECK = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_kernels_match_the_reference_on_cuda(kernel_check):
-    pytest.importorskip("triton")
-    kernel_check(CHECK, "cuda", dict(os.environ))
-
-
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
-def test_kernels_match_the_reference_under_the_interpreter(kernel_check):
-    kernel_check(CHECK, "cpu", {**os.environ, "TRITON_INTERPRET": "1"})
+def test_kernels_match_the_reference(kernel_check, kernel_target):
+    kernel_check(CHECK, *kernel_target)
 
 
 def test_an_experts_pairs_fit_one_block_where_they_can():

@@ -4,11 +4,8 @@ installed; without either (the CPU-only install) those two tests skip."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import textwrap
 
-import pytest
 import torch
 
 from dfim.engine.model import ops, triton_norm
@@ -39,13 +36,5 @@ def test_cpu_inference_and_training_keep_the_reference_arithmetic():
     assert x32.grad is not None and torch.allclose(out, ops.rms_norm_reference(x32, weight.float(), 1e-6))
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available() or not triton_norm.available(), reason="needs CUDA and Triton"
-)
-def test_kernel_matches_the_reference_on_cuda(kernel_check):
-    kernel_check(CHECK, "cuda", dict(os.environ))
-
-
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
-def test_kernel_matches_the_reference_under_the_interpreter(kernel_check):
-    kernel_check(CHECK, "cpu", {**os.environ, "TRITON_INTERPRET": "1"})
+def test_kernel_matches_the_reference(kernel_check, kernel_target):
+    kernel_check(CHECK, *kernel_target)
