@@ -24,8 +24,7 @@ def sample_rows(logits_ptr, u_ptr, mode_ptr, entropy_ptr, lse_ptr, sampled_ptr, 
         lane_idx = tl.where(better, idx, lane_idx)
         lane_max = tl.where(better, x, lane_max)
     top = tl.max(lane_max, axis=0)
-    mode = tl.min(tl.where(lane_max == top, lane_idx, n_vocab), axis=0)
-    mode = tl.minimum(mode, n_vocab - 1)  # a row of NaN or -inf matches nothing: still a real token
+    mode = tl.min(tl.where(lane_max == top, lane_idx, n_vocab), axis=0)  # a row of -inf: every lane, token 0
     # Pass 2: the normaliser A = sum exp(x - top) and B = sum exp(x - top) (x - top); H = log A - B / A.
     total = tl.zeros([BLOCK], tl.float32)
     moment = tl.zeros([BLOCK], tl.float32)
@@ -40,16 +39,17 @@ def sample_rows(logits_ptr, u_ptr, mode_ptr, entropy_ptr, lse_ptr, sampled_ptr, 
     tl.store(entropy_ptr + row, tl.log(a) - tl.sum(moment, axis=0) / a)
     tl.store(lse_ptr + row, top + tl.log(a))
     if SAMPLE:
-        # Pass 3: the first index whose running sum exceeds u * A is the number of indices whose running
-        # sum does not (the sum never decreases); none (u * A rounded up to the end): the mode stands in.
+        # Pass 3: the first token whose running sum exceeds u * A, among tokens of nonzero probability (a
+        # scan's rounding must not land the draw on a masked token); none (u * A rounded up to the end):
+        # the mode stands in.
         target = tl.load(u_ptr + row) * a
         carry = 0.0
-        below = 0
+        first = n_vocab
         for start in range(0, n_vocab, BLOCK):
             idx = start + lanes
             x = tl.load(base + idx, mask=idx < n_vocab, other=-float("inf")).to(tl.float32)
             e = tl.exp(x - top)
             running = tl.cumsum(e, axis=0) + carry
-            below += tl.sum(((running <= target) & (idx < n_vocab)).to(tl.int32), axis=0)
-            carry += tl.sum(e, axis=0)
-        tl.store(sampled_ptr + row, tl.where(below < n_vocab, below, mode))
+            first = tl.minimum(first, tl.min(tl.where((running > target) & (e > 0), idx, n_vocab), axis=0))
+            carry = tl.max(running, axis=0)  # the running sum so far (the block's last, to rounding)
+        tl.store(sampled_ptr + row, tl.where(first < n_vocab, first, mode))

@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from dfim.engine.api import CheckpointError, SamplerSettings, parse_draft_from, parse_rank
+from dfim.engine.model import experts_fp8
 from dfim.engine.model.config import ModelConfig
 from dfim.engine.model.fp8 import (
     Quantization,
@@ -256,8 +257,8 @@ def load_model(
         if stored:  # which of the two was meant is not ours to guess
             raise CheckpointError(f"{folder}: {INFO_FILE} asks for random weights, but it holds {stored[0]}")
         model = random_model(config, init, device, dtype)
-        if init.experts == "fp8":
-            _experts_in_fp8(model, {}, device, dtype)
+        if init.experts == "fp8" and fp8_experts:
+            experts_fp8.keep_experts_in_fp8(model, torch.device(device), dtype)
         return model, settings
     with torch.device("meta"):
         model = DiffusionGemma(config)
@@ -291,59 +292,33 @@ def load_model(
                     scale_layout(shape, _shape(handles, scales[key]), quant.blocks if quant else ())
                 except QuantizationError as err:
                     raise CheckpointError(f"{folder}: {scales[key]}: {err}") from None
-        kept = _fp8_expert_keys(scales, quant) if fp8_experts else set()
+        fp8 = fp8_experts and quant is not None and quant.method != INT8_METHOD
+        pairs = experts_fp8.scaled_expert_pairs(scales) if fp8 else {}
+        kept = {key for pair in pairs.values() for key in pair}
         state = {
             key: _load_tensor(folder, handles, key, scales.get(key), quant, device, dtype)
             for key in expected
             if key not in kept
         }
-        raw = {key: (_get(handles, key).to(device), _get(handles, scales[key]).to(device)) for key in kept}
-    model.load_state_dict(state, strict=not kept, assign=True)
-    if kept:
-        assert quant is not None
-        _experts_in_fp8(model, raw, device, dtype, quant.blocks)
+        model.load_state_dict(state, strict=not kept, assign=True)
+        if pairs:
+            assert quant is not None
+
+            def read(key: str) -> tuple[torch.Tensor, torch.Tensor]:
+                weight = _get(handles, key)
+                if not is_float8(weight.dtype):
+                    raise CheckpointError(
+                        f"{folder}: {key} has a scale ({scales[key]}) but is {weight.dtype}"
+                    )
+                return weight.to(device), _get(handles, scales[key]).to(device)
+
+            try:
+                experts_fp8.keep_experts_in_fp8(model, torch.device(device), dtype, pairs, read, quant.blocks)
+            except QuantizationError as err:
+                raise CheckpointError(f"{folder}: {err}") from None
     model.int8_weights = quant is not None and quant.method == INT8_METHOD
     model.eval()
     return model, settings
-
-
-def _fp8_expert_keys(scales: dict[str, str], quant: Quantization | None) -> set[str]:
-    """The scaled expert tensors an FP8 (not int8) checkpoint can keep in FP8."""
-    if quant is None or quant.method == INT8_METHOD:
-        return set()
-    return {key for key in scales if key.endswith((".experts.gate_up_proj", ".experts.down_proj"))}
-
-
-def _experts_in_fp8(
-    model: DiffusionGemma,
-    raw: dict[str, tuple[torch.Tensor, torch.Tensor]],
-    device: str,
-    dtype: torch.dtype,
-    blocks: tuple[tuple[int, int], ...] = (),
-) -> None:
-    """Every layer's experts on FP8 weights: from the checkpoint's tensors in `raw` (key -> (weight, scale)),
-    else (random weights) quantized from the layer's own; one kernel, picked on the first layer, for all."""
-    from dfim.engine.model import experts_fp8
-    from dfim.engine.model.experts import Experts
-
-    kernel = None
-    for name, module in model.named_modules():
-        if not isinstance(module, Experts) or module.fp8 is not None:
-            continue  # a module reached twice (shared weights) is converted once
-        if raw:
-            for key in (f"{name}.gate_up_proj", f"{name}.down_proj"):
-                if key not in raw:
-                    raise CheckpointError(f"{key} is not FP8 while the other experts are")
-                if not is_float8(raw[key][0].dtype):
-                    raise CheckpointError(f"{key} has a scale but is {raw[key][0].dtype}, not float8")
-            gate_up = experts_fp8.row_scaled(*raw[f"{name}.gate_up_proj"], blocks)
-            down = experts_fp8.row_scaled(*raw[f"{name}.down_proj"], blocks)
-            fp8 = experts_fp8.Fp8Experts(gate_up[0], gate_up[1], down[0], down[1])
-        else:
-            fp8 = experts_fp8.quantize_experts(module.gate_up_proj.data, module.down_proj.data)
-        if kernel is None:
-            kernel = experts_fp8.pick_fp8_kernel(fp8, torch.device(device), dtype)
-        experts_fp8.keep_fp8(module, fp8, kernel)
 
 
 def _shape(handles: dict[str, Any], key: str) -> tuple[int, ...]:
@@ -400,7 +375,12 @@ def save_model(
     dtype: torch.dtype = torch.bfloat16,
     info: dict[str, Any] | None = None,
 ) -> Path:
-    """Write config, generation config and safetensors shards of at most `max_shard_bytes` each."""
+    """Write config, generation config and safetensors shards of at most `max_shard_bytes` each. A model whose
+    experts were kept in FP8 (`load_model(fp8_experts=True)`) has no bf16 expert tensors to write: refused."""
+    if experts_fp8.kept_in_fp8(model):
+        raise ValueError(
+            "this model's experts were kept in FP8 at load: load it without fp8_experts to save it"
+        )
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     settings = settings or SamplerSettings()

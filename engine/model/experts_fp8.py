@@ -14,6 +14,8 @@ the CPU tests check the quantization against it, and the GPU check compares the 
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +24,8 @@ from torch import Tensor
 from dfim.engine.model.experts import FP8_KERNELS, Experts, _sort_by_expert, probe_routing
 from dfim.engine.model.fp8 import dequantize, scale_as_float, scale_layout
 from dfim.engine.model.ops import gelu
+
+log = logging.getLogger(__name__)
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # largest finite e4m3 value
@@ -190,18 +194,73 @@ def row_scaled(
     return quantize_rows(dequantize(weight, scale, torch.float32, blocks))
 
 
-def keep_fp8(experts: Experts, fp8: Fp8Experts, kernel: str) -> None:
-    """Run a layer's experts from `fp8` with `kernel` (of `FP8_KERNELS`) from now on; the bf16 tensors
-    are left empty (they were never made, or are freed)."""
+def keep_fp8(experts: Experts, fp8: Fp8Experts, kernel: str, dtype: torch.dtype) -> None:
+    """Run a layer's experts from `fp8` with `kernel` (of `FP8_KERNELS`) from now on; the bf16 tensors are
+    left empty (never made, or freed), in the model's `dtype`."""
     experts.fp8 = fp8
     experts.mode = kernel
-    device = fp8.gate_up.device
     for name in ("gate_up_proj", "down_proj"):
-        param = getattr(experts, name)
-        dtype = param.dtype if param.dtype.is_floating_point else torch.float32
-        setattr(
-            experts, name, torch.nn.Parameter(torch.empty(0, dtype=dtype, device=device), requires_grad=False)
-        )
+        empty = torch.empty(0, dtype=dtype, device=fp8.gate_up.device)
+        setattr(experts, name, torch.nn.Parameter(empty, requires_grad=False))
+
+
+def kept_in_fp8(model: torch.nn.Module) -> bool:
+    """Whether some layer's experts run from FP8 weights alone (`keep_fp8`): nothing to train or save."""
+    return any(
+        isinstance(m, Experts) and m.fp8 is not None and m.gate_up_proj.numel() == 0 for m in model.modules()
+    )
+
+
+def scaled_expert_pairs(scales: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """An FP8 checkpoint's experts modules whose two tensors both carry a scale -> (gate_up key, down key); a
+    layer with unscaled experts (left in high precision by the quantizer) loads as any other tensor."""
+    names = sorted(
+        key.removesuffix(".gate_up_proj") for key in scales if key.endswith(".experts.gate_up_proj")
+    )
+    return {
+        name: (f"{name}.gate_up_proj", f"{name}.down_proj") for name in names if f"{name}.down_proj" in scales
+    }
+
+
+def keep_experts_in_fp8(
+    model: torch.nn.Module,
+    device: torch.device,
+    dtype: torch.dtype,
+    pairs: Mapping[str, tuple[str, str]] | None = None,
+    read: Callable[[str], tuple[Tensor, Tensor]] | None = None,
+    blocks: tuple[tuple[int, int], ...] = (),
+) -> None:
+    """The experts on FP8 weights, one layer at a time: those `pairs` names, from the checkpoint's (weight,
+    scale) that `read` returns for a key (`row_scaled`), or without them every layer's, quantized from its own
+    weights (random ones). One kernel, picked on the first layer, runs them all (`pick_fp8_kernel`); where no
+    FP8 kernel runs on a CUDA device (the widening reference would stop every CUDA graph), the weights are
+    widened to `dtype` instead, as before FP8 experts existed, and the log says so."""
+    kernel, widen = "", False
+    for name, module in model.named_modules():  # each module once, shared ones included
+        if not isinstance(module, Experts) or (pairs is not None and name not in pairs):
+            continue
+        if pairs is not None and read is not None:
+            gate_up, gate_up_scale = row_scaled(*read(pairs[name][0]), blocks)
+            down, down_scale = row_scaled(*read(pairs[name][1]), blocks)
+            fp8 = Fp8Experts(gate_up, gate_up_scale, down, down_scale)
+        else:
+            fp8 = quantize_experts(module.gate_up_proj.data, module.down_proj.data)
+        if not kernel:
+            kernel = pick_fp8_kernel(fp8, device, dtype)
+            widen = kernel == "w8a16_reference" and device.type == "cuda"
+            if widen:
+                log.warning(
+                    "no FP8 experts kernel runs on %s: the experts' weights are widened to %s", device, dtype
+                )
+        if widen:
+            for param, q, scale in (
+                ("gate_up_proj", fp8.gate_up, fp8.gate_up_scale),
+                ("down_proj", fp8.down, fp8.down_scale),
+            ):
+                weight = dequantize_rows(q, scale).to(dtype)
+                setattr(module, param, torch.nn.Parameter(weight, requires_grad=False))
+        else:
+            keep_fp8(module, fp8, kernel, dtype)
 
 
 def use_fp8_experts(experts: Experts, drop_bf16: bool = False) -> Fp8Experts:

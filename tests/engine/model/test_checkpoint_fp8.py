@@ -444,6 +444,18 @@ def test_experts_can_stay_fp8_and_compute_what_the_dequantized_ones_do(tmp_path,
     fp8_experts = [m for name, m in kept.named_modules() if name == key.removesuffix(".gate_up_proj")][0].fp8
     if layout != "block":  # per tensor and per channel: the checkpoint's bytes, as stored
         assert torch.equal(fp8_experts.gate_up.view(torch.uint8), stored.view(torch.uint8))
+    # the weights the kept tensors stand for: the checkpoint's, within one more e4m3 rounding for block scales
+    from dfim.engine.model.experts_fp8 import dequantize_rows
+
+    scale = [m for name, m in kept.named_modules() if name == key.removesuffix(".gate_up_proj")][0].fp8
+    want_w = dequantized.state_dict()[key]
+    got_w = dequantize_rows(scale.gate_up, scale.gate_up_scale)
+    bound = (
+        (REL_ERR * want_w.abs() + SUBNORMAL_ERR * want_w.abs().amax(dim=-1, keepdim=True))
+        if layout == "block"
+        else 1e-6
+    )
+    assert bool(((got_w - want_w).abs() <= bound + 1e-7).all())
     ids = list(range(5, 337))
     want, got = logits(dequantized, ids), logits(kept, ids)
     if layout == "block":  # block scales are quantized again per row: a second rounding of each weight,
@@ -451,6 +463,38 @@ def test_experts_can_stay_fp8_and_compute_what_the_dequantized_ones_do(tmp_path,
         assert relative_error(got, want) < 0.15
     else:  # the same products of the same values
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_experts_left_unscaled_load_as_any_tensor(tmp_path, base):
+    """A quantizer may leave a layer's experts in high precision: with fp8_experts those load widened, the
+    scaled ones stay FP8."""
+    from dfim.engine.model.experts import Experts
+
+    folder, _ = write_fp8(base, tmp_path / "fp8", FBGEMM, "channel")
+    unscaled = "model.decoder.layers.1.experts"
+
+    def widen(tensors: dict) -> dict:  # a weight and its scale sit next to each other in the sorted shards
+        for name in ("gate_up_proj", "down_proj"):
+            weight, scale = f"{unscaled}.{name}", f"{unscaled}.{name}_scale"
+            if weight in tensors and scale in tensors:
+                tensors[weight] = (tensors[weight].float() * tensors.pop(scale)).to(torch.bfloat16)
+        return tensors
+
+    edit_tensors(folder, widen)
+    kept, _ = load_model(folder, fp8_experts=True)
+    by_name = dict(kept.named_modules())
+    assert by_name["model.decoder.layers.0.experts"].fp8 is not None
+    assert by_name[unscaled].fp8 is None and by_name[unscaled].gate_up_proj.numel() > 0
+    assert any(isinstance(m, Experts) for m in by_name.values())
+
+
+def test_a_model_with_experts_kept_in_fp8_is_not_saved(tmp_path, base):
+    from dfim.engine.model.checkpoint import save_model
+
+    folder, _ = write_fp8(base, tmp_path / "fp8", FBGEMM, "channel")
+    kept, _ = load_model(folder, fp8_experts=True)
+    with pytest.raises(ValueError, match="kept in FP8"):
+        save_model(kept, tmp_path / "out")
 
 
 def test_random_weights_can_keep_their_experts_in_fp8(tmp_path):
@@ -461,8 +505,11 @@ def test_random_weights_can_keep_their_experts_in_fp8(tmp_path):
         tmp_path / "fp8", TOKENIZER, seed=4, stored=False, init_experts="fp8"
     )
     assert json.loads((fp8_folder / "dfim.json").read_text())["random_init"]["experts"] == "fp8"
-    model, _ = load_model(fp8_folder)
+    model, _ = load_model(fp8_folder, fp8_experts=True)
     reference, _ = load_model(plain)
+    assert (
+        load_model(fp8_folder)[0].decoder.layers[0].experts.fp8 is None
+    )  # only where FP8 experts are asked for
     experts = [m for m in model.modules() if isinstance(m, Experts)]
     assert experts and all(m.fp8 is not None and m.gate_up_proj.numel() == 0 for m in experts)
     ids = list(range(5, 337))
