@@ -7,6 +7,8 @@
 #   bash scripts/gpu_kernels_on_device.sh tune    # kernel tests, the fp32 check, the experts' tile sweep (bf16
 #                                                 # and FP8), bench_gpu and a 256-token step's profile (~7 min)
 #   bash scripts/gpu_kernels_on_device.sh fp8     # the server with bf16 and FP8 experts, and bench_fp8 (~7 min)
+#   bash scripts/gpu_kernels_on_device.sh confirm # the sampler's and experts' CUDA tests, the server with FP8 and
+#                                                 # bf16 experts, bench_gpu (~5 min): a last run after changes
 # Carry .whl (pygls and its dependencies; the machine has no registry). Results go to $OUT.
 set -uo pipefail
 source scripts/device_env.sh
@@ -76,6 +78,19 @@ case ${1:-check} in
     grep -E "^==|round trip|per decoder pass|engine path" "$OUT/bench_gpu_server_fp8.txt"
     run bench_fp8 150 python3 scripts/bench_fp8.py --out "$OUT/bench_fp8.txt"
     grep -E "ms/step|summary" "$OUT/bench_fp8.txt"
+    ;;
+  confirm)
+    run kernel_tests 120 python3 -m pytest -q -p no:cacheprovider tests/engine/inference/test_triton_sampler.py \
+      tests/engine/model/test_triton_moe.py tests/engine/model/test_triton_compile.py -k "cuda or compile"
+    tail -2 "$OUT/kernel_tests.log"
+    run bench_gpu_server_fp8 100 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 --experts fp8 \
+      --out "$OUT/bench_gpu_server_fp8.txt"
+    grep -E "^==|round trip|engine path" "$OUT/bench_gpu_server_fp8.txt"
+    run bench_gpu_server 100 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 \
+      --out "$OUT/bench_gpu_server.txt"
+    grep -E "^==|round trip" "$OUT/bench_gpu_server.txt"
+    run bench_gpu 130 python3 scripts/bench_gpu.py --out "$OUT/bench_gpu.txt"
+    grep -E "^\| ours|^\| transformers|speed-up|PASSED|FAILED" "$OUT/bench_gpu.txt"
     ;;
   server)
     run bench_gpu_server 420 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 \
