@@ -240,13 +240,18 @@ class DenoiseState:
     dist: Distribution | None = field(default=None, repr=False)
     _argmax: Tensor | None = field(default=None, repr=False)  # see `argmax`
     _entropy: Tensor | None = field(default=None, repr=False)  # see `entropy`
+    # `sampler_steps.read_entropy` of this step, read by both stop rules: computed once (it may read the device)
+    end_entropy: Tensor | None = field(default=None, repr=False)
     sampled: Tensor | None = None  # [B, L] a token drawn per position
     eligible: Tensor | None = None  # [B, L] bool: positions this step may accept (None: all)
     accepted: Tensor | None = None  # [B, L] bool: kept this step (pins included)
     finished: Tensor | None = None  # [B] bool, all False at the start: rows finish through `finish`
-    # per row, once finished: also the host's copy of `finished`, so the loop needs no device read to know
-    # which rows still run (`finish` is the one place both change)
-    stop_reason: list[str | None] = field(default_factory=list)
+    # per row, once finished (`stop_reason`): also the host's copy of `finished`, so the loop needs no device
+    # read to know which rows still run (`finish` is the one place both change)
+    _reasons: list[str | None] = field(default_factory=list, repr=False)
+    # rows `finish` marked ([B] bool on the device) with their reasons, not yet read back: the step's stop
+    # rules read them back once, when the host first asks (`stop_reason`), not once a rule
+    _pending: list[tuple[Tensor, str]] = field(default_factory=list, repr=False)
     steps: Tensor | None = None  # [B] long: decoder passes each row used
     # What the stop steps measured this step, per row ([B] tensors by name: "stable", "doubt", "end_settled"),
     # so a trace can say why a row went on. Written, never read, by the chain.
@@ -258,8 +263,8 @@ class DenoiseState:
             self.finished = torch.zeros(b, dtype=torch.bool, device=self.canvas.device)
         if self.steps is None:
             self.steps = torch.zeros(b, dtype=torch.long, device=self.canvas.device)
-        if not self.stop_reason:
-            self.stop_reason = [None] * b
+        if not self._reasons:
+            self._reasons = [None] * b
 
     @property
     def free(self) -> Tensor:
@@ -271,7 +276,7 @@ class DenoiseState:
         each when first read and then kept for the step."""
         assert self.logits is not None
         self.dist = Distribution(self.logits)
-        self._argmax = self._entropy = None
+        self._argmax = self._entropy = self.end_entropy = None
 
     @property
     def argmax(self) -> Tensor | None:
@@ -283,6 +288,7 @@ class DenoiseState:
     @argmax.setter
     def argmax(self, value: Tensor | None) -> None:
         self._argmax = value
+        self.end_entropy = None  # read from this one
 
     @property
     def entropy(self) -> Tensor | None:
@@ -294,13 +300,28 @@ class DenoiseState:
     @entropy.setter
     def entropy(self, value: Tensor | None) -> None:
         self._entropy = value
+        self.end_entropy = None  # read from this one
 
     def finish(self, rows: Tensor, reason: str) -> None:
-        """Mark `rows` ([B] bool) finished with `reason`, those not finished before only."""
+        """Mark `rows` ([B] bool) finished with `reason`, those not finished before only. The device's flags
+        change now; the host learns the reasons when it next reads `stop_reason` (one read for every rule
+        of a step: on a GPU each read waits for the device)."""
+        assert self.finished is not None
         newly = rows & ~self.finished
-        for b in newly.nonzero().flatten().tolist():
-            self.stop_reason[b] = reason
+        self._pending.append((newly, reason))
         self.finished |= newly
+
+    @property
+    def stop_reason(self) -> list[str | None]:
+        """[B] why each row stopped, None while it runs (read from the device once after `finish`)."""
+        if self._pending:
+            flags = torch.stack([rows for rows, _ in self._pending]).tolist()
+            for row_flags, (_, reason) in zip(flags, self._pending, strict=True):
+                for b, flag in enumerate(row_flags):
+                    if flag and self._reasons[b] is None:
+                        self._reasons[b] = reason
+            self._pending = []
+        return self._reasons
 
     @property
     def running(self) -> list[int]:

@@ -250,6 +250,12 @@ def read_entropy(state: DenoiseState) -> Tensor:
     (EOS, or a stop token that begins with the stop string): there the doubt that matters is whether the
     text ends, not which of those tokens ends it (a newline or three), so they count as one outcome.
     With log p = (x - x_m) + log p_m as in `Distribution.entropy`: H' = H + sum_C p log p - q log q, q = p(C)."""
+    if state.end_entropy is None:
+        state.end_entropy = _end_entropy(state)
+    return state.end_entropy
+
+
+def _end_entropy(state: DenoiseState) -> Tensor:
     ends = state.rules.ends
     assert state.entropy is not None and state.argmax is not None
     if ends is None:
