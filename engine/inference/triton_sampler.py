@@ -1,11 +1,12 @@
-"""The sampler's reads of a step's distribution as one row-wise Triton kernel, on CUDA.
+"""The sampler's reads of a step's distribution as two row-wise Triton kernels, on CUDA.
 
 Why: a denoising step's logits are [B, L, V] fp32, and at the 26B shape V is 262,144, so a 256-token
 canvas's logits are 268 MB. The chain's reads of them in PyTorch (softmax, argmax, the entropy's products
-and sum, the cumulative sum and search of the draw) are about ten passes over that, ~3.5 ms a step on an
-H200, a sixth of the step (docs/gpu.md). One program per position reads its row three times (the mode; the
-normaliser and the entropy's moment; the draw) and writes four numbers: the mode, the entropy, the
-log-normaliser and the drawn token. No [.., V] tensor is written.
+and sum, the cumulative sum and search of the draw) are about ten passes over that (docs/gpu.md). Here
+`chunk_stats` reads each chunk of 4,096 logits of each row once (a program per row and chunk, so the 64 rows of
+a single-line fill still fill the card; one program a row had been latency-bound, ~0.2 ms a row), and
+`combine_rows` turns a row's chunks into four numbers: the mode, the entropy, the log-normaliser and the drawn
+token, reading one chunk again to place the draw. No [.., V] tensor is written.
 
 The arithmetic is `sampler_state.Distribution`'s: the mode is the first index of the largest logit (as
 `torch.argmax`); the entropy is `log A - B / A` with `A = sum exp(x - m)` and `B = sum exp(x - m) (x - m)`,
@@ -74,9 +75,17 @@ def row_stats(logits: Tensor, u: Tensor | None = None) -> RowStats:
     uniform = u.reshape(-1).to(torch.float32).contiguous() if u is not None else entropy
     if rows:
         block = min(BLOCK, max(triton.next_power_of_2(vocab), 16))
-        kernels.sample_rows[(rows,)](
-            flat, uniform, mode, entropy, lse, sampled if sampled is not None else mode, vocab, flat.stride(0),
-            BLOCK=block, SAMPLE=u is not None, num_warps=8 if block >= 2048 else 4,
+        chunks = triton.cdiv(vocab, block)
+        stats = torch.empty(rows, chunks, 3, dtype=torch.float32, device=device)
+        first = torch.empty(rows, chunks, dtype=torch.int32, device=device)
+        warps = 8 if block >= 2048 else 4
+        kernels.chunk_stats[(rows, chunks)](
+            flat, stats, first, vocab, flat.stride(0), chunks, BLOCK=block, num_warps=warps
+        )
+        kernels.combine_rows[(rows,)](
+            flat, uniform, stats, first, mode, entropy, lse, sampled if sampled is not None else mode, vocab,
+            flat.stride(0), chunks, BLOCK=block, CHUNKS=max(triton.next_power_of_2(chunks), 2),
+            SAMPLE=u is not None, num_warps=warps,
         )  # fmt: skip
     return RowStats(
         mode.view(shape),

@@ -66,12 +66,18 @@ def test_the_experts_kernels_compile(scaled):
     )  # fmt: skip
 
 
-def test_the_sampler_kernel_compiles():
+def test_the_sampler_kernels_compile():
     from dfim.engine.inference import triton_sampler_kernels as kernels
 
+    ints = {"n_vocab": "i32", "row_stride": "i32", "n_chunks": "i32"}
     compile_for_hopper(
-        kernels.sample_rows,
-        {"logits_ptr": "*fp32", "u_ptr": "*fp32", "mode_ptr": "*i64", "entropy_ptr": "*fp32", "lse_ptr": "*fp32",
-         "sampled_ptr": "*i64", "n_vocab": "i32", "row_stride": "i32"},
-        {"BLOCK": 4096, "SAMPLE": True},
+        kernels.chunk_stats,
+        {"logits_ptr": "*fp32", "stats_ptr": "*fp32", "first_ptr": "*i32", **ints},
+        {"BLOCK": 4096},
+    )
+    compile_for_hopper(
+        kernels.combine_rows,
+        {"logits_ptr": "*fp32", "u_ptr": "*fp32", "stats_ptr": "*fp32", "first_ptr": "*i32", "mode_ptr": "*i64",
+         "entropy_ptr": "*fp32", "lse_ptr": "*fp32", "sampled_ptr": "*i64", **ints},
+        {"BLOCK": 4096, "CHUNKS": 64, "SAMPLE": True},
     )  # fmt: skip
