@@ -29,12 +29,12 @@ from torch import Tensor
 from dfim.engine.model import triton_kernels, triton_norm
 
 KERNELS = "dfim.engine.inference.triton_sampler_kernels"
-BLOCK = 4096  # logits a program reads per step of its loops: 16 a thread at 8 warps
+BLOCK = 4096  # the chunk of a row one program reads: 16 logits a thread at 8 warps
 
 
 @dataclass(frozen=True)
 class RowStats:
-    """What one kernel launch reads off processed logits [..., V]: each [...]."""
+    """What the kernels read off processed logits [..., V]: each [...]."""
 
     mode: Tensor  # long: the first index of the largest logit
     entropy: Tensor  # float32, nats
@@ -122,8 +122,8 @@ def valid_draw(logits: Tensor, u: Tensor | float, token: int, eps: float = 1e-5)
 
 
 def mismatches(device: torch.device | str, vocab: int = 5000, rows: int = 6) -> list[str]:
-    """The kernel against `reference` on random logits with masked (-inf) tokens and a tie for the mode;
-    a draw may differ only where the reference's CDF at the kernel's token is within rounding of the target."""
+    """The kernels against `reference` on random logits with masked (-inf) tokens, two chunks and a tie for
+    the mode; each draw must be the inverse CDF's at its uniform number, up to rounding (`valid_draw`)."""
     g = torch.Generator(device="cpu").manual_seed(0)
     logits = (torch.randn(rows, vocab, generator=g) * 3).to(device)
     logits[:, ::7] = -float("inf")
