@@ -375,10 +375,10 @@ class Engine:
     def path_info(self) -> dict[str, object]:
         """Where fills denoise (dfim/stats): device, weights' dtype, what the fast path runs (None until the
         first fill builds it), and what reads the sampler's distributions (`triton_sampler`'s kernel or
-        PyTorch)."""
+        PyTorch; None until the first fill on a GPU checks the kernel)."""
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         fast = None if self._fast_backend is None else self._fast_backend.fast.describe()
-        sampler = "triton" if triton_sampler.used_on(self.device.type) else "torch"
+        sampler = triton_sampler.describe(self.device.type)
         return {
             "device": str(self.device),
             "dtype": dtype,

@@ -20,7 +20,6 @@ Triton is missing) the PyTorch reads run and the log says why.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -50,12 +49,25 @@ def available() -> bool:
 def applies(logits: Tensor) -> bool:
     """Whether the kernel reads these logits: fp32, needing no gradient, on CUDA (or the CPU under the tests'
     interpreter), with Triton present and the kernel checked on this kind of device."""
-    return logits.dtype == torch.float32 and not logits.requires_grad and used_on(logits.device.type)
+    device = logits.device.type
+    return (
+        logits.dtype == torch.float32
+        and not logits.requires_grad
+        and triton_norm.runs_on(device)
+        and available()
+        and works(device)
+    )
 
 
-def used_on(device_type: str) -> bool:
-    """Whether fp32 logits on this kind of device are read by the kernel (dfim/stats)."""
-    return triton_norm.runs_on(device_type) and available() and works(device_type)
+def describe(device_type: str) -> str | None:
+    """What reads the sampler's distributions on this kind of device, for dfim/stats: "triton" or "torch", or
+    None until a fill has run the kernel's check (a stats request must not run it, and its compilation, on
+    the server's loop)."""
+    if not (triton_norm.runs_on(device_type) and available()):
+        return "torch"
+    if device_type not in _checked:
+        return None
+    return "triton" if _checked[device_type] else "torch"
 
 
 def row_stats(logits: Tensor, u: Tensor | None = None) -> RowStats:
@@ -146,10 +158,14 @@ def mismatches(device: torch.device | str, vocab: int = 5000, rows: int = 6) -> 
     return bad
 
 
-@functools.cache
+_checked: dict[str, bool] = {}  # `works`' answer per device kind
+
+
 def works(device_type: str) -> bool:
     """Whether the kernel builds and agrees with `reference` on this kind of device (run once); where not,
     the sampler's PyTorch reads run and the log says why."""
-    return triton_kernels.passes_check(
-        lambda: mismatches(device_type), "The sampler's Triton kernel is", device_type
-    )
+    if device_type not in _checked:
+        _checked[device_type] = triton_kernels.passes_check(
+            lambda: mismatches(device_type), "The sampler's Triton kernel is", device_type
+        )
+    return _checked[device_type]
