@@ -7,6 +7,8 @@
 #   bash scripts/gpu_kernels_on_device.sh tune    # kernel tests, the fp32 check, the experts' tile sweep (bf16
 #                                                 # and FP8), bench_gpu and a 256-token step's profile (~7 min)
 #   bash scripts/gpu_kernels_on_device.sh fp8     # the server with bf16 and FP8 experts, and bench_fp8 (~7 min)
+#   bash scripts/gpu_kernels_on_device.sh host    # a typing fill's host work against its passes (bf16, FP8),
+#                                                 # the sampler's CUDA tests and the server with FP8 (~6 min)
 #   bash scripts/gpu_kernels_on_device.sh confirm # the sampler's and experts' CUDA tests, the server with FP8 and
 #                                                 # bf16 experts, bench_gpu (~5 min): a last run after changes
 # Carry .whl (pygls and its dependencies; the machine has no registry). Results go to $OUT.
@@ -91,6 +93,18 @@ case ${1:-check} in
     grep -E "^==|round trip" "$OUT/bench_gpu_server.txt"
     run bench_gpu 130 python3 scripts/bench_gpu.py --out "$OUT/bench_gpu.txt"
     grep -E "^\| ours|^\| transformers|speed-up|PASSED|FAILED" "$OUT/bench_gpu.txt"
+    ;;
+  host)  # where a typing fill's time goes besides its passes, bf16 and FP8 experts, and the server (~6 min)
+    run kernel_tests 120 python3 -m pytest -q -p no:cacheprovider tests/engine/inference/test_triton_sampler.py \
+      -k "cuda"
+    tail -2 "$OUT/kernel_tests.log"
+    run profile_fill 150 python3 scripts/profile_fill_gpu.py --out "$OUT/profile_fill.txt"
+    grep -E "^fill|^  " "$OUT/profile_fill.txt" | head -20
+    run profile_fill_fp8 150 python3 scripts/profile_fill_gpu.py --experts fp8 --out "$OUT/profile_fill_fp8.txt"
+    grep -E "^fill|^  " "$OUT/profile_fill_fp8.txt" | head -20
+    run bench_gpu_server_fp8 150 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 --experts fp8 \
+      --out "$OUT/bench_gpu_server_fp8.txt"
+    grep -E "^==|round trip|engine  |per decoder pass" "$OUT/bench_gpu_server_fp8.txt"
     ;;
   server)
     run bench_gpu_server 420 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 \

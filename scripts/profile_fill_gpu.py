@@ -52,13 +52,19 @@ TOKENIZER = DEFAULT_MODEL_DIR / "tokenizer.json"
 MAX_FRAMES = 256  # the server's trace keeps this many steps (server/trace_feature.py)
 
 
-def load(shape: str, device: str, folder: Path, model: str | None) -> Engine:
+def load(shape: str, device: str, folder: Path, model: str | None, experts: str = "bf16") -> Engine:
     if model is not None:
         return Engine.load(None if model == "default" else model, device=device)
     dtype = torch.bfloat16 if device == "cuda" else None
     config = RELEASED_26B_A4B if shape == "26b-a4b" else {}  # tiny: write_random_checkpoint's own shape
     write_random_checkpoint(
-        folder, TOKENIZER, stored=False, init_dtype=dtype, name=f"random-{shape}", **config
+        folder,
+        TOKENIZER,
+        stored=False,
+        init_dtype=dtype,
+        init_experts="fp8" if experts == "fp8" else None,
+        name=f"random-{shape}",
+        **config,
     )
     return Engine.load(folder, device=device)
 
@@ -124,13 +130,16 @@ def main() -> int:
     parser.add_argument("--fills", type=int, default=12)
     parser.add_argument("--candidates", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument(
+        "--experts", choices=("bf16", "fp8"), default="bf16", help="the random shape's experts' weights"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     report = Tee(str(args.out) if args.out else None)
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        engine = load(args.shape, args.device, Path(tmp) / "ckpt", args.model)
+        engine = load(args.shape, args.device, Path(tmp) / "ckpt", args.model, args.experts)
         report(f"engine loaded in {time.perf_counter() - t0:.1f} s: {engine.path_info()}")
 
         def fill(recorder: bool) -> Callable[[], object]:
