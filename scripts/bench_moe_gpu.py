@@ -136,6 +136,8 @@ def main() -> None:
             calls += [
                 ("triton_fp8 (W8A16)", functools.partial(FP8_KERNELS["triton_fp8"], x, weights, index, fp8), want8,
                  floor / 2, 2e-2),
+                ("triton_fp8 bf16 products", functools.partial(FP8_KERNELS["triton_fp8"], x, weights, index, fp8,
+                                                               torch.bfloat16), want8, floor / 2, 2e-2),
                 ("grouped_fp8 (W8A8)", functools.partial(FP8_KERNELS["grouped_fp8"], x, weights, index, fp8), want8,
                  floor / 2, 8e-2),
             ]  # fmt: skip
@@ -143,7 +145,7 @@ def main() -> None:
                 calls += [
                     (f"triton_fp8 {tiles_name(t)}",
                      functools.partial(triton_moe.moe_triton, x, weights, index, fp8.gate_up, fp8.down, t,
-                                       fp8.gate_up_scale, fp8.down_scale), want8, floor / 2, 2e-2)
+                                       fp8.gate_up_scale, fp8.down_scale, torch.float16), want8, floor / 2, 2e-2)
                     for t in FP8_SWEEP
                 ]  # fmt: skip
         best: dict[str, tuple[float, str]] = {}  # the fastest correct kernel, bf16 and FP8 weights apart

@@ -138,15 +138,21 @@ def fp8_kernel_works(
     return None if err < 2e-2 else f"relative error {err:.3g} against the reference"
 
 
-def moe_triton_fp8(x: Tensor, weights: Tensor, index: Tensor, experts: Fp8Experts) -> Tensor:
-    """The Triton experts (`dfim.engine.model.triton_moe`) over FP8 weights, activations in x's dtype
-    (W8A16): each weight tile is widened in the kernel, so the weights are read in FP8 and nothing else is
-    quantized. Its reference is the bf16 arithmetic over the dequantized weights (`moe_w8a16_reference`)."""
+def moe_triton_fp8(
+    x: Tensor, weights: Tensor, index: Tensor, experts: Fp8Experts, products: torch.dtype | None = None
+) -> Tensor:
+    """The Triton experts (`dfim.engine.model.triton_moe`) over FP8 weights, activations unquantized (W8A16):
+    each weight tile is widened in the kernel, so the weights are read in FP8 and nothing else is quantized.
+    The products run in float16 for 16-bit inputs (`products` overrides: e4m3 widens to float16 in one
+    instruction a pair, to bfloat16 in three), in fp32 for fp32 inputs. Its reference is the fp32 arithmetic
+    over the dequantized weights (`moe_w8a16_reference`)."""
     from dfim.engine.model import triton_moe
 
+    if products is None and x.dtype in (torch.bfloat16, torch.float16):
+        products = torch.float16
     return triton_moe.moe_triton(
         x, weights, index, experts.gate_up, experts.down,
-        gate_up_scale=experts.gate_up_scale, down_scale=experts.down_scale,
+        gate_up_scale=experts.gate_up_scale, down_scale=experts.down_scale, products=products,
     )  # fmt: skip
 
 

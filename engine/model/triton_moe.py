@@ -114,18 +114,29 @@ def moe_triton(
     tiles: Tiles | None = None,
     gate_up_scale: Tensor | None = None,
     down_scale: Tensor | None = None,
+    products: torch.dtype | None = None,
 ) -> Tensor:
     """The experts' output for x [N, H]: weights/index [N, k], gate_up [E, 2I, H], down [E, H, I] (any
     strides; a unit last one reads fastest); the same contract as the other kernels of `experts.GPU_KERNELS`.
     With the scales (gate_up_scale [E, 2I], down_scale [E, H], float32) the weights are FP8 (e4m3), one
     scale per expert and output channel (`experts_fp8.Fp8Experts`), and stay FP8 in memory: they are
-    widened to x's dtype tile by tile, so a pass reads half the bytes (W8A16)."""
+    widened to x's dtype tile by tile, so a pass reads half the bytes (W8A16).
+
+    `products`: the dtype of the products' inputs (None: x's); the output keeps x's dtype. float16 suits FP8
+    weights: Hopper widens e4m3 to float16 in one instruction a pair, where bfloat16 takes one more a value
+    (the widening, not the bytes, then bounds the kernel), every e4m3 value is exact in float16, and its
+    mantissa is longer than bfloat16's. Activations beyond float16's +-65504 saturate there."""
     triton, kernels = triton_kernels.require(KERNELS)
     gate_up_act, down_weighted = kernels.gate_up_act, kernels.down_weighted
     n, k = index.shape
     e, two_i, hidden = gate_up.shape
     inter = two_i // 2
     scaled = gate_up_scale is not None and down_scale is not None
+    out_dtype = x.dtype
+    if products == torch.float16 and x.dtype != products:
+        x = x.clamp(-65504.0, 65504.0).to(products)  # once here, not in every program's loop
+    elif products is not None and x.dtype != products:
+        x = x.to(products)
     if x.stride(-1) != 1:
         x = x.contiguous()
     order, tokens, offs = sort_pairs(index, e)
@@ -143,4 +154,4 @@ def moe_triton(
         h, down, down_scale.float().contiguous() if scaled else h, order, weights.reshape(-1).float(), offs,
         out, inter, hidden, h.stride(0), *down.stride(), out.stride(0), **meta,
     )  # fmt: skip
-    return out.view(n, k, hidden).sum(dim=1).to(x.dtype)
+    return out.view(n, k, hidden).sum(dim=1).to(out_dtype)

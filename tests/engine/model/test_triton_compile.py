@@ -44,8 +44,8 @@ def hopper_compiler() -> None:
         pytest.skip(f"Triton cannot compile for CUDA here: {type(err).__name__}: {err}")
 
 
-@pytest.mark.parametrize("scaled", [False, True])
-def test_the_experts_kernels_compile(scaled):
+@pytest.mark.parametrize(("scaled", "products"), [(False, "bf16"), (True, "bf16"), (True, "fp16")])
+def test_the_experts_kernels_compile(scaled, products):
     from dfim.engine.model import triton_moe_kernels as kernels
 
     weights = "*fp8e4nv" if scaled else "*bf16"
@@ -53,13 +53,13 @@ def test_the_experts_kernels_compile(scaled):
     ints = dict.fromkeys(("w_e", "w_n", "w_k"), "i32")
     compile_for_hopper(
         kernels.gate_up_act,
-        {"x_ptr": "*bf16", "w_ptr": weights, "scale_ptr": "*fp32", "token_ptr": "*i64", "offs_ptr": "*i32",
-         "h_ptr": "*bf16", "n_hidden": "i32", "n_inter": "i32", "x_stride": "i32", **ints, "h_stride": "i32"},
+        {"x_ptr": f"*{products}", "w_ptr": weights, "scale_ptr": "*fp32", "token_ptr": "*i64", "offs_ptr": "*i32",
+         "h_ptr": f"*{products}", "n_hidden": "i32", "n_inter": "i32", "x_stride": "i32", **ints, "h_stride": "i32"},
         blocks,
     )  # fmt: skip
     compile_for_hopper(
         kernels.down_weighted,
-        {"h_ptr": "*bf16", "w_ptr": weights, "scale_ptr": "*fp32", "slot_ptr": "*i64", "weight_ptr": "*fp32",
+        {"h_ptr": f"*{products}", "w_ptr": weights, "scale_ptr": "*fp32", "slot_ptr": "*i64", "weight_ptr": "*fp32",
          "offs_ptr": "*i32", "out_ptr": "*fp32", "n_inter": "i32", "n_hidden": "i32", "h_stride": "i32", **ints,
          "out_stride": "i32"},
         blocks,

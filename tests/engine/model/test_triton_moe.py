@@ -45,11 +45,27 @@ CHECK = textwrap.dedent(
         x = torch.randn(n, hidden, generator=g).to(device, dtype)
         index = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).to(device)
         weights = torch.rand(n, k, generator=g).to(device)
-        got = experts_fp8.moe_triton_fp8(x, weights, index, fp8).float()
         want = experts_fp8.moe_w8a16_reference(x, weights, index, fp8).float()
-        err = ((got - want).norm() / want.norm()).item()
-        if not err <= 2e-2:
-            bad.append(f"FP8 weights, {dtype}: relative error {err:.2e} > 2e-02")
+        runs = {
+            "engine": lambda: experts_fp8.moe_triton_fp8(x, weights, index, fp8),
+            "fp16 products": lambda: triton_moe.moe_triton(
+                x, weights, index, fp8.gate_up, fp8.down, None, fp8.gate_up_scale, fp8.down_scale, torch.float16
+            ),
+        }
+        for name, run in runs.items():
+            got = run().float()
+            err = ((got - want).norm() / want.norm()).item()
+            if not err <= 2e-2:
+                bad.append(f"FP8 weights, {dtype}, {name}: relative error {err:.2e} > 2e-02")
+    # float16 products saturate: activations past its range give a finite output, not inf
+    x = torch.full((3, 96), 1e5).to(device, torch.bfloat16)  # the output's dtype holds what float16 cannot
+    index = torch.tensor([[0, 1]] * 3, device=device)
+    out = triton_moe.moe_triton(
+        x, torch.ones(3, 2, device=device), index, fp8.gate_up, fp8.down, None, fp8.gate_up_scale,
+        fp8.down_scale, torch.float16,
+    )
+    if not bool(out.float().isfinite().all()):
+        bad.append("float16 products overflowed")
     from dfim.engine.model.fast_check import routing_mismatches
 
     bad += routing_mismatches(device)  # the router's and the sort's kernels
