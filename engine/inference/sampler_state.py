@@ -158,9 +158,10 @@ class Distribution:
     def probs(self) -> Tensor:
         return torch.softmax(self.logits, dim=-1)
 
-    def probs_at(self, where: Tensor) -> Tensor:
-        """[N, V] the probabilities of the positions `where` selects, without the whole softmax when it
-        has not been computed (the same values: softmax is row by row)."""
+    def probs_at(self, where: Tensor | tuple[Tensor, ...]) -> Tensor:
+        """[N, V] the probabilities of the positions `where` selects (a mask, or index tensors: those need no
+        read of the device), without the whole softmax when it has not been computed (the same values:
+        softmax is row by row)."""
         if "probs" in self.__dict__:
             return self.probs[where]
         return torch.softmax(self.logits[where], dim=-1)
@@ -325,8 +326,14 @@ class DenoiseState:
 
     @property
     def running(self) -> list[int]:
-        """The rows not finished, read from the host (`stop_reason`): no device sync."""
+        """The rows not finished (`stop_reason`: one device read where a step's stop rules ran)."""
         return [b for b, reason in enumerate(self.stop_reason) if reason is None]
+
+    @property
+    def running_as_read(self) -> list[int]:
+        """The rows not finished as of the host's last read: `running` without reading the device, so rows
+        the stop rules have finished since are still among them."""
+        return [b for b, reason in enumerate(self._reasons) if reason is None]
 
 
 # --- pure helpers -------------------------------------------------------------------------------

@@ -246,10 +246,12 @@ def end_class(state: DenoiseState, ids: Tensor) -> Tensor:
 
 
 def read_entropy(state: DenoiseState) -> Tensor:
-    """[B, L] `state.entropy`, except at free positions whose argmax ends the text with nothing of its own
-    (EOS, or a stop token that begins with the stop string): there the doubt that matters is whether the
-    text ends, not which of those tokens ends it (a newline or three), so they count as one outcome.
-    With log p = (x - x_m) + log p_m as in `Distribution.entropy`: H' = H + sum_C p log p - q log q, q = p(C)."""
+    """[B, L] `state.entropy`, except where a row's text ends (`first_end`) if that free position's argmax
+    ends it with nothing of its own (EOS, or a stop token that begins with the stop string): there the doubt
+    that matters is whether the text ends, not which of those tokens ends it (a newline or three), so they
+    count as one outcome. The stop rules read no position past a row's end, so that one position a row is
+    all that differs. With log p = (x - x_m) + log p_m as in `Distribution.entropy`:
+    H' = H + sum_C p log p - q log q, q = p(C)."""
     if state.end_entropy is None:
         state.end_entropy = _end_entropy(state)
     return state.end_entropy
@@ -257,14 +259,15 @@ def read_entropy(state: DenoiseState) -> Tensor:
 
 def _end_entropy(state: DenoiseState) -> Tensor:
     ends = state.rules.ends
-    assert state.entropy is not None and state.argmax is not None
+    assert state.entropy is not None and state.argmax is not None and state.dist is not None
     if ends is None:
         return state.entropy
-    at = ends[state.argmax] & state.free[None]  # [B, L]: a handful of positions (a row's end)
-    if not bool(at.any()):
-        return state.entropy
-    assert state.dist is not None
-    probs, logits, mode = state.dist.probs_at(at), state.dist.logits[at], state.dist.mode[at]  # [N, V].. [N]
+    # One position a row, by index: no read of the device to learn which positions (a mask would need one)
+    length = state.argmax.shape[-1]
+    end = first_end(state)
+    at = (torch.arange(end.shape[0], device=end.device), end.clamp(max=length - 1))  # [B], [B]
+    applies = (end < length) & ends[state.argmax[at]] & state.free[at[1]]  # [B]
+    probs, logits, mode = state.dist.probs_at(at), state.dist.logits[at], state.dist.mode[at]  # [B, V].. [B]
     top = mode.unsqueeze(-1)
     shifted = logits - logits.gather(-1, top)
     in_class = ends.to(probs.dtype)
@@ -273,7 +276,8 @@ def _end_entropy(state: DenoiseState) -> Tensor:
         probs.gather(-1, top).squeeze(-1)
     )
     entropy = state.entropy.clone()
-    entropy[at] = (entropy[at] + plogp - q * torch.log(q.clamp(min=1e-30))).clamp(min=0)
+    merged = (entropy[at] + plogp - q * torch.log(q.clamp(min=1e-30))).clamp(min=0)
+    entropy[at] = torch.where(applies, merged, entropy[at])
     return entropy
 
 

@@ -92,6 +92,72 @@ def test_finished_rows_are_frozen_while_others_continue():
     assert state.argmax[0].tolist() == [5, 6, 7, 8]
 
 
+def test_a_pass_launched_ahead_changes_nothing_but_when_the_host_reads():
+    """`run(ahead=...)` launches each next pass before the step's stop flags are read: the same canvases,
+    steps and stop reasons; the rows a step stopped ride along once, and the pass after the last step is
+    launched and never read."""
+    settings = SamplerSettings(max_steps=6)
+    logits = peaked([5, 6, 7, 8], batch=2)
+    logits[1] = torch.randn(4, V, generator=torch.Generator().manual_seed(3))  # row 1 never gets confident
+
+    def denoiser(canvas, self_cond):  # depends on each row's own canvas; row 1 is always the last row
+        echo = torch.nn.functional.one_hot(canvas % V, V).float()
+        return logits[-canvas.shape[0] :] + 0.5 * echo
+
+    def trajectory(ahead: bool):
+        state = make_state(length=4, batch=2, seed=7)
+        rows, taken, canvases = [], [], []
+
+        def launch(canvas, self_cond):
+            rows.append(canvas.shape[0])
+            out = denoiser(canvas, self_cond)
+            return lambda: taken.append(1) or out
+
+        def counted(canvas, self_cond):
+            rows.append(canvas.shape[0])
+            return denoiser(canvas, self_cond)
+
+        committed = sampler.run(
+            state,
+            build_chain(settings),
+            counted,
+            on_step=lambda s: canvases.append(s.canvas.clone()),
+            ahead=launch if ahead else None,
+        )
+        return committed, state.steps.tolist(), state.stop_reason, torch.stack(canvases), rows, len(taken)
+
+    plain, ahead = trajectory(False), trajectory(True)
+    for a, b in zip(plain[:4], ahead[:4], strict=True):
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    assert plain[2] == ["stable", "max_steps"] and plain[1] == [2, 6]
+    assert plain[4] == [2, 2, 1, 1, 1, 1]
+    assert ahead[4] == [2, 2, 2, 1, 1, 1, 1]  # row 0 rides along once; one pass after the last step
+    assert ahead[5] == 5  # every pass but the first (run directly) and the last (never read)
+
+
+def test_a_pass_launched_ahead_is_refused_beside_between_steps_and_honours_cancel():
+    settings = SamplerSettings(max_steps=10, early_stop=False)
+    logits = torch.randn(1, 4, V)
+
+    def launch(canvas, self_cond):
+        return lambda: logits.clone()
+
+    with pytest.raises(ValueError):
+        sampler.run(make_state(length=4), build_chain(settings), constant(logits), between_steps=lambda: None,
+                    ahead=launch)  # fmt: skip
+    calls = []
+    with pytest.raises(FillCancelled):
+        sampler.run(
+            make_state(length=4),
+            build_chain(settings),
+            constant(logits),
+            cancel=lambda: len(calls) >= 3,
+            on_step=lambda s: calls.append(s.step),
+            ahead=launch,
+        )
+    assert calls == [1, 2, 3]
+
+
 def test_commit_pads_after_the_first_eos_and_forces_pins():
     ids = torch.tensor([[5, EOS, 7, EOS, 8], [5, 6, 7, 8, 9]])
     assert pad_after_eos(ids, EOS, PAD).tolist() == [[5, EOS, PAD, PAD, PAD], [5, 6, 7, 8, 9]]
