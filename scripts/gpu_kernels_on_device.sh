@@ -9,6 +9,9 @@
 #   bash scripts/gpu_kernels_on_device.sh fp8     # the server with bf16 and FP8 experts, and bench_fp8 (~7 min)
 #   bash scripts/gpu_kernels_on_device.sh host    # a typing fill's host work against its passes (bf16, FP8),
 #                                                 # the sampler's CUDA tests and the server with FP8 (~6 min)
+#   bash scripts/gpu_kernels_on_device.sh kernels # the experts' and sampler's CUDA tests, the fp32 check, the
+#                                                 # experts' kernels (bf16 / FP8, tile sweep), bench_fp8 (~6 min)
+#   bash scripts/gpu_kernels_on_device.sh fills   # profile_fill bf16 / FP8, the server bf16 / FP8, bench_gpu (~7 min)
 #   bash scripts/gpu_kernels_on_device.sh confirm # the sampler's and experts' CUDA tests, the server with FP8 and
 #                                                 # bf16 experts, bench_gpu (~5 min): a last run after changes
 # Carry .whl (pygls and its dependencies; the machine has no registry). Results go to $OUT.
@@ -105,6 +108,33 @@ case ${1:-check} in
     run bench_gpu_server_fp8 150 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 --experts fp8 \
       --out "$OUT/bench_gpu_server_fp8.txt"
     grep -E "^==|round trip|engine  |per decoder pass" "$OUT/bench_gpu_server_fp8.txt"
+    ;;
+  kernels)  # the experts' and sampler's CUDA tests, the fp32 check (the engine on both backends), the experts'
+            # kernels at the 26B shape (bf16 / FP8, tile sweep) and the FP8 256-token step (~6 min)
+    run kernel_tests 150 python3 -m pytest -q -p no:cacheprovider tests/engine/inference/test_triton_sampler.py \
+      tests/engine/model/test_triton_moe.py -k "cuda"
+    tail -2 "$OUT/kernel_tests.log"
+    run check_fast_gpu 180 python3 scripts/check_fast_gpu.py --skip-hf --out "$OUT/check_fast_gpu.txt"
+    tail -3 "$OUT/check_fast_gpu.log"
+    run bench_moe_gpu 150 python3 scripts/bench_moe_gpu.py --sweep --fp8 --tokens 32,64,256 \
+      --out "$OUT/bench_moe_gpu.txt"
+    grep -E "tokens:|triton_fp8 \(|bf16 products|best" "$OUT/bench_moe_gpu.txt"
+    run bench_fp8 120 python3 scripts/bench_fp8.py --out "$OUT/bench_fp8.txt"
+    grep -E "ms/step|summary" "$OUT/bench_fp8.txt"
+    ;;
+  fills)  # a typing fill's host work against its passes, the server with bf16 and FP8 experts, bench_gpu (~7 min)
+    run profile_fill 120 python3 scripts/profile_fill_gpu.py --out "$OUT/profile_fill.txt"
+    grep -E "^fill|with the|without|alone" "$OUT/profile_fill.txt"
+    run profile_fill_fp8 100 python3 scripts/profile_fill_gpu.py --experts fp8 --out "$OUT/profile_fill_fp8.txt"
+    grep -E "^fill|with the|without|alone" "$OUT/profile_fill_fp8.txt"
+    run bench_gpu_server_fp8 120 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 --experts fp8 \
+      --out "$OUT/bench_gpu_server_fp8.txt"
+    grep -E "^==|round trip|engine path" "$OUT/bench_gpu_server_fp8.txt"
+    run bench_gpu_server 120 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 \
+      --out "$OUT/bench_gpu_server.txt"
+    grep -E "^==|round trip" "$OUT/bench_gpu_server.txt"
+    run bench_gpu 130 python3 scripts/bench_gpu.py --out "$OUT/bench_gpu.txt"
+    grep -E "^\| ours|^\| transformers|speed-up|PASSED|FAILED" "$OUT/bench_gpu.txt"
     ;;
   server)
     run bench_gpu_server 420 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 \
