@@ -29,6 +29,8 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -105,15 +107,36 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn: Callable[[], object], device: str, n: int) -> list[float]:
+def timed(fn: Callable[[], object], device: str, n: int, answered: bool = False) -> list[float]:
+    """Wall times of `fn`, each started on an idle device. `answered`: stop the clock when `fn` returns (a
+    fill's answer is on the host by then; the pass it launched ahead of a step it never ran may still be
+    running, and a user does not wait for it), else when the device is done too."""
     out = []
     for _ in range(n):
         sync(device)
         t0 = time.perf_counter()
         fn()
-        sync(device)
+        if not answered:
+            sync(device)
         out.append((time.perf_counter() - t0) * 1000)
     return out
+
+
+def host_reads(fn: Callable[[], object]) -> tuple[int, list[tuple[int, str]]]:
+    """The device-to-host waits `fn` makes (torch's sync debug mode): how many, and where, by count."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites = Counter(
+        f"{Path(w.filename).relative_to(ROOT) if w.filename.startswith(str(ROOT)) else w.filename}:{w.lineno}"
+        for w in caught
+        if "synchroniz" in str(w.message)
+    )
+    return sum(sites.values()), [(n, site) for site, n in sites.most_common()]
 
 
 def summary(ms: list[float]) -> str:
@@ -154,8 +177,14 @@ def main() -> int:
         report(
             f"fill: {result.context_tokens} context tokens, {result.encoded_tokens} encoded, {steps} steps"
         )
-        report(f"  with the trace recorder   {summary(timed(fill(True), args.device, args.fills))}")
-        report(f"  without it                {summary(timed(fill(False), args.device, args.fills))}")
+        report(f"  with the trace recorder   {summary(timed(fill(True), args.device, args.fills, True))}")
+        report(f"  without it                {summary(timed(fill(False), args.device, args.fills, True))}")
+        if args.device == "cuda":
+            for recorder in (False, True):
+                count, sites = host_reads(fill(recorder))
+                report(f"  host reads of one fill {'with' if recorder else 'without'} the recorder: {count}")
+                for n, site in sites:
+                    report(f"    {n:4d}  {site}")
         typed = iter(range(3, 3 * (args.fills + 2), 3))
 
         def typing() -> None:
@@ -163,7 +192,7 @@ def main() -> int:
             encoded.append(engine.fill(request).encoded_tokens)
 
         encoded: list[int] = []
-        typing_ms = timed(typing, args.device, args.fills)
+        typing_ms = timed(typing, args.device, args.fills, True)
         report(f"  typing 3 characters a fill {summary(typing_ms)}, tokens encoded {encoded}")
         with torch.inference_mode():
             cache = engine.cache_for("main")
