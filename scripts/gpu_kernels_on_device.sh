@@ -12,6 +12,7 @@
 #   bash scripts/gpu_kernels_on_device.sh kernels # the experts' and sampler's CUDA tests, the fp32 check, the
 #                                                 # experts' kernels (bf16 / FP8, tile sweep), bench_fp8 (~6 min)
 #   bash scripts/gpu_kernels_on_device.sh fills   # profile_fill bf16 / FP8, the server bf16 / FP8, bench_gpu (~7 min)
+#   bash scripts/gpu_kernels_on_device.sh final   # fills' host reads, experts, bench_fp8, the server, bench_gpu (~6 min)
 #   bash scripts/gpu_kernels_on_device.sh confirm # the sampler's and experts' CUDA tests, the server with FP8 and
 #                                                 # bf16 experts, bench_gpu (~5 min): a last run after changes
 # Carry .whl (pygls and its dependencies; the machine has no registry). Results go to $OUT.
@@ -134,6 +135,25 @@ case ${1:-check} in
       --out "$OUT/bench_gpu_server.txt"
     grep -E "^==|round trip" "$OUT/bench_gpu_server.txt"
     run bench_gpu 130 python3 scripts/bench_gpu.py --out "$OUT/bench_gpu.txt"
+    grep -E "^\| ours|^\| transformers|speed-up|PASSED|FAILED" "$OUT/bench_gpu.txt"
+    ;;
+  final)  # a fill's host reads and time beyond its passes, the experts' kernels, bench_fp8, the server with FP8
+          # and bf16 experts, bench_gpu without the compiled run (~6 min)
+    run profile_fill 120 python3 scripts/profile_fill_gpu.py --out "$OUT/profile_fill.txt"
+    grep -E "^fill|with the|without|alone|host reads" "$OUT/profile_fill.txt"
+    run profile_fill_fp8 100 python3 scripts/profile_fill_gpu.py --experts fp8 --out "$OUT/profile_fill_fp8.txt"
+    grep -E "^fill|with the|without|alone" "$OUT/profile_fill_fp8.txt"
+    run bench_moe_gpu 100 python3 scripts/bench_moe_gpu.py --fp8 --tokens 32,64,256 --out "$OUT/bench_moe_gpu.txt"
+    grep -E "tokens:|triton_fp8 \(|bf16 products|best" "$OUT/bench_moe_gpu.txt"
+    run bench_fp8 120 python3 scripts/bench_fp8.py --out "$OUT/bench_fp8.txt"
+    grep -E "ms/step" "$OUT/bench_fp8.txt"
+    run bench_gpu_server_fp8 120 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 --experts fp8 \
+      --out "$OUT/bench_gpu_server_fp8.txt"
+    grep -E "^==|round trip|engine  " "$OUT/bench_gpu_server_fp8.txt"
+    run bench_gpu_server 120 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 \
+      --out "$OUT/bench_gpu_server.txt"
+    grep -E "^==|round trip|engine  " "$OUT/bench_gpu_server.txt"
+    run bench_gpu 130 python3 scripts/bench_gpu.py --compile off --out "$OUT/bench_gpu.txt"
     grep -E "^\| ours|^\| transformers|speed-up|PASSED|FAILED" "$OUT/bench_gpu.txt"
     ;;
   server)
