@@ -22,17 +22,14 @@ second set of graphs.
 
 Host syncs: the decoder pass has none, and the loop reads which rows still run from the host
 (`DenoiseState.running`), so a fixed-step block (stop steps off, no stop strings) reads nothing back per
-step; with the stop rules on, a step reads their flags back once. On CUDA `launcher` lets the loop launch
-the next pass before that read (`sampler.run`'s `ahead`): the pass runs on the backend's own stream, so a
-pass launched after the last step (discarded) never delays the fill's reads of its result on the caller's
-stream. Every later use of the static buffers waits for it on the device (`_settle`), not on the host.
-The rows of a batch share one graph replay where they fit the canvas buffers together
-(`FastDiffusionGemma.fits_rows`), else run one replay each.
+step. What remains, per step, in the engine's chain: one read of the rows the stop steps finished
+(`DenoiseState.stop_reason`, decision 115), and a candidate batch whose rows finished at different steps (the
+rows still running are gathered by index). The rows of a batch share one graph replay where
+they fit the canvas buffers together (`FastDiffusionGemma.fits_rows`), else run one replay each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -63,23 +60,14 @@ class FastBackend:
         self.fast = FastDiffusionGemma(model, max_len=max_len, bucket=bucket, graphs=graphs, compile=compile)
         self.held: list[int] = []  # the token ids whose keys/values the static cache holds
         self.owner: ContextCache | None = None  # the context cache it was last synced with
-        self._stream: torch.cuda.Stream | None = None  # where passes launched ahead run (`launcher`)
-        self._in_flight: torch.cuda.Event | None = None  # the last of them, until the caller's stream waits
 
     def fits(self, context: int, canvas: int) -> bool:
         """Whether a canvas of `canvas` tokens after `context` cached tokens fits the static cache."""
         return canvas <= self.fast.canvas_length and context + canvas <= self.fast.cache_rows
 
-    def _settle(self) -> None:
-        """The caller's stream waits (on the device) for a pass launched ahead: it uses the static buffers."""
-        if self._in_flight is not None:
-            torch.cuda.current_stream().wait_event(self._in_flight)
-            self._in_flight = None
-
     def sync(self, cache: ContextCache) -> None:
         """Make the static cache hold what `cache` holds: keep the rows of the longest common run of token
         ids, copy the rest from `cache.kv` (the plain encoder's keys and values)."""
-        self._settle()
         ids = cache.ids
         if cache.kv.length != len(ids):
             raise RuntimeError(f"context cache holds {cache.kv.length} rows for {len(ids)} ids")
@@ -122,7 +110,6 @@ class FastBackend:
         fast = self.fast
 
         def denoise(canvas: Tensor, self_cond: Tensor | None) -> Tensor:
-            self._settle()
             if self.owner is not cache:  # a fill run from `between_steps` synced another slot meanwhile
                 self.sync(cache)
             if fast.fits_rows(*canvas.shape):
@@ -135,38 +122,6 @@ class FastBackend:
             return out
 
         return denoise
-
-    def launcher(self, cache: ContextCache) -> sampler.Launch | None:
-        """`denoiser(cache)` as a pass launched on the backend's own CUDA stream (`sampler.run`'s `ahead`),
-        None off CUDA (a CPU pass is done when it returns: nothing to overlap)."""
-        if self.fast.device.type != "cuda":
-            return None
-        denoise = self.denoiser(cache)
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(self.fast.device)
-        stream = self._stream
-
-        def launch(canvas: Tensor, self_cond: Tensor | None) -> Callable[[], Tensor]:
-            caller = torch.cuda.current_stream()
-            stream.wait_stream(caller)  # the inputs the caller's stream is still computing
-            with torch.cuda.stream(stream):
-                self._in_flight = None  # ordered after it on this stream
-                out = denoise(canvas, self_cond)
-            for t in (canvas, self_cond):  # not reused by the caller's allocations while the pass reads them
-                if t is not None:
-                    t.record_stream(stream)
-            done = torch.cuda.Event()
-            done.record(stream)
-            self._in_flight = done
-
-            def take() -> Tensor:
-                torch.cuda.current_stream().wait_event(done)
-                out.record_stream(torch.cuda.current_stream())
-                return out
-
-            return take
-
-        return launch
 
 
 def fixed_step_block(

@@ -365,12 +365,6 @@ class Engine:
                 return backend.denoiser(cache)
         return lambda canvas, self_cond: self.model.denoise(canvas, cache.kv, self_cond)
 
-    def _launcher(self, cache: ContextCache, length: int) -> sampler.Launch | None:
-        """The fast path's pass launched ahead (`FastBackend.launcher`) where `_denoiser` runs it on CUDA."""
-        if self.fast and self.fast_backend().fits(len(cache.ids), length):
-            return self.fast_backend().launcher(cache)
-        return None
-
     def fast_backend(self) -> FastBackend:
         if self._fast_backend is None:
             self._fast_backend = FastBackend(
@@ -540,9 +534,6 @@ class Engine:
             cancel=request.cancel,
             between_steps=request.between_steps,
             on_step=on_step,
-            # a GPU pass launched before the host reads the step before it; not where other fills may run
-            # between the steps (they would wait for it)
-            ahead=self._launcher(cache, plan.length) if request.between_steps is None else None,
         )
         conf = sampler.confidence(state).tolist()
         entropy = state.entropy.tolist()

@@ -32,9 +32,6 @@ from dfim.engine.inference.sampler_steps import Chain
 Denoiser = Callable[
     [Tensor, "Tensor | None"], Tensor
 ]  # (canvas [B, L], self_cond | None) -> logits [B, L, V]
-# Launches a decoder pass now and returns what gives its logits when they are needed: a backend whose passes
-# run asynchronously (a GPU) lets `run` start the next pass before the host reads the step before it.
-Launch = Callable[[Tensor, "Tensor | None"], Callable[[], Tensor]]
 
 # Row tensors a finished row must keep unchanged while the rest of the batch denoises on.
 _ROW_FIELDS = ("canvas", "sampled", "argmax", "entropy", "accepted", "seeded", "self_cond", "logits")
@@ -110,38 +107,21 @@ def run(
     cancel: Callable[[], bool] | None = None,
     on_step: Callable[[DenoiseState], None] | None = None,
     between_steps: Callable[[], None] | None = None,
-    ahead: Launch | None = None,
 ) -> Tensor:
     """Denoise until every row has stopped; returns the committed canvas [B, L]. `between_steps` runs
-    before each decoder pass but the first (other work may run there: see FillRequest.between_steps).
-
-    `ahead`: each step's next pass is launched as soon as the step has queued its work, before the host reads
-    whether the step stopped rows (its one read of the device) and before `on_step`, so on a GPU the host's
-    work between passes overlaps a pass instead of leaving the device idle. It runs over the rows that ran
-    this step; rows this step stopped get logits that `denoise_step` never keeps, and the pass after the
-    last step is discarded. Not with `between_steps`, whose work would run while a pass is in flight."""
+    before each decoder pass but the first (other work may run there: see FillRequest.between_steps)."""
     assert state.finished is not None
-    if ahead is not None and between_steps is not None:
-        raise ValueError("a pass launched ahead cannot wait for between_steps")
-    launched: tuple[list[int], Callable[[], Tensor]] | None = None  # the next pass's rows and its logits
+    # Read now, while the device is idle: read in the first step it would wait for the first pass
+    state.rules.no_end_positions  # noqa: B018 - a cached property
     # Which rows run is read from the host (`DenoiseState.running`): with the stop steps off and no stop
-    # strings a step reads nothing back from the device; the stop steps' flags are read once a step.
+    # strings a step reads nothing back from the device; the stop steps read one flag each when they run.
     while state.running:
-        if launched is not None:
-            rows, take = launched
-            logits = rows_logits(state, rows, take())
-        else:
-            if between_steps is not None and state.step > 0:
-                between_steps()
-            if cancel is not None and cancel():
-                raise FillCancelled("fill cancelled")
-            logits = active_rows_logits(state, denoiser)
+        if between_steps is not None and state.step > 0:
+            between_steps()
+        if cancel is not None and cancel():
+            raise FillCancelled("fill cancelled")
+        logits = active_rows_logits(state, denoiser)
         denoise_step(state, chain, logits)
-        if ahead is not None:
-            if cancel is not None and cancel():
-                raise FillCancelled("fill cancelled")
-            rows = state.running_as_read  # no device read: the rows this step stopped are still among them
-            launched = (rows, ahead(*rows_input(state, rows)))
         if on_step is not None:
             on_step(state)
     return commit(state)
@@ -151,23 +131,13 @@ def active_rows_logits(state: DenoiseState, denoiser: Denoiser) -> Tensor:
     """The decoder's logits [B, L, V] for the rows still denoising; a finished row (a candidate that stopped
     before the others) costs no decoder pass and gets zeros, which `denoise_step` never keeps."""
     running = state.running
-    return rows_logits(state, running, denoiser(*rows_input(state, running)))
-
-
-def rows_input(state: DenoiseState, rows: list[int]) -> tuple[Tensor, Tensor | None]:
-    """The decoder's input (canvas, self-conditioning) for `rows` of the batch, gathered where not all."""
-    if len(rows) == state.canvas.shape[0]:
-        return state.canvas, state.self_cond
-    index = torch.tensor(rows, dtype=torch.long, device=state.canvas.device)
-    return state.canvas[index], None if state.self_cond is None else state.self_cond[index]
-
-
-def rows_logits(state: DenoiseState, rows: list[int], out: Tensor) -> Tensor:
-    """[B, L, V] logits from a pass `out` over `rows` of the batch: zeros for the other rows."""
-    if len(rows) == state.canvas.shape[0]:
-        return out
+    if len(running) == len(state.stop_reason):
+        return denoiser(state.canvas, state.self_cond)
+    rows = torch.tensor(running, dtype=torch.long, device=state.canvas.device)
+    self_cond = None if state.self_cond is None else state.self_cond[rows]
+    out = denoiser(state.canvas[rows], self_cond)
     logits = out.new_zeros((state.canvas.shape[0], *out.shape[1:]))
-    logits[torch.tensor(rows, dtype=torch.long, device=out.device)] = out
+    logits[rows] = out
     return logits
 
 

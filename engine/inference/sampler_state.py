@@ -326,14 +326,8 @@ class DenoiseState:
 
     @property
     def running(self) -> list[int]:
-        """The rows not finished (`stop_reason`: one device read where a step's stop rules ran)."""
+        """The rows not finished, read from the host (`stop_reason`): no device sync."""
         return [b for b, reason in enumerate(self.stop_reason) if reason is None]
-
-    @property
-    def running_as_read(self) -> list[int]:
-        """The rows not finished as of the host's last read: `running` without reading the device, so rows
-        the stop rules have finished since are still among them."""
-        return [b for b, reason in enumerate(self._reasons) if reason is None]
 
 
 # --- pure helpers -------------------------------------------------------------------------------

@@ -352,3 +352,29 @@ def test_which_newline_run_ends_a_line_does_not_keep_it_running():
     assert run(flipping, starts, chain) == (2, "stable")
     calls = []
     assert run(flipping, None, chain) == (8, "max_steps")
+
+
+def test_read_entropy_merges_the_ways_to_end_the_text_where_each_row_ends():
+    """At a row's first end the doubt is whether the text ends (EOS or a newline-like stop token are one
+    outcome); other positions keep the plain entropy, and so does a row whose end is not such a token."""
+    newline = 7
+    stops = torch.zeros(V, dtype=torch.bool)
+    stops[newline] = True
+    state = make_state(length=4, batch=2, stop_tokens=stops, stop_starts=stops)
+    logits = torch.randn(2, 4, V, generator=torch.Generator().manual_seed(0))
+    logits[0, 1, EOS] = logits[0, 1, newline] = 6.0  # row 0 ends at 1, split between EOS and a newline
+    logits[0, 3, EOS] = 8.0  # a later end: past the first one, nothing reads it
+    logits[1, :, 9] = 9.0  # row 1 never ends
+    state.logits = logits
+    state.derive()
+    got = steps.read_entropy(state)
+    plain = state.entropy
+    p = torch.softmax(logits[0, 1], dim=-1)
+    q = p[EOS] + p[newline]
+    rest = torch.ones(V, dtype=torch.bool)
+    rest[[EOS, newline]] = False
+    want = -(p[rest] * p[rest].log()).sum() - q * q.log()
+    assert torch.allclose(got[0, 1], want, atol=1e-5) and got[0, 1] < plain[0, 1] - 0.5
+    others = torch.ones(2, 4, dtype=torch.bool)
+    others[0, 1] = False
+    assert torch.equal(got[others], plain[others])

@@ -87,4 +87,6 @@ def test_an_experts_pairs_fit_one_block_where_they_can():
     assert triton_moe.tiles_for(256 * 8, 128).block_m == 32
     assert triton_moe.tiles_for(512 * 8, 128).block_m == 64
     # FP8 weights: the same bytes a tile read twice the reduction
-    assert triton_moe.tiles_for(32 * 8, 128, fp8=True).block_k == 2 * triton_moe.tiles_for(32 * 8, 128).block_k
+    assert (
+        triton_moe.tiles_for(32 * 8, 128, fp8=True).block_k == 2 * triton_moe.tiles_for(32 * 8, 128).block_k
+    )
