@@ -448,12 +448,15 @@ def routing_mismatches(device: torch.device | str) -> list[str]:
     g = torch.Generator().manual_seed(0)
     found: list[str] = []
     with torch.no_grad():
-        for n, k, e in ((5, 2, 8), (37, 8, 128), (3, 4, 20)):
+        for n, k, e in ((5, 2, 8), (37, 8, 128), (3, 4, 20), (1, 8, 128)):
             index = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).to(device)
-            order, tokens, offs = triton_moe.sort_pairs(index, e)
-            want_order, _, _, want_offs = experts._sort_by_expert(index, e)
+            order, tokens, offs, active = triton_moe.sort_pairs(index, e)
+            want_order, _, counts, want_offs = experts._sort_by_expert(index, e)
+            want_active = torch.full((min(e, n * k),), -1, dtype=torch.int32)
+            used = (counts > 0).nonzero().flatten().int().cpu()
+            want_active[: len(used)] = used
             same = torch.equal(order, want_order) and torch.equal(tokens, want_order // k)
-            if not (same and torch.equal(offs, want_offs)):
+            if not (same and torch.equal(offs, want_offs) and torch.equal(active.cpu(), want_active)):
                 found.append(f"sort_pairs n={n} k={k} e={e}")
             scores = torch.randn(n, e, generator=g).to(device)
             scale = (torch.rand(e, generator=g) + 0.5).to(device)

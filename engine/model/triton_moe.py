@@ -9,15 +9,17 @@ fallback (every expert over every token) runs there.
 
 Here the token-expert pairs are sorted by expert once (`sort_pairs`: one program, no host sync), then:
 
-- `gate_up_act`: one program per (expert, tile of the intermediate size) reads its tile of the gate and
+- `gate_up_act`: one program per (expert with pairs, tile of the intermediate size) reads its tile of the gate and
   up rows once, multiplies the expert's tokens (gathered through the sort, no copy) and writes
   `gelu(gate) * up` for them: the activation never goes to memory between the products.
-- `down_weighted`: one program per (expert, tile of the hidden size) multiplies those activations by
+- `down_weighted`: one program per (expert with pairs, tile of the hidden size) multiplies those activations by
   the down projection and by each pair's routing weight, and writes each pair's row in the pairs'
-  original order, so summing a token's k rows (one small reduction) gives the layer's output.
+  original order, so summing a token's k rows (`sum_pairs`, one small kernel) gives the layer's output.
 
 Both loop over an expert's tokens in blocks of `Tiles.block_m` on the device, so nothing depends on the host
-knowing the counts, and a CUDA graph captures the whole layer. Products accumulate in fp32; the
+knowing the counts, and a CUDA graph captures the whole layer. Their grids cover min(experts, pairs) experts,
+the p-th program taking the p-th expert that has pairs (`sort_pairs` lists them): one token's decode touches
+k of the experts, and a grid over all of them launched ~16x the programs, nearly all with nothing to do. Products accumulate in fp32; the
 activations are rounded once, to the input's dtype, as the reference rounds its GEMM outputs.
 
 `route` is the router's softmax, top-k and renormalisation in one kernel (about eight in PyTorch).
@@ -69,26 +71,30 @@ def tiles_for(pairs: int, experts: int, fp8: bool = False) -> Tiles:
     return Tiles(block_m=64, block_k=64)
 
 
-def sort_pairs(index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+def sort_pairs(index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """index [N, k] -> (the pair ids sorted by expert, stable; the token of each; offs [E]: each expert's end in
-    that order) in one kernel (`experts._sort_by_expert` and `// k` are about eight)."""
+    that order; active [min(E, N*k)] int32: the experts with pairs, ascending, then -1) in one kernel
+    (`experts._sort_by_expert`, `// k` and a compaction are about ten)."""
     n, k = index.shape
     if n * k > MAX_SORTED_PAIRS:  # one program holds every pair: past this, torch's sort (several kernels)
         from dfim.engine.model.experts import _sort_by_expert
 
         order, _, _, offs = _sort_by_expert(index, num_experts)
-        return order, order // k, offs
+        # as many pairs as this touch every expert or nearly: all listed (an empty one finds no pairs)
+        active = torch.arange(num_experts, dtype=torch.int32, device=index.device)
+        return order, order // k, offs, active
     triton, kernels = triton_kernels.require(KERNELS)
     flat = index.reshape(-1).contiguous()
     order = torch.empty(n * k, dtype=torch.long, device=index.device)
     tokens = torch.empty_like(order)
     offs = torch.empty(num_experts, dtype=torch.int32, device=index.device)
+    active = torch.empty(min(num_experts, n * k), dtype=torch.int32, device=index.device)
     pairs = max(triton.next_power_of_2(n * k), 16)
     kernels.sort_pairs[(1,)](
-        flat, order, tokens, offs, n * k, k, num_experts, PAIRS=pairs,
+        flat, order, tokens, offs, active, n * k, k, num_experts, active.numel(), PAIRS=pairs,
         EXPERTS=max(triton.next_power_of_2(num_experts), 16), num_warps=8 if pairs >= 2048 else 4,
     )  # fmt: skip
-    return order, tokens, offs
+    return order, tokens, offs, active
 
 
 def route(scores: Tensor, top_k: int, expert_scale: Tensor) -> tuple[Tensor, Tensor]:
@@ -140,19 +146,26 @@ def moe_triton(
         x = x.to(products)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    order, tokens, offs = sort_pairs(index, e)
+    if n * k == 0:
+        return x.new_zeros(x.shape)
+    order, tokens, offs, active = sort_pairs(index, e)
     tiles = tiles or tiles_for(n * k, e, fp8=scaled)
     h = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)
     meta = dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages,
                 EXACT=x.dtype == torch.float32, SCALED=scaled)  # fmt: skip
-    gate_up_act[(e, triton.cdiv(inter, tiles.block_n))](
-        x, gate_up, gate_up_scale.float().contiguous() if scaled else x, tokens, offs, h, hidden, inter,
+    gate_up_act[(active.numel(), triton.cdiv(inter, tiles.block_n))](
+        x, gate_up, gate_up_scale.float().contiguous() if scaled else x, tokens, active, offs, h, hidden, inter,
         x.stride(0), *gate_up.stride(), h.stride(0), **meta,
     )  # fmt: skip
     out = torch.empty(n * k, hidden, dtype=torch.float32, device=x.device)
-    down_weighted[(e, triton.cdiv(hidden, tiles.block_n))](
-        h, down, down_scale.float().contiguous() if scaled else h, order, weights.reshape(-1).float(), offs,
-        out, inter, hidden, h.stride(0), *down.stride(), out.stride(0), **meta,
+    down_weighted[(active.numel(), triton.cdiv(hidden, tiles.block_n))](
+        h, down, down_scale.float().contiguous() if scaled else h, order, weights.reshape(-1).float(), active,
+        offs, out, inter, hidden, h.stride(0), *down.stride(), out.stride(0), **meta,
     )  # fmt: skip
-    return out.view(n, k, hidden).sum(dim=1).to(out_dtype)
+    summed = torch.empty(n, hidden, dtype=out_dtype, device=x.device)
+    block = min(1024, triton.next_power_of_2(hidden))
+    kernels.sum_pairs[(n, triton.cdiv(hidden, block))](
+        out, summed, hidden, K=k, BLOCK=block
+    )  # a sum and a cast
+    return summed

@@ -11,13 +11,15 @@ import triton.language as tl
 
 
 @triton.jit
-def expert_tile(offs_ptr, w_ptr, w_e, n_cols, BLOCK_N: tl.constexpr):
-    """This program's expert, its tile of the output's columns (and which are inside), the expert's pairs
-    [start, end) in sorted order, and its weights."""
-    expert = tl.program_id(0)
+def expert_tile(active_ptr, offs_ptr, w_ptr, w_e, n_cols, BLOCK_N: tl.constexpr):
+    """This program's expert (the program_id(0)-th of those with pairs, `sort_pairs`' `active`; -1 past
+    them: no pairs, nothing to do), its tile of the output's columns (and which are inside), the expert's
+    pairs [start, end) in sorted order, and its weights."""
+    listed = tl.load(active_ptr + tl.program_id(0))
+    expert = tl.maximum(listed, 0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    end = tl.load(offs_ptr + expert)
-    start = tl.load(offs_ptr + expert - 1, mask=expert > 0, other=0)
+    end = tl.where(listed >= 0, tl.load(offs_ptr + expert), 0)
+    start = tl.where(listed > 0, tl.load(offs_ptr + expert - 1, mask=listed > 0, other=0), 0)
     return expert, cols, cols < n_cols, start, end, w_ptr + expert.to(tl.int64) * w_e
 
 
@@ -30,10 +32,12 @@ def saturate(v, dtype: tl.constexpr):
 
 
 @triton.jit
-def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, offs_ptr, h_ptr, n_hidden, n_inter, x_stride, w_e, w_n,
-                w_k, h_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h_ptr, n_hidden, n_inter, x_stride,
+                w_e, w_n, w_k, h_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                 EXACT: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
-    expert, cols, col_ok, start, end, w_expert = expert_tile(offs_ptr, w_ptr, w_e, n_inter, BLOCK_N)
+    expert, cols, col_ok, start, end, w_expert = expert_tile(
+        active_ptr, offs_ptr, w_ptr, w_e, n_inter, BLOCK_N
+    )
     for row0 in range(start, end, BLOCK_M):
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < end
@@ -73,10 +77,12 @@ def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, offs_ptr, h_ptr, n_hidden, n
 
 
 @triton.jit
-def down_weighted(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, offs_ptr, out_ptr, n_inter, n_hidden,
+def down_weighted(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, active_ptr, offs_ptr, out_ptr, n_inter, n_hidden,
                   h_stride, w_e, w_n, w_k, out_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
-    expert, cols, col_ok, start, end, w_expert = expert_tile(offs_ptr, w_ptr, w_e, n_hidden, BLOCK_N)
+    expert, cols, col_ok, start, end, w_expert = expert_tile(
+        active_ptr, offs_ptr, w_ptr, w_e, n_hidden, BLOCK_N
+    )
     for row0 in range(start, end, BLOCK_M):
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < end
@@ -101,6 +107,18 @@ def down_weighted(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, offs_ptr, out_p
         acc = acc * routing[:, None]
         tl.store(out_ptr + slots[:, None] * out_stride + cols[None, :], acc,
                  mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
+
+
+@triton.jit
+def sum_pairs(src_ptr, out_ptr, n_cols, K: tl.constexpr, BLOCK: tl.constexpr):
+    """A token's output: the sum of its K pair rows (fp32, in pair order), rounded once to the output's dtype."""
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = cols < n_cols
+    acc = tl.zeros([BLOCK], tl.float32)
+    for j in tl.static_range(K):
+        acc += tl.load(src_ptr + (token * K + j) * n_cols + cols, mask=inside, other=0.0)
+    tl.store(out_ptr + token * n_cols + cols, acc.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
@@ -132,11 +150,12 @@ def route_rows(scores_ptr, expert_scale_ptr, weight_ptr, index_ptr, n_experts, K
 
 
 @triton.jit
-def sort_pairs(index_ptr, order_ptr, token_ptr, offs_ptr, n_pairs, k, n_experts, PAIRS: tl.constexpr,
-               EXPERTS: tl.constexpr):  # fmt: skip
+def sort_pairs(index_ptr, order_ptr, token_ptr, offs_ptr, active_ptr, n_pairs, k, n_experts, n_active,
+               PAIRS: tl.constexpr, EXPERTS: tl.constexpr):  # fmt: skip
     """One program sorts every token-expert pair by expert (stable: by pair id within an expert): `order`
     the pair ids in that order, `token` their tokens, `offs` [E] each expert's end in it (a running sum of
-    the counts). The work of an argsort, a scatter-add and a cumsum (several kernels) in one."""
+    the counts), `active` [n_active] the experts with pairs in ascending order, then -1. The work of an
+    argsort, a scatter-add, a cumsum and a compaction (several kernels) in one."""
     pairs = tl.arange(0, PAIRS)
     inside = pairs < n_pairs
     expert = tl.load(index_ptr + pairs, mask=inside, other=0).to(tl.int32)
@@ -148,3 +167,8 @@ def sort_pairs(index_ptr, order_ptr, token_ptr, offs_ptr, n_pairs, k, n_experts,
     counts = tl.where(tl.arange(0, EXPERTS) == 0, counts - (PAIRS - n_pairs), counts)  # the padding read 0
     ids = tl.arange(0, EXPERTS)
     tl.store(offs_ptr + ids, tl.cumsum(counts, axis=0), mask=ids < n_experts)
+    used = (counts > 0) & (ids < n_experts)
+    rank = tl.cumsum(used.to(tl.int32), axis=0) - 1
+    tl.store(active_ptr + rank, ids, mask=used)
+    listed = tl.sum(used.to(tl.int32), axis=0)
+    tl.store(active_ptr + ids, tl.full([EXPERTS], -1, tl.int32), mask=(ids >= listed) & (ids < n_active))

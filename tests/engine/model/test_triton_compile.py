@@ -53,17 +53,32 @@ def test_the_experts_kernels_compile(scaled, products):
     ints = dict.fromkeys(("w_e", "w_n", "w_k"), "i32")
     compile_for_hopper(
         kernels.gate_up_act,
-        {"x_ptr": f"*{products}", "w_ptr": weights, "scale_ptr": "*fp32", "token_ptr": "*i64", "offs_ptr": "*i32",
-         "h_ptr": f"*{products}", "n_hidden": "i32", "n_inter": "i32", "x_stride": "i32", **ints, "h_stride": "i32"},
+        {"x_ptr": f"*{products}", "w_ptr": weights, "scale_ptr": "*fp32", "token_ptr": "*i64",
+         "active_ptr": "*i32", "offs_ptr": "*i32", "h_ptr": f"*{products}", "n_hidden": "i32", "n_inter": "i32",
+         "x_stride": "i32", **ints, "h_stride": "i32"},
         blocks,
     )  # fmt: skip
     compile_for_hopper(
         kernels.down_weighted,
-        {"h_ptr": f"*{products}", "w_ptr": weights, "scale_ptr": "*fp32", "slot_ptr": "*i64", "weight_ptr": "*fp32",
-         "offs_ptr": "*i32", "out_ptr": "*fp32", "n_inter": "i32", "n_hidden": "i32", "h_stride": "i32", **ints,
-         "out_stride": "i32"},
+        {"h_ptr": f"*{products}", "w_ptr": weights, "scale_ptr": "*fp32", "slot_ptr": "*i64",
+         "weight_ptr": "*fp32", "active_ptr": "*i32", "offs_ptr": "*i32", "out_ptr": "*fp32", "n_inter": "i32",
+         "n_hidden": "i32", "h_stride": "i32", **ints, "out_stride": "i32"},
         blocks,
     )  # fmt: skip
+
+
+def test_the_sort_and_sum_kernels_compile():
+    from dfim.engine.model import triton_moe_kernels as kernels
+
+    compile_for_hopper(
+        kernels.sort_pairs,
+        {"index_ptr": "*i64", "order_ptr": "*i64", "token_ptr": "*i64", "offs_ptr": "*i32", "active_ptr": "*i32",
+         "n_pairs": "i32", "k": "i32", "n_experts": "i32", "n_active": "i32"},
+        {"PAIRS": 512, "EXPERTS": 128},
+    )  # fmt: skip
+    compile_for_hopper(
+        kernels.sum_pairs, {"src_ptr": "*fp32", "out_ptr": "*bf16", "n_cols": "i32"}, {"K": 8, "BLOCK": 1024}
+    )
 
 
 def test_the_sampler_kernels_compile():
