@@ -14,7 +14,9 @@ end, and the trace recorder's `on_step` as the server installs it on every fill.
 - `--model`: a trained checkpoint instead (the shipped one: `default`), drafting single lines where it does;
 - torch.profiler over a few fills: the host's ops by their own time, and the waits for the device
   (`cudaStreamSynchronize`, device-to-host copies);
-- cProfile over a few fills: the Python functions by their own time.
+- cProfile over a few fills: the Python functions by their own time;
+- on CUDA, the host's reads of the device in one fill (torch's sync debug mode), by line;
+- `--experts fp8`: the random shape's experts in FP8, as an FP8 checkpoint's load on a GPU.
 
 The gap between the first two is the host work a fill adds to its passes.
 """
@@ -109,8 +111,7 @@ def sync(device: str) -> None:
 
 def timed(fn: Callable[[], object], device: str, n: int, answered: bool = False) -> list[float]:
     """Wall times of `fn`, each started on an idle device. `answered`: stop the clock when `fn` returns (a
-    fill's answer is on the host by then; the pass it launched ahead of a step it never ran may still be
-    running, and a user does not wait for it), else when the device is done too."""
+    fill's answer is on the host by then, which is what a user waits for), else when the device is done too."""
     out = []
     for _ in range(n):
         sync(device)

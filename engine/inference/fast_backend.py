@@ -21,7 +21,7 @@ current fill reads (copying only what differs), so a second slot costs no second
 second set of graphs.
 
 Host syncs: the decoder pass has none, and the loop reads which rows still run from the host
-(`DenoiseState.running`), so a fixed-step block (stop steps off, no stop strings) reads nothing back per
+(`DenoiseState.running`), so a fixed-step block (stop steps off) reads nothing back per
 step. What remains, per step, in the engine's chain: one read of the rows the stop steps finished
 (`DenoiseState.stop_reason`, decision 115), and a candidate batch whose rows finished at different steps (the
 rows still running are gathered by index). The rows of a batch share one graph replay where

@@ -113,8 +113,8 @@ def run(
     assert state.finished is not None
     # Read now, while the device is idle: read in the first step it would wait for the first pass
     state.rules.no_end_positions  # noqa: B018 - a cached property
-    # Which rows run is read from the host (`DenoiseState.running`): with the stop steps off and no stop
-    # strings a step reads nothing back from the device; the stop steps read one flag each when they run.
+    # Which rows run is read from the host (`DenoiseState.running`): with the stop steps off a step reads
+    # nothing back from the device; with them, the rows they finished, once a step (decision 115).
     while state.running:
         if between_steps is not None and state.step > 0:
             between_steps()

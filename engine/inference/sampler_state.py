@@ -241,7 +241,7 @@ class DenoiseState:
     dist: Distribution | None = field(default=None, repr=False)
     _argmax: Tensor | None = field(default=None, repr=False)  # see `argmax`
     _entropy: Tensor | None = field(default=None, repr=False)  # see `entropy`
-    # `sampler_steps.read_entropy` of this step, read by both stop rules: computed once (it may read the device)
+    # `sampler_steps.read_entropy` of this step, read by both stop rules: computed once
     end_entropy: Tensor | None = field(default=None, repr=False)
     sampled: Tensor | None = None  # [B, L] a token drawn per position
     eligible: Tensor | None = None  # [B, L] bool: positions this step may accept (None: all)

@@ -19,8 +19,9 @@ Here the token-expert pairs are sorted by expert once (`sort_pairs`: one program
 Both loop over an expert's tokens in blocks of `Tiles.block_m` on the device, so nothing depends on the host
 knowing the counts, and a CUDA graph captures the whole layer. Their grids cover min(experts, pairs) experts,
 the p-th program taking the p-th expert that has pairs (`sort_pairs` lists them): one token's decode touches
-k of the experts, and a grid over all of them launched ~16x the programs, nearly all with nothing to do. Products accumulate in fp32; the
-activations are rounded once, to the input's dtype, as the reference rounds its GEMM outputs.
+k of the experts, and a grid over all of them launched ~16x the programs, nearly all with nothing to do.
+Products accumulate in fp32; the activations are rounded once, to the products' input dtype (x's, or float16
+for FP8 weights), as the reference rounds its GEMM outputs.
 
 `route` is the router's softmax, top-k and renormalisation in one kernel (about eight in PyTorch).
 
@@ -127,7 +128,7 @@ def moe_triton(
     strides; a unit last one reads fastest); the same contract as the other kernels of `experts.GPU_KERNELS`.
     With the scales (gate_up_scale [E, 2I], down_scale [E, H], float32) the weights are FP8 (e4m3), one
     scale per expert and output channel (`experts_fp8.Fp8Experts`), and stay FP8 in memory: they are
-    widened to x's dtype tile by tile, so a pass reads half the bytes (W8A16).
+    widened to the products' dtype tile by tile, so a pass reads half the bytes (W8A16).
 
     `products`: the dtype of the products' inputs (None: x's); the output keeps x's dtype. float16 suits FP8
     weights: Hopper widens e4m3 to float16 in one instruction a pair, where bfloat16 takes one more a value
@@ -140,8 +141,11 @@ def moe_triton(
     inter = two_i // 2
     scaled = gate_up_scale is not None and down_scale is not None
     out_dtype = x.dtype
+    if products is not None and products != gate_up.dtype and not scaled:
+        raise ValueError(f"products in {products} need FP8 weights (these are {gate_up.dtype})")
     if products == torch.float16 and x.dtype != products:
-        x = x.clamp(-65504.0, 65504.0).to(products)  # once here, not in every program's loop
+        # once here, not in every program's loop; clamped after the cast (bfloat16 cannot hold 65504)
+        x = x.to(products).clamp_(-65504.0, 65504.0)
     elif products is not None and x.dtype != products:
         x = x.to(products)
     if x.stride(-1) != 1:

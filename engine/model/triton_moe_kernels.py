@@ -25,9 +25,10 @@ def expert_tile(active_ptr, offs_ptr, w_ptr, w_e, n_cols, BLOCK_N: tl.constexpr)
 
 @triton.jit
 def saturate(v, dtype: tl.constexpr):
-    """v rounded to `dtype`; float16 saturates at +-65504 instead of overflowing to inf."""
+    """v rounded to `dtype`; float16 saturates at +-65504 instead of overflowing to inf (a NaN stays NaN)."""
     if dtype == tl.float16:
-        v = tl.minimum(tl.maximum(v, -65504.0), 65504.0)
+        v = tl.minimum(tl.maximum(v, -65504.0, propagate_nan=tl.PropagateNan.ALL), 65504.0,
+                       propagate_nan=tl.PropagateNan.ALL)  # fmt: skip
     return v.to(dtype)
 
 

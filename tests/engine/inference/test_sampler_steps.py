@@ -378,3 +378,8 @@ def test_read_entropy_merges_the_ways_to_end_the_text_where_each_row_ends():
     others = torch.ones(2, 4, dtype=torch.bool)
     others[0, 1] = False
     assert torch.equal(got[others], plain[others])
+    # a pinned end is certain: nothing to merge there
+    state = make_state(length=4, batch=1, pins={1: newline}, stop_tokens=stops, stop_starts=stops)
+    state.logits = logits[:1].clone()
+    state.derive()
+    assert float(steps.read_entropy(state)[0, 1]) == 0.0

@@ -44,12 +44,15 @@ def hopper_compiler() -> None:
         pytest.skip(f"Triton cannot compile for CUDA here: {type(err).__name__}: {err}")
 
 
-@pytest.mark.parametrize(("scaled", "products"), [(False, "bf16"), (True, "bf16"), (True, "fp16")])
-def test_the_experts_kernels_compile(scaled, products):
+@pytest.mark.parametrize(
+    ("scaled", "products", "block_k"),
+    [(False, "bf16", 128), (True, "bf16", 128), (True, "fp16", 256), (True, "fp32", 256)],
+)
+def test_the_experts_kernels_compile(scaled, products, block_k):
     from dfim.engine.model import triton_moe_kernels as kernels
 
     weights = "*fp8e4nv" if scaled else "*bf16"
-    blocks = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "EXACT": False, "SCALED": scaled}
+    blocks = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": block_k, "EXACT": products == "fp32", "SCALED": scaled}
     ints = dict.fromkeys(("w_e", "w_n", "w_k"), "i32")
     compile_for_hopper(
         kernels.gate_up_act,

@@ -57,15 +57,27 @@ CHECK = textwrap.dedent(
             err = ((got - want).norm() / want.norm()).item()
             if not err <= 2e-2:
                 bad.append(f"FP8 weights, {dtype}, {name}: relative error {err:.2e} > 2e-02")
-    # float16 products saturate: activations past its range give a finite output, not inf
-    x = torch.full((3, 96), 1e5).to(device, torch.bfloat16)  # the output's dtype holds what float16 cannot
+    # float16 products: an activation past float16's range saturates at 65504 (clamped after the cast: a
+    # bfloat16 clamp would round the bound to 65536, which float16 reads as inf); a NaN stays NaN
+    small = experts_fp8.quantize_experts(
+        torch.randn(8, 80, 96, generator=g) * 1e-3, torch.randn(8, 96, 40, generator=g) * 1e-3
+    )  # small weights keep the products themselves within float16's range
+    small = experts_fp8.Fp8Experts(*(t.to(device) for t in vars(small).values()))
+    x = torch.randn(3, 96, generator=g)
+    x[:, 5] = 7e4
+    x = x.to(device, torch.bfloat16)
     index = torch.tensor([[0, 1]] * 3, device=device)
-    out = triton_moe.moe_triton(
-        x, torch.ones(3, 2, device=device), index, fp8.gate_up, fp8.down, None, fp8.gate_up_scale,
-        fp8.down_scale, torch.float16,
-    )
-    if not bool(out.float().isfinite().all()):
-        bad.append("float16 products overflowed")
+    ones = torch.ones(3, 2, device=device)
+    args = (small.gate_up, small.down, None, small.gate_up_scale, small.down_scale, torch.float16)
+    got = triton_moe.moe_triton(x, ones, index, *args).float()
+    want = experts_fp8.moe_w8a16_reference(x.float().clamp(-65504, 65504), ones, index, small).float()
+    err = ((got - want).norm() / want.norm()).item()
+    if not err <= 2e-2:
+        bad.append(f"float16 products past their range: relative error {err:.2e} > 2e-02")
+    x[1, 0] = float("nan")
+    got = triton_moe.moe_triton(x, ones, index, *args).float()
+    if not (bool(got[1].isnan().any()) and bool(got[[0, 2]].isfinite().all())):
+        bad.append("float16 products: a NaN activation did not stay NaN in its own row only")
     from dfim.engine.model.fast_check import routing_mismatches
 
     bad += routing_mismatches(device)  # the router's and the sort's kernels
