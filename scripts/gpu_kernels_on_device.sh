@@ -13,6 +13,7 @@
 #                                                 # experts' kernels (bf16 / FP8, tile sweep), bench_fp8 (~6 min)
 #   bash scripts/gpu_kernels_on_device.sh fills   # profile_fill bf16 / FP8, the server bf16 / FP8, bench_gpu (~7 min)
 #   bash scripts/gpu_kernels_on_device.sh final   # fills' host reads, experts, bench_fp8, the server, bench_gpu (~6 min)
+#   bash scripts/gpu_kernels_on_device.sh ar      # experts at 1 / 16 tokens, an AR token's profile, bench_gpu (~5 min)
 #   bash scripts/gpu_kernels_on_device.sh confirm # the sampler's and experts' CUDA tests, the server with FP8 and
 #                                                 # bf16 experts, bench_gpu (~5 min): a last run after changes
 # Carry .whl (pygls and its dependencies; the machine has no registry). Results go to $OUT.
@@ -155,6 +156,18 @@ case ${1:-check} in
     grep -E "^==|round trip|engine  " "$OUT/bench_gpu_server.txt"
     run bench_gpu 130 python3 scripts/bench_gpu.py --compile off --out "$OUT/bench_gpu.txt"
     grep -E "^\| ours|^\| transformers|speed-up|PASSED|FAILED" "$OUT/bench_gpu.txt"
+    ;;
+  ar)  # the experts' compact grid and pair sum (decision 118): kernel tests, one layer at 1 and 16 tokens (tile
+       # sweep), an AR token's profile, bench_gpu without transformers (~5 min on a warm machine)
+    run kernel_tests 150 python3 -m pytest -q -p no:cacheprovider tests/engine/model/test_triton_moe.py -k "cuda"
+    tail -2 "$OUT/kernel_tests.log"
+    run bench_moe_gpu 120 python3 scripts/bench_moe_gpu.py --sweep --fp8 --tokens 1,16,64 \
+      --out "$OUT/bench_moe_gpu.txt"
+    grep -E "tokens:|best" "$OUT/bench_moe_gpu.txt"
+    run profile_ar 150 python3 scripts/profile_gpu.py --ar 64 --top 20 --out "$OUT/profile_gpu_ar.txt"
+    grep -E "kernels per token|summary" "$OUT/profile_gpu_ar.txt"
+    run bench_gpu 240 python3 scripts/bench_gpu.py --skip-hf --compile off --out "$OUT/bench_gpu.txt"
+    grep -E "^\| ours|PASSED|FAILED" "$OUT/bench_gpu.txt"
     ;;
   server)
     run bench_gpu_server 420 python3 scripts/bench_gpu_server.py --requests 16 --blocks 1 \

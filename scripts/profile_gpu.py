@@ -13,7 +13,12 @@ chain over the fast path, stop steps off):
            graph's kernels (CUPTI graph-node tracing) but not the Python scopes, so kernels are grouped
            by name (GEMMs, attention, elementwise/reduction, copies). The step time here is the product's.
 
+  --ar N : instead, N greedy autoregressive tokens (`FastDiffusionGemma.generate_ar`) replayed from their
+           graphs: kernels per token and the top kernels by device time (AR decode is ~20 kernels a layer,
+           so it is bound by their count as much as by bytes).
+
 GPU:  source scripts/device_env.sh; python3 scripts/profile_gpu.py --out $OUT/profile_gpu.txt
+      python3 scripts/profile_gpu.py --ar 64 --out $OUT/profile_gpu_ar.txt
 CPU:  python scripts/profile_gpu.py --small     (the whole pipeline on a tiny config: CPU op times)
 """
 
@@ -29,6 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from torch import Tensor
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -183,6 +189,7 @@ def main() -> int:
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "profile_gpu.txt"))
     parser.add_argument("--trace", default="", help="also write the graph profile's Chrome trace here")
     parser.add_argument("--fp8", action="store_true", help="experts in FP8 (dfim.engine.model.experts_fp8)")
+    parser.add_argument("--ar", type=int, default=0, help="profile N autoregressive tokens instead (GPU)")
     args = parser.parse_args()
     log = Tee(args.out)
     small = args.small or not torch.cuda.is_available()
@@ -221,6 +228,8 @@ def main() -> int:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
+    if args.ar and device.type == "cuda":
+        return profile_ar(model, context, max_len, bucket, moe, args, log)
     results: dict[str, float] = {}
     for mode in ("eager", "graphs"):
         graphs = mode == "graphs" and device.type == "cuda"
@@ -273,6 +282,46 @@ def main() -> int:
             prof.export_chrome_trace(args.trace)
         del fast
     log("\nsummary: " + ", ".join(f"{k} {v:.2f}" for k, v in results.items()))
+    return 0
+
+
+def profile_ar(
+    model: torch.nn.Module, context: Tensor, max_len: int, bucket: int, moe: str, args, log: Tee
+) -> int:
+    """`args.ar` greedy tokens after the context, from CUDA graphs captured under the profiler (so CUPTI
+    records their kernels), then timed without it."""
+    n = args.ar
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fast = FastDiffusionGemma(model, max_len=max_len + n, bucket=bucket, graphs=True, moe=moe)
+        fast.encode(context[:, :-1])
+        start, last = fast.length, int(context[0, -1])
+        fast.generate_ar(last, n)  # warm-up and the graphs' capture
+        fast.truncate(start)
+        torch.cuda.synchronize()
+        with record_function("dfim::measured"):
+            fast.generate_ar(last, n)
+            torch.cuda.synchronize()
+    found = device_kernels_after(prof, "dfim::measured")
+    fast.truncate(start)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fast.generate_ar(last, n)
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3 / n
+    by_group: dict[str, float] = defaultdict(float)
+    by_name: dict[str, float] = defaultdict(float)
+    for name, us, _event in found:
+        by_group[kernel_group(name)] += us / 1e3
+        by_name[name] += us / 1e3
+    log(f"\n== AR decode from graphs: experts kernel {fast.moe}; wall {wall:.3f} ms/token")
+    table("AR token by kernel kind (device time)", by_group, n, log, "ms")
+    log(f"\nAR: top {args.top} kernels by device time (ms per token)")
+    for name, ms in sorted(by_name.items(), key=lambda kv: -kv[1])[: args.top]:
+        log(f"  {ms / n:9.4f}  {name[:110]}")
+    log(
+        f"AR: {len(found) / n:.0f} kernels per token, {sum(by_name.values()) / n:.3f} ms of kernels per token"
+    )
+    log(f"\nsummary: ar_wall_ms_token {wall:.3f}, ar_device_ms_token {sum(by_name.values()) / n:.3f}")
     return 0
 
 
