@@ -259,10 +259,11 @@ class FastDiffusionGemma:
         axis ([1, Hkv, G*T, D]), so SDPA sees plain multi-head attention (the Triton kernel folds them the
         same way)."""
         cache_k, cache_v = self.cache_k[i], self.cache_v[i]
+        if self.attention == "triton":
+            triton_attention.store_kv(cache_k, cache_v, k, v, slots)
+            return attn.o_proj(triton_attention.attend(q, cache_k, cache_v, lo, hi, bounds))
         cache_k[:, :, slots] = k
         cache_v[:, :, slots] = v
-        if self.attention == "triton":
-            return attn.o_proj(triton_attention.attend(q, cache_k, cache_v, lo, hi, bounds))
         b, heads, t, head_dim = q.shape
         kv_heads = attn.num_kv_heads
         groups = heads // kv_heads

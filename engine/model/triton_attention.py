@@ -100,6 +100,22 @@ def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, lo: int, hi: int, bounds
     return out
 
 
+def store_kv(cache_k: Tensor, cache_v: Tensor, k: Tensor, v: Tensor, slots: Tensor) -> None:
+    """cache_k[:, :, slots] = k and cache_v[:, :, slots] = v (caches [1, Hkv, S, D], k and v [1, Hkv, T, D],
+    slots [T]) in one launch, where the two index assignments take two."""
+    if not all(t.is_contiguous() for t in (cache_k, cache_v, k, v)) or k.shape != v.shape:
+        cache_k[:, :, slots] = k
+        cache_v[:, :, slots] = v
+        return
+    triton, kernels = triton_kernels.require(KERNELS)
+    _, hkv, t, d = k.shape
+    if t:
+        kernels.store_rows[(t, hkv)](
+            k, v, cache_k, cache_v, slots.contiguous(), t, cache_k.shape[2], d,
+            BLOCK_D=triton.next_power_of_2(d), num_warps=1 if d <= 256 else 2,
+        )  # fmt: skip
+
+
 # (query heads, KV heads, head dim) of both layer kinds of the 26B-A4B shape and a small one
 DEFAULT_HEADS = ((4, 2, 256), (8, 1, 512), (4, 4, 64))
 
@@ -110,7 +126,8 @@ def self_test(
     """The worst relative error (norm of the difference over the norm) of `attend` against SDPA with the
     mask `interval_mask` says, for each (query heads, KV heads, head dim) of `heads_of` at 1, 7 and 300 query
     positions (every block size `blocks_for` picks), split and unsplit keys, a causal window and a second
-    interval. A shape the kernel cannot build raises."""
+    interval; and `store_kv` against the index assignments it replaces (any difference: inf). A shape the
+    kernel cannot build raises."""
     import torch.nn.functional as F
 
     g = torch.Generator(device=device).manual_seed(0)
@@ -124,6 +141,15 @@ def self_test(
         pos = torch.arange(keys - t, keys, device=device)
         tail = torch.full_like(pos, keys - 2)
         bounds = torch.stack([(pos - 200).clamp(min=0), pos - 1, tail, tail + 2], dim=1).int()
+        new_k, new_v = (
+            torch.randn(1, kv_heads, t, head_dim, generator=g, device=device).to(dtype) for _ in "kv"
+        )
+        slots = torch.randperm(keys, generator=g, device=device)[:t]
+        want_k, want_v = k.clone(), v.clone()
+        want_k[:, :, slots], want_v[:, :, slots] = new_k, new_v
+        store_kv(k, v, new_k, new_v, slots)
+        if not (torch.equal(k, want_k) and torch.equal(v, want_v)):
+            return float("inf")
         got = attend(q, k, v, 0, keys, bounds).float()
         mask = interval_mask(bounds, 0, keys)[None, None]
         groups = heads // kv_heads

@@ -103,3 +103,19 @@ def combine_splits(part_ptr, stats_ptr, out_ptr, seq_len, groups, n_kv, out_row_
     head = kv * groups + row // seq_len
     position = row % seq_len
     tl.store(out_ptr + position * out_row_stride + head * HEAD_DIM + dims, out.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def store_rows(k_ptr, v_ptr, cache_k_ptr, cache_v_ptr, slot_ptr, seq_len, cache_len, head_dim,
+               BLOCK_D: tl.constexpr):  # fmt: skip
+    """Program (token, KV head): the token's key and value rows of that head into the caches' row
+    `slots[token]` (sources [Hkv, T, D], caches [Hkv, S, D], both contiguous)."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    inside = cols < head_dim
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    src = (head * seq_len + token) * head_dim + cols
+    dst = (head * cache_len + slot) * head_dim + cols
+    tl.store(cache_k_ptr + dst, tl.load(k_ptr + src, mask=inside), mask=inside)
+    tl.store(cache_v_ptr + dst, tl.load(v_ptr + src, mask=inside), mask=inside)

@@ -84,6 +84,17 @@ def test_the_sort_and_sum_kernels_compile():
     )
 
 
+def test_the_attention_kernels_compile():
+    from dfim.engine.model import triton_attention_kernels as kernels
+
+    compile_for_hopper(
+        kernels.store_rows,
+        {"k_ptr": "*bf16", "v_ptr": "*bf16", "cache_k_ptr": "*bf16", "cache_v_ptr": "*bf16", "slot_ptr": "*i64",
+         "seq_len": "i32", "cache_len": "i32", "head_dim": "i32"},
+        {"BLOCK_D": 512},
+    )  # fmt: skip
+
+
 def test_the_sampler_kernels_compile():
     from dfim.engine.inference import triton_sampler_kernels as kernels
 
