@@ -42,35 +42,24 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gpu import Tee  # noqa: E402
+from bench_gpu_server import write_folder  # noqa: E402
 
 from dfim.engine.api import FillRequest  # noqa: E402
 from dfim.engine.inference.fill import Engine  # noqa: E402
 from dfim.engine.inference.trace import Recorder  # noqa: E402
-from dfim.engine.model.checkpoint import DEFAULT_MODEL_DIR, write_random_checkpoint  # noqa: E402
-from dfim.engine.model.config import RELEASED_26B_A4B  # noqa: E402
 from dfim.engine.model.fast import FastDiffusionGemma  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "scripts" / "data" / "typing.py.txt"
-TOKENIZER = DEFAULT_MODEL_DIR / "tokenizer.json"
 MAX_FRAMES = 256  # the server's trace keeps this many steps (server/trace_feature.py)
 
 
 def load(shape: str, device: str, folder: Path, model: str | None, experts: str = "bf16") -> Engine:
+    """The engine as `dfim serve` loads it: a trained checkpoint (`model`), else the benchmark's random folder
+    of `shape` (`bench_gpu_server.write_folder`)."""
     if model is not None:
         return Engine.load(None if model == "default" else model, device=device)
-    dtype = torch.bfloat16 if device == "cuda" else None
-    config = RELEASED_26B_A4B if shape == "26b-a4b" else {}  # tiny: write_random_checkpoint's own shape
-    write_random_checkpoint(
-        folder,
-        TOKENIZER,
-        stored=False,
-        init_dtype=dtype,
-        init_experts="fp8" if experts == "fp8" else None,
-        name=f"random-{shape}",
-        **config,
-    )
-    return Engine.load(folder, device=device)
+    return Engine.load(write_folder(folder, shape, device, draft=False, experts=experts), device=device)
 
 
 def typing_request(
