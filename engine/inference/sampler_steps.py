@@ -267,6 +267,8 @@ def _end_entropy(state: DenoiseState) -> Tensor:
     end = first_end(state)
     at = (torch.arange(end.shape[0], device=end.device), end.clamp(max=length - 1))  # [B], [B]
     applies = (end < length) & ends[state.argmax[at]] & state.free[at[1]]  # [B]
+    if applies.device.type == "cpu" and not bool(applies.any()):  # a read costs nothing here: skip the rest
+        return state.entropy
     probs, logits, mode = state.dist.probs_at(at), state.dist.logits[at], state.dist.mode[at]  # [B, V].. [B]
     top = mode.unsqueeze(-1)
     shifted = logits - logits.gather(-1, top)
