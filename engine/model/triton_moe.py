@@ -141,6 +141,8 @@ def moe_triton(
     inter = two_i // 2
     scaled = gate_up_scale is not None and down_scale is not None
     out_dtype = x.dtype
+    if n * k == 0:
+        return x.new_zeros(x.shape)
     if products is not None and products != gate_up.dtype and not scaled:
         raise ValueError(f"products in {products} need FP8 weights (these are {gate_up.dtype})")
     if products == torch.float16 and x.dtype != products:
@@ -150,8 +152,6 @@ def moe_triton(
         x = x.to(products)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    if n * k == 0:
-        return x.new_zeros(x.shape)
     order, tokens, offs, active = sort_pairs(index, e)
     tiles = tiles or tiles_for(n * k, e, fp8=scaled)
     h = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)
