@@ -15,6 +15,7 @@
 # fills     profile_fill profile_fill_fp8 server_fp8 server bench_gpu              7 min
 # final     profile_fill profile_fill_fp8 moe bench_fp8 server_fp8 server bench_gpu_nocompile 6 min
 # ar        kernel_tests moe_small profile_ar bench_gpu_nohf                       5 min
+# dense     kernel_tests gemv_sweep profile_ar bench_gpu_nohf                      5 min: one-row products
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
 # server    server profile_fill                                                    4 min
 set -uo pipefail
@@ -43,7 +44,7 @@ job() {
     kernel_tests)  # every kernel's CUDA test against its reference
       run kernel_tests 240 python3 -m pytest -q -p no:cacheprovider tests/engine/model/test_triton_norm.py \
         tests/engine/model/test_triton_moe.py tests/engine/model/test_triton_attention.py \
-        tests/engine/inference/test_triton_sampler.py -k "cuda or interval"
+        tests/engine/model/test_triton_gemv.py tests/engine/inference/test_triton_sampler.py -k "cuda or interval"
       tail -2 "$OUT/kernel_tests.log" ;;
     sampler_tests)
       run sampler_tests 120 python3 -m pytest -q -p no:cacheprovider tests/engine/inference/test_triton_sampler.py \
@@ -67,6 +68,11 @@ job() {
       [[ $1 == moe_small ]] && extra=(--sweep --tokens 1,16,64)
       run "$1" 150 python3 scripts/bench_moe_gpu.py --fp8 "${extra[@]}" --out "$OUT/$1.txt"
       grep -E "tokens:|triton_fp8 \(|best" "$OUT/$1.txt" ;;
+    gemv|gemv_sweep)  # an AR token's dense products: the one-row kernel's tiles against cuBLAS
+      local extra=()
+      [[ $1 == gemv_sweep ]] && extra=(--sweep)
+      run "$1" 300 python3 scripts/bench_gemv_gpu.py "${extra[@]}" --out "$OUT/$1.txt"
+      grep -E "^[0-9]|cublas|default|best|shapes" "$OUT/$1.txt" ;;
     server) server_run bench_gpu_server ;;
     server_fp8) server_run bench_gpu_server_fp8 --experts fp8 ;;
     profile_fill|profile_fill_fp8)  # a typing fill at the engine against its passes alone; its host reads
@@ -99,6 +105,7 @@ case ${1:-check} in
   fills) jobs=(profile_fill profile_fill_fp8 server_fp8 server bench_gpu) ;;
   final) jobs=(profile_fill profile_fill_fp8 moe bench_fp8 server_fp8 server bench_gpu_nocompile) ;;
   ar) jobs=(kernel_tests moe_small profile_ar bench_gpu_nohf) ;;
+  dense) jobs=(kernel_tests gemv_sweep profile_ar bench_gpu_nohf) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
   server) jobs=(server profile_fill) ;;
   *) echo "unknown mode ${1}: see the table at the top of $0"; exit 2 ;;

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dfim.engine.model import triton_norm
+from dfim.engine.model import triton_gemv, triton_norm
 from dfim.engine.model.config import FULL, ModelConfig
 from dfim.engine.model.ops import Packed, RMSNorm, fused_views, linear, rms_norm, row_views
 
@@ -106,7 +106,7 @@ class Attention(nn.Module):
             and row_views(self.qkv_rows, self.q_proj, self.k_proj, *own_v)
         ):
             # GPU: one product for q, k and v, then one kernel norms and rotates every head (~16 ops)
-            heads = F.linear(x, self.qkv_rows).view(b, t, -1, d)
+            heads = triton_gemv.linear(x, self.qkv_rows).view(b, t, -1, d)
             weights = (self.q_norm.weight, self.k_norm.weight)
             return triton_norm.head_norm_rope(
                 heads, (hq, hkv), bool(own_v), weights, cos, sin, self.q_norm.eps

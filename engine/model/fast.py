@@ -14,6 +14,8 @@ what it adds is where keys and values live, how the experts run, and graphs:
   their norms and RoPE one kernel, the dense MLP's gate and up one product and one activation kernel,
   the norms around the residual are fused (`dfim.engine.model.triton_norm`), the router's top-k and the
   experts' sort are a kernel each (`dfim.engine.model.triton_moe`).
+  An autoregressive token's dense products are one-row kernels (`dfim.engine.model.triton_gemv`),
+  the MLP's activation inside its down projection.
 - **Grouped mixture of experts.** The network's `Experts` run in a sync-free mode
   (`dfim.engine.model.experts.GPU_KERNELS`): token-expert pairs sorted by expert through
   `torch._grouped_mm` (one CUTLASS grouped GEMM for all 128 experts, empty groups cost nothing), or,
@@ -45,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dfim.engine.model import triton_attention, triton_norm
+from dfim.engine.model import triton_attention, triton_gemv, triton_norm
 from dfim.engine.model.attention import Attention, rope_inv_freq
 from dfim.engine.model.config import FULL
 from dfim.engine.model.experts import pick_gpu_kernel
@@ -261,7 +263,8 @@ class FastDiffusionGemma:
         cache_k, cache_v = self.cache_k[i], self.cache_v[i]
         if self.attention == "triton":
             triton_attention.store_kv(cache_k, cache_v, k, v, slots)
-            return attn.o_proj(triton_attention.attend(q, cache_k, cache_v, lo, hi, bounds))
+            attended = triton_attention.attend(q, cache_k, cache_v, lo, hi, bounds)
+            return triton_gemv.linear(attended, attn.o_proj.weight)
         cache_k[:, :, slots] = k
         cache_v[:, :, slots] = v
         b, heads, t, head_dim = q.shape

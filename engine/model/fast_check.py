@@ -468,11 +468,53 @@ def routing_mismatches(device: torch.device | str) -> list[str]:
     return found
 
 
+# (outputs, inputs) of the one-row products' startup check: neither a multiple of a tile, so the masks count
+GEMV_CHECK_SHAPES = ((37, 96), (5, 600))
+# The 26B shape's dense products: fused q/k/v of a sliding and a full layer, the output projection, the
+# MLP's gate/up and its down projection (gated: the activation fused).
+GEMV_26B_SHAPES = ((8192, 2816), (9216, 2816), (2816, 4096), (2816, 8192), (4224, 2816), (2816, 2112))
+
+
+def gemv_mismatches(
+    device: torch.device | str, shapes: Sequence[tuple[int, int]] = GEMV_CHECK_SHAPES
+) -> list[str]:
+    """Where `triton_gemv.gemv` (plain and gated) differs from the product in fp64 of the same rounded
+    inputs beyond NORM_TOLERANCE, measured against the output's root mean square (a sum of signed terms is
+    exact to its terms' rounding, not to its own size), for every dtype of NORM_TOLERANCE on CUDA (fp32 on
+    the CPU's interpreter) and each tile `tile` picks or a small one. Empty: they agree."""
+    from dfim.engine.model import ops, triton_gemv
+
+    g = torch.Generator(device=device).manual_seed(0)
+    found: list[str] = []
+    dtypes = [torch.float32] if str(device) == "cpu" else list(NORM_TOLERANCE)
+    with torch.no_grad():
+        for dtype in dtypes:
+            for n_out, n_in in shapes:
+                w = (torch.randn(n_out, n_in, generator=g, device=device) * n_in**-0.5).to(dtype)
+                gate_up = torch.randn(1, 1, 2 * n_in, generator=g, device=device).to(dtype)
+                gate, up = gate_up.chunk(2, dim=-1)
+                for gated in (False, True):
+                    x = gate_up if gated else gate.contiguous()
+                    inputs = ops.gelu(gate) * up if gated else gate
+                    want = (inputs.double() @ w.double().T).float()
+                    for block_n, block_k in ((None, None), (4, 64)):
+                        got = triton_gemv.gemv(x, w, gated=gated, block_n=block_n, block_k=block_k)
+                        scale = want.pow(2).mean().sqrt().clamp(min=1e-6)
+                        worst = float((got.float() - want).abs().max() / scale)
+                        if got.dtype != dtype or got.shape != (1, 1, n_out) or worst > NORM_TOLERANCE[dtype]:
+                            found.append(
+                                f"gemv {n_out}x{n_in} {dtype} gated {gated} tile {block_n}x{block_k}: {worst:.2e}"
+                            )
+    return found
+
+
 def fused_kernels_mismatches(device: torch.device | str) -> list[str]:
-    """Every fused kernel the layers use on a GPU (`triton_norm`, the router's and the sort's), on small
-    shapes against their references: what `triton_norm.works` runs once before any of them is used."""
+    """Every fused kernel the layers use on a GPU (`triton_norm`, the router's and the sort's, the one-row
+    products), on small shapes against their references: what `triton_norm.works` runs once before any of
+    them is used."""
     return (
         norm_mismatches(device, (96,), rows=(3,))
         + fused_norm_mismatches(device, width=96, head_dim=64)
         + routing_mismatches(device)
+        + gemv_mismatches(device)
     )

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dfim.engine.model import triton_norm
+from dfim.engine.model import triton_gemv, triton_norm
 from dfim.engine.model.attention import Attention, Rotary, roll_tables
 from dfim.engine.model.config import ModelConfig
 from dfim.engine.model.experts import Experts, Router
@@ -60,7 +60,7 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if triton_norm.applies(x) and row_views(self.gate_up_rows, self.gate_proj, self.up_proj):
-            return self.down_proj(triton_norm.gelu_mul(F.linear(x, self.gate_up_rows)))
+            return triton_gemv.gelu_linear(triton_gemv.linear(x, self.gate_up_rows), self.down_proj.weight)
         if fused_views(self.gate_up, self.gate_proj, self.up_proj):
             gate, up = linear(x, self.gate_up.t(), self.gate_up_packed).chunk(2, dim=-1)
             return linear(gelu(gate) * up, self.down_proj.weight, self.down_packed)

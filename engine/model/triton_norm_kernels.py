@@ -133,17 +133,23 @@ def feed_forward_inputs_rows(x_ptr, wa_ptr, wb_ptr, scale_ptr, a_ptr, b_ptr, r_p
 
 
 @triton.jit
+def gelu_times(gate, up, dtype: tl.constexpr):
+    """gelu(gate) * up in fp32, rounded to `dtype` where `ops.gelu(gate) * up` rounds: gelu's tanh form
+    before the product, and the product."""
+    inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+    act = (
+        (0.5 * gate * (2.0 * tl.sigmoid(2.0 * inner))).to(dtype).to(tl.float32)
+    )  # tanh(z) = 2 sigmoid(2z) - 1
+    return (act * up).to(dtype).to(tl.float32)
+
+
+@triton.jit
 def gelu_mul_rows(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
-    """A gated MLP's activation: row [gate ; up] (2 * n_cols) -> gelu(gate) * up, gelu's tanh form rounded
-    before the product, as `ops.gelu(gate) * up` rounds."""
+    """A gated MLP's activation: row [gate ; up] (2 * n_cols) -> gelu(gate) * up."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = cols < n_cols
     gate = tl.load(x_ptr + row * 2 * n_cols + cols, mask=inside, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * 2 * n_cols + n_cols + cols, mask=inside, other=0.0).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
-    inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-    act = (
-        (0.5 * gate * (2.0 * tl.sigmoid(2.0 * inner))).to(dtype).to(tl.float32)
-    )  # tanh(z) = 2 sigmoid(2z) - 1
-    tl.store(out_ptr + row * n_cols + cols, (act * up).to(dtype), mask=inside)
+    tl.store(out_ptr + row * n_cols + cols, gelu_times(gate, up, dtype).to(dtype), mask=inside)

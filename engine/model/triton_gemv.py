@@ -1,0 +1,85 @@
+"""One token's products with a weight matrix (GEMV) as one Triton kernel, for inference on CUDA.
+
+Why: an autoregressive token multiplies one row by every dense weight of the network (q/k/v, the output
+projection, the dense MLP: ~3.2 GB of bf16 at the 26B-A4B shape, a 0.66 ms floor on an H200), and cuBLAS
+pads that row to a tile of 8 and splits K with a reduction kernel after it: 1.4 ms of a 4.0 ms token
+(docs/gpu.md). A product of one row needs none of that: each program streams a few weight rows once and
+sums in fp32. The dense MLP's activation rides along: `gelu_linear` reads [gate ; up] and applies
+gelu(gate) * up to each chunk as it multiplies (one kernel fewer a layer).
+
+More than one row (a canvas, an encoded chunk) keeps cuBLAS, whose tensor-core tiles are what those need.
+The arithmetic is a product's in fp32 with one rounding to the input's dtype at the end; the order of the
+sum differs from cuBLAS's, as any two GEMM kernels' do.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dfim.engine.model import ops, triton_kernels, triton_norm
+
+KERNELS = "dfim.engine.model.triton_gemv_kernels"
+
+
+def fits(x: Tensor, weight: Tensor) -> bool:
+    """Whether the one-row kernel takes `x @ weight.T`: one row, a row-major weight of x's dtype, the layers'
+    kernels applying (`triton_norm.applies`: CUDA inference with the kernels checked)."""
+    return (
+        x.numel() == x.shape[-1]
+        and weight.dim() == 2
+        and weight.stride(-1) == 1
+        and weight.dtype == x.dtype
+        and triton_norm.applies(x)
+    )
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """`F.linear(x, weight)`, by the one-row kernel where it `fits`."""
+    return gemv(x, weight) if fits(x, weight) else F.linear(x, weight)
+
+
+def gelu_linear(gate_up: Tensor, weight: Tensor) -> Tensor:
+    """`F.linear(gelu(gate) * up, weight)` for gate_up [..., 2I] = [gate ; up]: one kernel for one row, the
+    activation kernel and cuBLAS for more, PyTorch's ops where the layers' kernels do not apply."""
+    if fits(gate_up, weight):
+        return gemv(gate_up, weight, gated=True)
+    if triton_norm.applies(gate_up):
+        return F.linear(triton_norm.gelu_mul(gate_up), weight)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.linear(ops.gelu(gate) * up, weight)
+
+
+def gemv(
+    x: Tensor,
+    weight: Tensor,
+    *,
+    gated: bool = False,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    warps: int = 4,
+) -> Tensor:
+    """x [..., K] (one row; [..., 2K] = [gate ; up] when `gated`) times weight [N, K] transposed -> [..., N]
+    in x's dtype. `block_n` / `block_k` override the tile (`bench_gemv_gpu.py` sweeps them)."""
+    triton, kernels = triton_kernels.require(KERNELS)
+    n_out, n_in = weight.shape
+    if x.numel() != x.shape[-1] or x.shape[-1] != (2 * n_in if gated else n_in):
+        raise ValueError(f"one row of {2 * n_in if gated else n_in} values, got {tuple(x.shape)}")
+    row = x.reshape(-1).contiguous()
+    out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
+    default_n, default_k = tile(n_out, n_in)
+    block_n, block_k = block_n or default_n, block_k or default_k
+    kernels.gemv_rows[(triton.cdiv(n_out, block_n),)](
+        row, weight, out, n_out, n_in, weight.stride(0),
+        GATED=gated, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
+def tile(n_out: int, n_in: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K): enough programs to keep every SM's loads in flight (an H200 has 132 SMs; 8 rows
+    a program gives 352 programs for the 26B shape's 2,816 outputs), and long contiguous reads of each row."""
+    block_n = 16 if n_out >= 8192 else 8 if n_out >= 2048 else 4
+    block_k = 512 if n_in >= 1024 else max(64, 1 << (n_in - 1).bit_length())
+    return block_n, block_k
