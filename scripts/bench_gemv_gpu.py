@@ -21,14 +21,24 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from bench_moe_gpu import timed
 from torch import Tensor
 
 from dfim.engine.model import triton_gemv, triton_norm
 from dfim.engine.model.fast_check import GEMV_26B_SHAPES
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # PYTHONSAFEPATH leaves the scripts' folder out
+from bench_moe_gpu import timed  # noqa: E402
+
 LAYERS = 30
-SWEEP = [(n, k, w) for n in (4, 8, 16, 32) for k in (256, 512, 1024) for w in (4, 8)]
+# rows a program x values of a row a step x warps; a block of 4,096 or more reads a whole row at once
+# (no loop: every load in flight together); at most 16,384 values a tile (registers)
+SWEEP = [
+    (n, k, w)
+    for n in (1, 2, 4, 8, 16)
+    for k in (256, 512, 1024, 2048, 4096, 8192)
+    for w in (2, 4, 8)
+    if n * k <= 16384 and k // w >= 64
+]
 
 
 def bench_shape(

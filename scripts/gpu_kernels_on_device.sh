@@ -16,6 +16,7 @@
 # final     profile_fill profile_fill_fp8 moe bench_fp8 server_fp8 server bench_gpu_nocompile 6 min
 # ar        kernel_tests moe_small profile_ar bench_gpu_nohf                       5 min
 # dense     kernel_tests gemv_sweep profile_ar bench_gpu_nohf                      5 min: one-row products
+# gemv      gemv_sweep                                                             4 min
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
 # server    server profile_fill                                                    4 min
 set -uo pipefail
@@ -106,6 +107,7 @@ case ${1:-check} in
   final) jobs=(profile_fill profile_fill_fp8 moe bench_fp8 server_fp8 server bench_gpu_nocompile) ;;
   ar) jobs=(kernel_tests moe_small profile_ar bench_gpu_nohf) ;;
   dense) jobs=(kernel_tests gemv_sweep profile_ar bench_gpu_nohf) ;;
+  gemv) jobs=(gemv_sweep) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
   server) jobs=(server profile_fill) ;;
   *) echo "unknown mode ${1}: see the table at the top of $0"; exit 2 ;;
