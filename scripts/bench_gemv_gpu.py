@@ -53,7 +53,7 @@ def bench_shape(
     def cublas(w: Tensor) -> Tensor:
         return F.linear(triton_norm.gelu_mul(x) if gated else x, w)
 
-    def ours(w: Tensor, tile: tuple[int | None, int | None, int] = (None, None, 4)) -> Tensor:
+    def ours(w: Tensor, tile: tuple[int | None, int | None, int | None] = (None, None, None)) -> Tensor:
         return triton_gemv.gemv(x, w, gated=gated, block_n=tile[0], block_k=tile[1], warps=tile[2])
 
     def every_layer(product: Callable[[Tensor], Tensor]) -> Callable[[], Tensor]:
@@ -66,7 +66,8 @@ def bench_shape(
 
     want = cublas(weights[0]).float()
     say(f"\n{n_out} x {n_in}{' gated' if gated else ''}: floor {floor_us:.2f} us at {bandwidth} TB/s")
-    calls = [("cublas", cublas), ("default " + "x".join(map(str, triton_gemv.tile(n_out, n_in))), ours)]
+    block_n, block_k, warps = triton_gemv.tile(n_in, gated)
+    calls = [("cublas", cublas), (f"default {block_n}x{block_k} w{warps}", ours)]
     if sweep:
         calls += [(f"{n}x{k} w{w}", functools.partial(ours, tile=(n, k, w))) for n, k, w in SWEEP]
     times: dict[str, float] = {}

@@ -15,8 +15,8 @@
 # fills     profile_fill profile_fill_fp8 server_fp8 server bench_gpu              7 min
 # final     profile_fill profile_fill_fp8 moe bench_fp8 server_fp8 server bench_gpu_nocompile 6 min
 # ar        kernel_tests moe_small profile_ar bench_gpu_nohf                       5 min
-# dense     kernel_tests gemv_sweep profile_ar bench_gpu_nohf                      5 min: one-row products
-# gemv      gemv_sweep                                                             4 min
+# dense     gemv_tests gemv profile_ar bench_gpu_nohf                              5 min: one-row products
+# gemv      gemv_sweep                                                             2 min
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
 # server    server profile_fill                                                    4 min
 set -uo pipefail
@@ -47,6 +47,9 @@ job() {
         tests/engine/model/test_triton_moe.py tests/engine/model/test_triton_attention.py \
         tests/engine/model/test_triton_gemv.py tests/engine/inference/test_triton_sampler.py -k "cuda or interval"
       tail -2 "$OUT/kernel_tests.log" ;;
+    gemv_tests)
+      run gemv_tests 120 python3 -m pytest -q -p no:cacheprovider tests/engine/model/test_triton_gemv.py -k "cuda"
+      tail -2 "$OUT/gemv_tests.log" ;;
     sampler_tests)
       run sampler_tests 120 python3 -m pytest -q -p no:cacheprovider tests/engine/inference/test_triton_sampler.py \
         -k "cuda"
@@ -106,7 +109,7 @@ case ${1:-check} in
   fills) jobs=(profile_fill profile_fill_fp8 server_fp8 server bench_gpu) ;;
   final) jobs=(profile_fill profile_fill_fp8 moe bench_fp8 server_fp8 server bench_gpu_nocompile) ;;
   ar) jobs=(kernel_tests moe_small profile_ar bench_gpu_nohf) ;;
-  dense) jobs=(kernel_tests gemv_sweep profile_ar bench_gpu_nohf) ;;
+  dense) jobs=(gemv_tests gemv profile_ar bench_gpu_nohf) ;;
   gemv) jobs=(gemv_sweep) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
   server) jobs=(server profile_fill) ;;

@@ -58,7 +58,7 @@ def gemv(
     gated: bool = False,
     block_n: int | None = None,
     block_k: int | None = None,
-    warps: int = 4,
+    warps: int | None = None,
 ) -> Tensor:
     """x [..., K] (one row; [..., 2K] = [gate ; up] when `gated`) times weight [N, K] transposed -> [..., N]
     in x's dtype. `block_n` / `block_k` override the tile (`bench_gemv_gpu.py` sweeps them)."""
@@ -68,8 +68,8 @@ def gemv(
         raise ValueError(f"one row of {2 * n_in if gated else n_in} values, got {tuple(x.shape)}")
     row = x.reshape(-1).contiguous()
     out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
-    default_n, default_k = tile(n_out, n_in)
-    block_n, block_k = block_n or default_n, block_k or default_k
+    default_n, default_k, default_warps = tile(n_in, gated)
+    block_n, block_k, warps = block_n or default_n, block_k or default_k, warps or default_warps
     kernels.gemv_rows[(triton.cdiv(n_out, block_n),)](
         row, weight, out, n_out, n_in, weight.stride(0),
         GATED=gated, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
@@ -77,9 +77,10 @@ def gemv(
     return out
 
 
-def tile(n_out: int, n_in: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K): enough programs to keep every SM's loads in flight (an H200 has 132 SMs; 8 rows
-    a program gives 352 programs for the 26B shape's 2,816 outputs), and long contiguous reads of each row."""
-    block_n = 16 if n_out >= 8192 else 8 if n_out >= 2048 else 4
-    block_k = 512 if n_in >= 1024 else max(64, 1 << (n_in - 1).bit_length())
-    return block_n, block_k
+def tile(n_in: int, gated: bool = False) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps), from a sweep over the 26B shape's products on an H200 (docs/gpu.md,
+    `bench_gemv_gpu.py --sweep`): two rows a program and 1,024 values of each a step were fastest or within
+    4% of it for every plain product (many small programs keep every SM's loads in flight); the gated down
+    projection, whose steps also compute the activation, took four rows and 512. A short row is read whole."""
+    block_n, block_k = (4, 512) if gated else (2, 1024)
+    return block_n, min(block_k, max(64, 1 << (n_in - 1).bit_length())), 4

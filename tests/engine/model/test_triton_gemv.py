@@ -43,10 +43,11 @@ def test_cpu_and_many_rows_keep_the_reference_products():
         assert torch.equal(triton_gemv.gelu_linear(gate_up, down), F.linear(ops.gelu(gate) * up, down))
 
 
-def test_tile_reads_long_rows_and_enough_programs():
-    assert triton_gemv.tile(2816, 2112) == (8, 512)
-    assert triton_gemv.tile(8192, 2816)[0] == 16
-    assert triton_gemv.tile(5, 96) == (4, 128)  # a short row: one block covers it
+def test_tile_reads_long_rows_and_a_short_row_whole():
+    assert triton_gemv.tile(2816) == (2, 1024, 4)
+    assert triton_gemv.tile(2112, gated=True) == (4, 512, 4)
+    assert triton_gemv.tile(96) == (2, 128, 4)  # a short row: one block covers it
+    assert triton_gemv.tile(8)[1] == 64
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
