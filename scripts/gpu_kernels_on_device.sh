@@ -17,6 +17,7 @@
 # ar        kernel_tests moe_small profile_ar bench_gpu_nohf                       5 min
 # dense     gemv_tests gemv profile_ar bench_gpu_nohf                              5 min: one-row products
 # gemv      gemv_sweep                                                             2 min
+# confirm_ar gemv_tests profile_ar server_fp8 bench_gpu                         8 min: after the AR work
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
 # server    server profile_fill                                                    4 min
 set -uo pipefail
@@ -111,6 +112,7 @@ case ${1:-check} in
   ar) jobs=(kernel_tests moe_small profile_ar bench_gpu_nohf) ;;
   dense) jobs=(gemv_tests gemv profile_ar bench_gpu_nohf) ;;
   gemv) jobs=(gemv_sweep) ;;
+  confirm_ar) jobs=(gemv_tests profile_ar server_fp8 bench_gpu) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
   server) jobs=(server profile_fill) ;;
   *) echo "unknown mode ${1}: see the table at the top of $0"; exit 2 ;;

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from dfim.engine.model import triton_moe, triton_norm
+from dfim.engine.model import triton_gemv, triton_moe, triton_norm
 from dfim.engine.model.config import ModelConfig
 from dfim.engine.model.ops import Packed, RMSNorm, gelu, linear
 
@@ -34,7 +34,7 @@ class Router(nn.Module):
     def forward(self, x: Tensor, normed: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """x: [N, H] -> weights [N, k] (fp32), expert indices [N, k]. `normed`: `input(x)`, where the caller
         has it already (`ops.feed_forward_inputs`)."""
-        scores = self.proj(self.input(x) if normed is None else normed)
+        scores = triton_gemv.linear(self.input(x) if normed is None else normed, self.proj.weight)
         if triton_norm.applies(scores):
             return triton_moe.route(scores, self.top_k, self.per_expert_scale)
         probs = scores.softmax(dim=-1, dtype=torch.float32)
