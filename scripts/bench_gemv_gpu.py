@@ -27,7 +27,7 @@ from dfim.engine.model import triton_gemv, triton_norm
 from dfim.engine.model.fast_check import GEMV_26B_SHAPES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # PYTHONSAFEPATH leaves the scripts' folder out
-from bench_moe_gpu import timed  # noqa: E402
+from bench_moe_gpu import Report, timed  # noqa: E402
 
 LAYERS = 30
 # rows a program x values of a row a step x warps; a block of 4,096 or more reads a whole row at once
@@ -100,12 +100,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also time other tiles")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    lines: list[str] = []
-
-    def say(text: str) -> None:
-        print(text, flush=True)
-        lines.append(text)
-
+    report = Report()
+    say = report.say
     say(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {LAYERS} products a graph, bf16")
     totals = [0.0, 0.0, 0.0]
     failed = False
@@ -116,9 +112,7 @@ def main() -> None:
         failed |= bad
     say(f"\nthe six shapes, one product each: cuBLAS {totals[0]:.1f} us, default tiles {totals[1]:.1f} us, "
         f"best tiles {totals[2]:.1f} us")  # fmt: skip
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
+    report.write(args.out)
     sys.exit(1 if failed else 0)
 
 

@@ -64,6 +64,22 @@ def reference(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: 
     return out
 
 
+class Report:
+    """Lines printed as they come and written to a file at the end."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+        self.lines.append(text)
+
+    def write(self, path: Path | None) -> None:
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("\n".join(self.lines) + "\n")
+
+
 def timed(fn: Callable[[], Tensor], graphs: bool, repeat: int = 50) -> tuple[float, bool]:
     """(ms per call, whether it ran from a CUDA graph)."""
     for _ in range(3):
@@ -96,12 +112,8 @@ def main() -> None:
     parser.add_argument("--fp8", action="store_true", help="also the FP8 kernels (weights in e4m3)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    lines: list[str] = []
-
-    def say(text: str) -> None:
-        print(text, flush=True)
-        lines.append(text)
-
+    report = Report()
+    say = report.say
     device = torch.device("cuda")
     c = RELEASED_26B_A4B
     e, h, i, k = c["num_experts"], c["hidden_size"], c["moe_intermediate_size"], c["top_k_experts"]
@@ -168,9 +180,7 @@ def main() -> None:
             )
         for family, (ms, name) in sorted(best.items()):
             say(f"  best {family} at {n} tokens: {name} {ms:.3f} ms")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
+    report.write(args.out)
     sys.exit(1 if failed else 0)
 
 
