@@ -17,6 +17,7 @@
 # ar        kernel_tests moe_small profile_ar bench_gpu_nohf                       5 min
 # dense     gemv_tests gemv profile_ar bench_gpu_nohf                              5 min: one-row products
 # gemv      gemv_sweep                                                             2 min
+# attention attention_sweep                                                        2 min
 # confirm_ar gemv_tests profile_ar server_fp8 bench_gpu                         8 min: after the AR work
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
 # server    server profile_fill                                                    4 min
@@ -78,6 +79,9 @@ job() {
       [[ $1 == gemv_sweep ]] && extra=(--sweep)
       run "$1" 300 python3 scripts/bench_gemv_gpu.py "${extra[@]}" --out "$OUT/$1.txt"
       grep -E "^[0-9]|cublas|default|best|shapes" "$OUT/$1.txt" ;;
+    attention_sweep)  # one layer's attention in a pass, both layer kinds: the kernel's tiles against the floor
+      run attention_sweep 150 python3 scripts/bench_attention_gpu.py --sweep --out "$OUT/attention_sweep.txt"
+      grep -E "layer|default|best" "$OUT/attention_sweep.txt" ;;
     server) server_run bench_gpu_server ;;
     server_fp8) server_run bench_gpu_server_fp8 --experts fp8 ;;
     profile_fill|profile_fill_fp8)  # a typing fill at the engine against its passes alone; its host reads
@@ -112,6 +116,7 @@ case ${1:-check} in
   ar) jobs=(kernel_tests moe_small profile_ar bench_gpu_nohf) ;;
   dense) jobs=(gemv_tests gemv profile_ar bench_gpu_nohf) ;;
   gemv) jobs=(gemv_sweep) ;;
+  attention) jobs=(attention_sweep) ;;
   confirm_ar) jobs=(gemv_tests profile_ar server_fp8 bench_gpu) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
   server) jobs=(server profile_fill) ;;

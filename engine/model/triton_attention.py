@@ -57,9 +57,19 @@ def interval_mask(bounds: Tensor, lo: int, hi: int) -> Tensor:
     return ((keys >= b[:, 0:1]) & (keys < b[:, 1:2])) | ((keys >= b[:, 2:3]) & (keys < b[:, 3:4]))
 
 
-def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, lo: int, hi: int, bounds: Tensor) -> Tensor:
+def attend(
+    q: Tensor,
+    cache_k: Tensor,
+    cache_v: Tensor,
+    lo: int,
+    hi: int,
+    bounds: Tensor,
+    tiles: tuple[int, int, int, int] | None = None,
+) -> Tensor:
     """Attention of q [1, Hq, T, D] over the keys/values [lo, hi) of cache_k/cache_v [1, Hkv, S, D] (each
-    query row sees the keys its row of `bounds` [T, 4] int32 allows) -> [1, T, Hq * D] in q's dtype."""
+    query row sees the keys its row of `bounds` [T, 4] int32 allows) -> [1, T, Hq * D] in q's dtype.
+    `tiles` (query rows a program, keys a step, warps, stages) overrides `blocks_for` and 4 warps, 2 stages
+    (`bench_attention_gpu.py` sweeps them)."""
     triton, kernels = triton_kernels.require(KERNELS)
     if (
         q.shape[0] != 1
@@ -76,7 +86,7 @@ def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, lo: int, hi: int, bounds
     rows = groups * t
     if rows == 0:
         return out
-    block_m, block_n = blocks_for(d, rows)
+    block_m, block_n, warps, stages = tiles or (*blocks_for(d, rows), 4, 2)
     programs = hkv * triton.cdiv(rows, block_m)
     keys = max(hi - lo, 1)
     splits = 1
@@ -91,7 +101,7 @@ def attend(q: Tensor, cache_k: Tensor, cache_v: Tensor, lo: int, hi: int, bounds
     kernels.attend_keys[(hkv, triton.cdiv(rows, block_m), splits)](
         q, cache_k, cache_v, bounds, out, part, stats, t, groups, lo, hi, per_split, cache_k.stride(1),
         out.stride(1), HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=splits > 1, EXACT=exact,
-        num_warps=4, num_stages=2,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if splits > 1:
         kernels.combine_splits[(hkv, rows)](
