@@ -34,7 +34,10 @@ class Router(nn.Module):
     def forward(self, x: Tensor, normed: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """x: [N, H] -> weights [N, k] (fp32), expert indices [N, k]. `normed`: `input(x)`, where the caller
         has it already (`ops.feed_forward_inputs`)."""
-        scores = triton_gemv.linear(self.input(x) if normed is None else normed, self.proj.weight)
+        inputs = self.input(x) if normed is None else normed
+        # one token (an AR token): the one-row kernel; else the module, whose forward hooks the fp32 check reads
+        one_row = triton_gemv.fits(inputs, self.proj.weight)
+        scores = triton_gemv.gemv(inputs, self.proj.weight) if one_row else self.proj(inputs)
         if triton_norm.applies(scores):
             return triton_moe.route(scores, self.top_k, self.per_expert_scale)
         probs = scores.softmax(dim=-1, dtype=torch.float32)

@@ -14,6 +14,9 @@ sum differs from cuBLAS's, as any two GEMM kernels' do.
 
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -21,17 +24,33 @@ from torch import Tensor
 from dfim.engine.model import ops, triton_kernels, triton_norm
 
 KERNELS = "dfim.engine.model.triton_gemv_kernels"
+# The dtypes the startup check covers (`fast_check.gemv_mismatches`); others keep cuBLAS.
+DTYPES = (torch.float32, torch.bfloat16)
 
 
 def fits(x: Tensor, weight: Tensor) -> bool:
-    """Whether the one-row kernel takes `x @ weight.T`: one row, a row-major weight of x's dtype, the layers'
-    kernels applying (`triton_norm.applies`: CUDA inference with the kernels checked)."""
+    """Whether the one-row kernel takes `x @ weight.T`: one row of a checked dtype, a weight of that dtype
+    whose rows are contiguous, the layers' kernels applying (`triton_norm.applies`: CUDA inference) and this
+    one passing its own check (`works`)."""
     return (
-        x.numel() == x.shape[-1]
+        math.prod(x.shape[:-1]) == 1
+        and x.dtype in DTYPES
         and weight.dim() == 2
         and weight.stride(-1) == 1
         and weight.dtype == x.dtype
         and triton_norm.applies(x)
+        and works(x.device.type)
+    )
+
+
+@functools.cache
+def works(device_type: str) -> bool:
+    """Whether the kernel builds and agrees with an fp64 product on this kind of device (run once). Where
+    not, products keep cuBLAS and the log says why; the layers' other kernels have their own check."""
+    from dfim.engine.model.fast_check import gemv_mismatches
+
+    return triton_kernels.passes_check(
+        lambda: gemv_mismatches(device_type), "Triton's one-row product kernel is", device_type
     )
 
 
@@ -62,10 +81,12 @@ def gemv(
 ) -> Tensor:
     """x [..., K] (one row; [..., 2K] = [gate ; up] when `gated`) times weight [N, K] transposed -> [..., N]
     in x's dtype. `block_n` / `block_k` override the tile (`bench_gemv_gpu.py` sweeps them)."""
-    triton, kernels = triton_kernels.require(KERNELS)
     n_out, n_in = weight.shape
-    if x.numel() != x.shape[-1] or x.shape[-1] != (2 * n_in if gated else n_in):
+    if math.prod(x.shape[:-1]) != 1 or x.shape[-1] != (2 * n_in if gated else n_in):
         raise ValueError(f"one row of {2 * n_in if gated else n_in} values, got {tuple(x.shape)}")
+    if weight.stride(-1) != 1:
+        raise ValueError("the weight's rows must be contiguous")
+    triton, kernels = triton_kernels.require(KERNELS)
     row = x.reshape(-1).contiguous()
     out = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
     default_n, default_k, default_warps = tile(n_in, gated)

@@ -77,3 +77,18 @@ def test_a_disagreeing_transformers_model_fails_too():
     result = check_fast(model, fast_over(model), CONTEXT, transformers_view(other)[0])
     assert result.failures and all(line.startswith("transformers vs ours") for line in result.failures)
     assert result.failures[0].startswith("transformers vs ours, no self-cond, layer 1:")
+
+
+def test_the_routing_recorder_sees_the_routers_scores():
+    """The near-tie excuse reads the reference's router margins from a hook on the router's product: a router
+    that bypassed its module would leave them zero and excuse any changed expert as a tie."""
+    from dfim.engine.model.fast_check import RoutingRecorder
+
+    model = check_model(SHAPE, "cpu")
+    layers = model.decoder.layers
+    recorder = RoutingRecorder(layers, 5, model.config.top_k_experts, torch.device("cpu"))
+    with torch.no_grad():
+        layers[0].router(torch.randn(5, model.config.hidden_size))
+    index, margin = recorder.snapshot()
+    recorder.close()
+    assert (margin[0] > 0).all() and index[0].shape == (5, model.config.top_k_experts)
