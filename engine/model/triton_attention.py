@@ -42,11 +42,18 @@ def available() -> bool:
     return triton_kernels.load(KERNELS) is not None
 
 
-def blocks_for(head_dim: int, rows: int) -> tuple[int, int]:
-    """(query rows a program, keys a step): the fp32 accumulator of a 512-wide head takes 16 rows."""
+def blocks_for(head_dim: int, rows: int) -> tuple[int, int, int, int]:
+    """(query rows a program, keys a step, warps, stages) for `rows` folded query rows. From a sweep of one
+    layer's attention in a pass of the 26B shape on an H200 (`bench_attention_gpu.py --sweep`, docs/gpu.md):
+    a 512-wide head, 32 rows by 32 keys (255 us a full layer at a 256-token canvas against 323 with 16 rows,
+    87 against 92 at two 32-token rows); a 256-wide head, 128 rows by 64 keys over 8 warps for a canvas of
+    256 tokens (50 us against 59) and 64 rows by 32 keys for the server's two 32-token rows (18 against 20).
+    A few rows (an AR token, a few typed tokens) keep 16 rows a program."""
+    if rows <= 16:
+        return (16, 32, 4, 2) if head_dim >= 512 else (16, 64, 4, 2)
     if head_dim >= 512:
-        return 16, 32
-    return (16 if rows <= 16 else 32 if rows <= 256 else 64), 64
+        return 32, 32, 4, 2
+    return (64, 32, 4, 3) if rows <= 256 else (128, 64, 8, 2)
 
 
 def interval_mask(bounds: Tensor, lo: int, hi: int) -> Tensor:
@@ -68,7 +75,7 @@ def attend(
 ) -> Tensor:
     """Attention of q [1, Hq, T, D] over the keys/values [lo, hi) of cache_k/cache_v [1, Hkv, S, D] (each
     query row sees the keys its row of `bounds` [T, 4] int32 allows) -> [1, T, Hq * D] in q's dtype.
-    `tiles` (query rows a program, keys a step, warps, stages) overrides `blocks_for` and 4 warps, 2 stages
+    `tiles` (query rows a program, keys a step, warps, stages) overrides `blocks_for`
     (`bench_attention_gpu.py` sweeps them)."""
     triton, kernels = triton_kernels.require(KERNELS)
     if (
@@ -86,7 +93,7 @@ def attend(
     rows = groups * t
     if rows == 0:
         return out
-    block_m, block_n, warps, stages = tiles or (*blocks_for(d, rows), 4, 2)
+    block_m, block_n, warps, stages = tiles or blocks_for(d, rows)
     programs = hkv * triton.cdiv(rows, block_m)
     keys = max(hi - lo, 1)
     splits = 1
@@ -134,7 +141,7 @@ def self_test(
     device: torch.device | str, dtype: torch.dtype, heads_of: Sequence[tuple[int, int, int]] = DEFAULT_HEADS
 ) -> float:
     """The worst relative error (norm of the difference over the norm) of `attend` against SDPA with the
-    mask `interval_mask` says, for each (query heads, KV heads, head dim) of `heads_of` at 1, 7 and 300 query
+    mask `interval_mask` says, for each (query heads, KV heads, head dim) of `heads_of` at 1, 7, 40 and 300 query
     positions (every block size `blocks_for` picks), split and unsplit keys, a causal window and a second
     interval; and `store_kv` against the index assignments it replaces (any difference: inf). A shape the
     kernel cannot build raises."""
@@ -142,7 +149,8 @@ def self_test(
 
     g = torch.Generator(device=device).manual_seed(0)
     worst = 0.0
-    cases = [(h, kv, d, t, keys) for h, kv, d in heads_of for t, keys in ((1, 600), (7, 300), (300, 320))]
+    lengths = ((1, 600), (7, 300), (40, 300), (300, 320))
+    cases = [(h, kv, d, t, keys) for h, kv, d in heads_of for t, keys in lengths]
     for heads, kv_heads, head_dim, t, keys in cases:
         q = torch.randn(1, heads, t, head_dim, generator=g, device=device).to(dtype)
         k, v = (

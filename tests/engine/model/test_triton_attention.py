@@ -83,3 +83,15 @@ USES_KERNELS = textwrap.dedent(
 def test_the_interpreted_fast_path_runs_every_kernel(kernel_check):
     """What makes the test above a test of the kernels: under the interpreter the fast path picks them all."""
     kernel_check(USES_KERNELS, "cpu", INTERPRETER)
+
+
+def test_blocks_for_every_regime_gives_tiles_a_dot_can_take():
+    for head_dim in (64, 256, 512):
+        for rows in (1, 16, 17, 80, 256, 257, 2048):
+            block_m, block_n, warps, stages = triton_attention.blocks_for(head_dim, rows)
+            for size in (block_m, block_n):
+                assert size >= 16 and size & (size - 1) == 0  # tl.dot takes powers of two from 16
+            assert warps in (4, 8) and stages >= 1
+    # an fp32 accumulator of a 512-wide head stays at 32 rows; a few rows keep small programs
+    assert triton_attention.blocks_for(512, 2048)[0] == 32
+    assert triton_attention.blocks_for(256, 8)[0] == 16
