@@ -72,9 +72,21 @@ def fill_request(
 ) -> FillRequest:
     """The request for one cursor fill: the model's sampler with `steps` over it, and one line (a stop at the
     newline, a 32-token canvas) unless `multiline`, as the server answers (decisions 25 and 49): this small
-    model's later lines are rarely right, and often repeat. `candidates` None: the server's inline choice (a
-    drafted line is one canvas, decision 38; else two)."""
-    settings = defaults if steps is None else replace(defaults, max_steps=steps)
+    model's later lines are rarely right, and often repeat. A line without `steps` stops where the server's
+    inline fills stop (its `sampling.maxSteps` and `entropyBound`; decision 48); a several-line fill keeps
+    the model's cap, as a rewrite does. `candidates` None: the server's inline choice (a drafted line is one
+    canvas, decision 38; else two)."""
+    if steps is not None:
+        settings = replace(defaults, max_steps=steps)
+    elif not multiline:
+        from dfim.server.options import SamplingOptions
+
+        inline = SamplingOptions()
+        settings = replace(
+            defaults, max_steps=min(defaults.max_steps, inline.max_steps), entropy_bound=inline.entropy_bound
+        )
+    else:
+        settings = defaults
     settings = replace(
         settings, draft=settings.draft and not multiline
     )  # the editor drafts single lines only

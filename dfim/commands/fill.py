@@ -37,7 +37,12 @@ def add_fill_arguments(parser: argparse.ArgumentParser) -> None:
         f"most tokens to fill, at most {options.MAX_TOKENS_CAP} (default: 32, 64 with --multiline)",
     )
     parser.add_argument(
-        "--steps", type=int, default=None, metavar="N", help="most denoising steps (default: the model's)"
+        "--steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="most denoising steps (default: 8 for a line, as the editor's inline fills; the model's "
+        "with --multiline)",
     )
     # 0 by default, as the editor's fills (server sampling.seed): the same file and position, the same fill
     options.add_seed(parser, default=0)
@@ -133,6 +138,17 @@ class StepProgress:
             self.bar = None
 
 
+def empty_fill_reason(raw: str, suffix: str) -> str:
+    """Why a fill shows nothing: the model wrote nothing, wrote the rest of the line again (which the editor
+    cuts), or wrote something the server's post-processing drops."""
+    text, rest = raw.strip(), suffix.split("\n", 1)[0].strip()
+    if not text:
+        return "wrote nothing here"
+    if rest and (rest.startswith(text) or text.endswith(rest)):
+        return "only repeated the rest of the line"
+    return "wrote nothing the editor would show here (--json has its raw text)"
+
+
 def fail(message: str) -> int:
     print(f"dfim fill: {message}", file=sys.stderr)
     return 2
@@ -219,7 +235,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, ensure_ascii=False))
     else:
         if not result.text.strip():
-            why = "only repeated the rest of the line" if raw.strip() else "wrote nothing here"
-            print(f"dfim fill: note: the model {why} (try another --seed)", file=sys.stderr)
+            print(
+                f"dfim fill: note: the model {empty_fill_reason(raw, suffix)} (try another --seed)",
+                file=sys.stderr,
+            )
         sys.stdout.write(result.text if result.text.endswith("\n") else result.text + "\n")
     return 0

@@ -69,10 +69,13 @@ def language_type(value: str) -> str:
 
 
 def add_model(parser: argparse.ArgumentParser | argparse._ActionsContainer, **kwargs) -> argparse.Action:
-    """--model FOLDER: a checkpoint folder; unset, the shipped model (dfim-base)."""
+    """--model FOLDER|NAME: a checkpoint folder or a shipped model's name; unset, the shipped model (dfim-base)."""
     kwargs.setdefault("default", None)
-    kwargs.setdefault("metavar", "FOLDER")
-    kwargs.setdefault("help", "checkpoint folder (default: the shipped model, dfim-base)")
+    kwargs.setdefault("metavar", "FOLDER|NAME")
+    kwargs.setdefault(
+        "help",
+        "checkpoint folder, or a shipped model's name: dfim-base (the default), dfim-small (in the checkout)",
+    )
     return parser.add_argument("--model", **kwargs)
 
 

@@ -48,7 +48,7 @@ from dfim.engine.inference.chat import load_tokenizer
 from dfim.engine.inference.fast_backend import FastBackend
 from dfim.engine.inference.sampler_state import DenoiseState, mean_free_entropy, plan_constraints
 from dfim.engine.inference.sampler_steps import build_chain
-from dfim.engine.model.checkpoint import load_model, read_info, resolve_checkpoint
+from dfim.engine.model.checkpoint import folder_not_found, load_model, read_info, resolve_checkpoint
 from dfim.engine.model.threads import AdaptiveThreads, limit_threads, usable_cores
 from dfim.engine.model.tokenizer import Tokenizer
 
@@ -160,7 +160,7 @@ class Engine:
         dev = check_device(device)
         automatic = limit_threads(threads)
         if not folder.is_dir():
-            raise CheckpointError(f"{folder}: checkpoint folder not found")
+            raise folder_not_found(folder)
         tokenizer_path = folder / "tokenizer.json"
         if not tokenizer_path.is_file():
             raise CheckpointError(f"{tokenizer_path}: missing")

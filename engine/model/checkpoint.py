@@ -58,6 +58,20 @@ def resolve_checkpoint(path: str | os.PathLike | None) -> Path:
     return folder
 
 
+def shipped_models() -> list[str]:
+    """The names `resolve_checkpoint` takes for the checkpoints shipped with dfim (in the wheel or the checkout)."""
+    if not WEIGHTS_DIR.is_dir():
+        return []
+    return sorted(p.name for p in WEIGHTS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def folder_not_found(folder: Path) -> CheckpointError:
+    """The error for a model option naming no folder; a bare name also lists the shipped models' names."""
+    names = shipped_models() if len(folder.parts) == 1 else []
+    known = f" (shipped models: {', '.join(names)})" if names else ""
+    return CheckpointError(f"{folder}: checkpoint folder not found{known}")
+
+
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 INFO_FILE = "dfim.json"
@@ -247,7 +261,7 @@ def load_model(
     (engine/model/random_init.py)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise CheckpointError(f"{folder}: checkpoint folder not found")
+        raise folder_not_found(folder)
     config = read_config(folder)
     quant = _read_quantization(folder)
     settings = read_settings(folder)

@@ -450,3 +450,11 @@ def test_a_multiline_fill_shows_its_steps_and_quiet_hides_them(capsys, checkpoin
     assert quiet_code == 0 and quiet_out == out and "canvas 1" not in quiet_err  # same fill, no progress
     code, _, err = dfim_fill(capsys, *args[:-1])  # one line: too quick to need progress
     assert code == 0 and "canvas 1" not in err
+
+
+def test_an_empty_fill_says_why():
+    from dfim.commands.fill import empty_fill_reason
+
+    assert empty_fill_reason("  ", "x)\n") == "wrote nothing here"
+    assert empty_fill_reason("urn size", "urn size\nnext") == "only repeated the rest of the line"
+    assert "--json has its raw text" in empty_fill_reason("a, 2, 1) => 3", ");\n")
