@@ -44,8 +44,9 @@ class VersionAction(argparse.Action):
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The `dfim` parser. With `command`, only that command's module is imported (its options are the only
-    ones parsed): `dfim eval` does not pay for importing torch through `dfim train`'s module."""
+    """The `dfim` parser. Only the module of `command` is imported (its options are the only ones parsed):
+    `dfim eval` does not pay for importing torch through `dfim train`'s module, and `dfim --help`, which
+    lists the commands' one-line help, imports none."""
     parser = argparse.ArgumentParser(
         prog="dfim", description="Fill code in the middle with a diffusion model."
     )
@@ -58,7 +59,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             name, help=help_text, description=help_text, formatter_class=HelpFormatter
         )
         command_parser.set_defaults(_module=module_name)
-        if command in COMMANDS and name != command:
+        if name != command:
             continue
         try:
             module = importlib.import_module(module_name)

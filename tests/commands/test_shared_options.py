@@ -159,3 +159,18 @@ def test_modules_import_without_torch_for_help():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
     importlib.import_module("dfim.commands.options")
+
+
+def test_the_command_list_imports_no_command(capsys):
+    """`dfim --help` lists the commands from their one-line help: importing them all (torch through `dfim
+    train`) made it take seconds."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom dfim.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, 'dfim.commands.train' in sys.modules, file=sys.stderr)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "fill" in proc.stdout and "bench-realcode" in proc.stdout
+    assert proc.stderr.strip() == "False False", proc.stderr
