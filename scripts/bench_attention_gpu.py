@@ -31,11 +31,16 @@ from bench_moe_gpu import Report, timed  # noqa: E402
 
 CONTEXT, BUCKET = 4096, 256
 DEVICE = "cuda"
-# (query rows a program, keys a step, warps, stages)
+Tiles = triton_attention.Tiles
+# Wide heads also by slices of the value's dimensions (`block_dv`): a smaller accumulator, so more rows a
+# program and fewer reads of the keys from L2, for scores computed once a slice.
 SWEEP = {
-    256: [(32, 64, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 2)],
-    512: [(16, 32, 4, 2), (32, 32, 4, 2), (32, 32, 8, 2), (64, 32, 8, 1), (64, 32, 8, 2), (32, 64, 8, 1),
-          (64, 16, 8, 2), (64, 64, 8, 1)],
+    256: [Tiles(32, 64), Tiles(64, 64), Tiles(64, 64, 8), Tiles(128, 64, 8), Tiles(64, 32, 4, 3),
+          Tiles(128, 32, 8), Tiles(128, 64, 8, 2, 128), Tiles(128, 32, 4, 2, 128), Tiles(256, 32, 8, 2, 64)],
+    512: [Tiles(16, 32), Tiles(32, 32), Tiles(32, 32, 8), Tiles(64, 32, 8, 1), Tiles(64, 32, 8, 2),
+          Tiles(32, 64, 8, 1), Tiles(64, 16, 8, 2), Tiles(64, 64, 8, 1), Tiles(64, 32, 4, 2, 256),
+          Tiles(64, 32, 8, 2, 128), Tiles(128, 32, 8, 2, 128), Tiles(128, 32, 8, 2, 256), Tiles(128, 64, 8, 1, 128),
+          Tiles(64, 64, 4, 2, 128)],
 }  # fmt: skip
 
 
@@ -95,10 +100,12 @@ def main() -> None:
             bytes_read = 2 * kv_heads * (hi - lo) * head_dim * 2
             floor_us = max(bytes_read / (args.bandwidth * 1e12), flops / (args.tflops * 1e12)) * 1e6
             say(f"\n{name} layer, {rows} x {length} tokens over keys [{lo}, {hi}): floor {floor_us:.1f} us")
-            tiles: list[tuple[int, int, int, int] | None] = [None] + (SWEEP[head_dim] if args.sweep else [])
+            tiles: list[Tiles | None] = [None, *(SWEEP[head_dim] if args.sweep else [])]
             best = (float("inf"), "")
             for tile in tiles:
-                label = "default" if tile is None else "{}x{} w{} s{}".format(*tile)
+                label = "default" if tile is None else "{}x{} w{} s{}".format(*tile[:4])
+                if tile is not None and tile.block_dv:
+                    label += f" dv{tile.block_dv}"
                 fn = functools.partial(triton_attention.attend, q, k, v, lo, hi, bounds, tile)
                 try:
                     err = float((fn().float() - want).norm() / want.norm())

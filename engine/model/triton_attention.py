@@ -22,6 +22,7 @@ Triton is imported on first use only: the CPU path never needs it (`available()`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -42,18 +43,29 @@ def available() -> bool:
     return triton_kernels.load(KERNELS) is not None
 
 
-def blocks_for(head_dim: int, rows: int) -> tuple[int, int, int, int]:
-    """(query rows a program, keys a step, warps, stages) for `rows` folded query rows. From a sweep of one
+class Tiles(NamedTuple):
+    """How `attend` splits its work: query rows a program, keys a step, warps, pipeline stages, and the value
+    dimensions a program writes (None: all of them; fewer lets a wide head take more rows a program)."""
+
+    block_m: int
+    block_n: int
+    warps: int = 4
+    stages: int = 2
+    block_dv: int | None = None
+
+
+def blocks_for(head_dim: int, rows: int) -> Tiles:
+    """The tiles for `rows` folded query rows. From a sweep of one
     layer's attention in a pass of the 26B shape on an H200 (`bench_attention_gpu.py --sweep`, docs/gpu.md):
     a 512-wide head, 32 rows by 32 keys (255 us a full layer at a 256-token canvas against 323 with 16 rows,
     87 against 92 at two 32-token rows); a 256-wide head, 128 rows by 64 keys over 8 warps for a canvas of
     256 tokens (50 us against 59) and 64 rows by 32 keys for the server's two 32-token rows (18 against 20).
     A few rows (an AR token, a few typed tokens) keep 16 rows a program."""
     if rows <= 16:
-        return (16, 32, 4, 2) if head_dim >= 512 else (16, 64, 4, 2)
+        return Tiles(16, 32) if head_dim >= 512 else Tiles(16, 64)
     if head_dim >= 512:
-        return 32, 32, 4, 2
-    return (64, 32, 4, 3) if rows <= 256 else (128, 64, 8, 2)
+        return Tiles(32, 32)
+    return Tiles(64, 32, stages=3) if rows <= 256 else Tiles(128, 64, warps=8)
 
 
 def interval_mask(bounds: Tensor, lo: int, hi: int) -> Tensor:
@@ -71,12 +83,11 @@ def attend(
     lo: int,
     hi: int,
     bounds: Tensor,
-    tiles: tuple[int, int, int, int] | None = None,
+    tiles: Tiles | None = None,
 ) -> Tensor:
     """Attention of q [1, Hq, T, D] over the keys/values [lo, hi) of cache_k/cache_v [1, Hkv, S, D] (each
     query row sees the keys its row of `bounds` [T, 4] int32 allows) -> [1, T, Hq * D] in q's dtype.
-    `tiles` (query rows a program, keys a step, warps, stages) overrides `blocks_for`
-    (`bench_attention_gpu.py` sweeps them)."""
+    `tiles` overrides `blocks_for` (`bench_attention_gpu.py` sweeps them)."""
     triton, kernels = triton_kernels.require(KERNELS)
     if (
         q.shape[0] != 1
@@ -93,8 +104,12 @@ def attend(
     rows = groups * t
     if rows == 0:
         return out
-    block_m, block_n, warps, stages = tiles or blocks_for(d, rows)
-    programs = hkv * triton.cdiv(rows, block_m)
+    block_m, block_n, warps, stages, block_dv = tiles or blocks_for(d, rows)
+    block_dv = block_dv or d
+    if d % block_dv:
+        raise ValueError(f"value slices of {block_dv} do not divide head_dim {d}")
+    slices = d // block_dv
+    programs = hkv * slices * triton.cdiv(rows, block_m)
     keys = max(hi - lo, 1)
     splits = 1
     while splits < 16 and programs * splits < TARGET_PROGRAMS and keys / (2 * splits) >= MIN_SPLIT_KEYS:
@@ -105,10 +120,10 @@ def attend(
         part = torch.empty(splits, hkv, rows, d, dtype=torch.float32, device=q.device)
         stats = torch.empty(splits, hkv, rows, 2, dtype=torch.float32, device=q.device)
     exact = q.dtype == torch.float32
-    kernels.attend_keys[(hkv, triton.cdiv(rows, block_m), splits)](
+    kernels.attend_keys[(hkv * slices, triton.cdiv(rows, block_m), splits)](
         q, cache_k, cache_v, bounds, out, part, stats, t, groups, lo, hi, per_split, cache_k.stride(1),
         out.stride(1), HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=splits > 1, EXACT=exact,
-        num_warps=warps, num_stages=stages,
+        BLOCK_DV=block_dv, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if splits > 1:
         kernels.combine_splits[(hkv, rows)](
@@ -138,13 +153,16 @@ DEFAULT_HEADS = ((4, 2, 256), (8, 1, 512), (4, 4, 64))
 
 
 def self_test(
-    device: torch.device | str, dtype: torch.dtype, heads_of: Sequence[tuple[int, int, int]] = DEFAULT_HEADS
+    device: torch.device | str,
+    dtype: torch.dtype,
+    heads_of: Sequence[tuple[int, int, int]] = DEFAULT_HEADS,
+    tiles: Tiles | None = None,
 ) -> float:
     """The worst relative error (norm of the difference over the norm) of `attend` against SDPA with the
     mask `interval_mask` says, for each (query heads, KV heads, head dim) of `heads_of` at 1, 7, 40 and 300 query
     positions (every block size `blocks_for` picks), split and unsplit keys, a causal window and a second
     interval; and `store_kv` against the index assignments it replaces (any difference: inf). A shape the
-    kernel cannot build raises."""
+    kernel cannot build raises. `tiles`: those instead of `blocks_for`'s (the tests check other tiles)."""
     import torch.nn.functional as F
 
     g = torch.Generator(device=device).manual_seed(0)
@@ -168,7 +186,7 @@ def self_test(
         store_kv(k, v, new_k, new_v, slots)
         if not (torch.equal(k, want_k) and torch.equal(v, want_v)):
             return float("inf")
-        got = attend(q, k, v, 0, keys, bounds).float()
+        got = attend(q, k, v, 0, keys, bounds, tiles).float()
         mask = interval_mask(bounds, 0, keys)[None, None]
         groups = heads // kv_heads
         ref_k, ref_v = (x[:, :, :keys].repeat_interleave(groups, dim=1).float() for x in (k, v))

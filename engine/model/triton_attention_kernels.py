@@ -13,14 +13,20 @@ MASKED = tl.constexpr(-1.0e30)
 def attend_keys(q_ptr, k_ptr, v_ptr, bounds_ptr, out_ptr, part_ptr, stats_ptr, seq_len, groups, key_lo, key_hi,
                 keys_per_split, k_head_stride, out_row_stride,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                EXACT: tl.constexpr):  # fmt: skip
-    """Program (KV head, block of query rows, split of the keys). The query heads that share a KV head are
-    folded into its rows (row r: head kv * groups + r // seq_len, position r % seq_len), so every key block
-    read serves all of them. Each row sees the keys in [lo1, hi1) and [lo2, hi2) from `bounds` [T, 4] (its
-    position's), within this split's share of [key_lo, key_hi). Online softmax in fp32, scale 1.0 (Gemma 4's
-    normed queries and keys). SPLIT: the unnormalised sum and the row's max and sum of weights go to
-    `part`/`stats` for `combine_splits`; else the normalised rows go straight to out [T, Hq, D]."""
-    kv = tl.program_id(0).to(tl.int64)
+                EXACT: tl.constexpr, BLOCK_DV: tl.constexpr):  # fmt: skip
+    """Program (KV head and slice of the value's dimensions, block of query rows, split of the keys). The
+    query heads that share a KV head are folded into its rows (row r: head kv * groups + r // seq_len,
+    position r % seq_len), so every key block read serves all of them. Each row sees the keys in [lo1, hi1)
+    and [lo2, hi2) from `bounds` [T, 4] (its position's), within this split's share of [key_lo, key_hi).
+    Online softmax in fp32, scale 1.0 (Gemma 4's normed queries and keys). A program writes BLOCK_DV of the
+    output's HEAD_DIM dimensions (the scores take all of them): a wide head's accumulator split over
+    programs, so that one program can take more rows. SPLIT: the unnormalised sum and the row's max and sum
+    of weights go to `part`/`stats` for `combine_splits`; else the normalised rows go straight to out
+    [T, Hq, D]."""
+    slices = HEAD_DIM // BLOCK_DV
+    kv = (tl.program_id(0) // slices).to(tl.int64)
+    n_kv = tl.num_programs(0) // slices
+    value_dims = (tl.program_id(0) % slices) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     split = tl.program_id(2)
     n_rows = groups * seq_len
@@ -49,7 +55,7 @@ def attend_keys(q_ptr, k_ptr, v_ptr, bounds_ptr, out_ptr, part_ptr, stats_ptr, s
     v_head = v_ptr + kv * k_head_stride
     m = tl.full([BLOCK_M], MASKED, tl.float32)
     total = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     for block in range(start, end, BLOCK_N):
         keys = block + tl.arange(0, BLOCK_N)
         key_ok = keys < end
@@ -67,20 +73,21 @@ def attend_keys(q_ptr, k_ptr, v_ptr, bounds_ptr, out_ptr, part_ptr, stats_ptr, s
         alpha = tl.exp(m - m_new)
         p = tl.where(seen, tl.exp(scores - m_new[:, None]), 0.0)
         total = total * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_head + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_head + keys[:, None] * HEAD_DIM + value_dims[None, :], mask=key_ok[:, None], other=0.0)
         if EXACT:
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
     if SPLIT:
-        slot = (split * tl.num_programs(0) + kv) * n_rows + rows
-        tl.store(part_ptr + slot[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_ok[:, None])
-        tl.store(stats_ptr + slot * 2, m, mask=row_ok)
-        tl.store(stats_ptr + slot * 2 + 1, total, mask=row_ok)
+        slot = (split * n_kv + kv) * n_rows + rows
+        tl.store(part_ptr + slot[:, None] * HEAD_DIM + value_dims[None, :], acc, mask=row_ok[:, None])
+        if tl.program_id(0) % slices == 0:  # every slice has the same max and sum
+            tl.store(stats_ptr + slot * 2, m, mask=row_ok)
+            tl.store(stats_ptr + slot * 2 + 1, total, mask=row_ok)
     else:
         out = acc / tl.maximum(total, 1e-30)[:, None]
-        dest = out_ptr + position[:, None] * out_row_stride + head[:, None] * HEAD_DIM + dims[None, :]
+        dest = out_ptr + position[:, None] * out_row_stride + head[:, None] * HEAD_DIM + value_dims[None, :]
         tl.store(dest, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 

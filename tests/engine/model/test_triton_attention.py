@@ -37,6 +37,11 @@ CHECK = textwrap.dedent(
         limit = 1e-5 if dtype == torch.float32 else 2e-2
         if not error <= limit:
             bad.append(f"attention {dtype}: relative error {error:.2e} > {limit:.0e}")
+    # a program writing a slice of a wide head's value dimensions (bench_attention_gpu.py's sweep)
+    sliced = triton_attention.Tiles(32, 32, block_dv=128)
+    error = triton_attention.self_test(device, torch.float32, ((8, 1, 512), (4, 2, 256)), sliced)
+    if not error <= 1e-5:
+        bad.append(f"attention, value slices of 128: relative error {error:.2e}")
     print("\\n".join(bad) or "ok")
     """
 )
@@ -88,10 +93,10 @@ def test_the_interpreted_fast_path_runs_every_kernel(kernel_check):
 def test_blocks_for_every_regime_gives_tiles_a_dot_can_take():
     for head_dim in (64, 256, 512):
         for rows in (1, 16, 17, 80, 256, 257, 2048):
-            block_m, block_n, warps, stages = triton_attention.blocks_for(head_dim, rows)
+            block_m, block_n, warps, stages, block_dv = triton_attention.blocks_for(head_dim, rows)
             for size in (block_m, block_n):
                 assert size >= 16 and size & (size - 1) == 0  # tl.dot takes powers of two from 16
-            assert warps in (4, 8) and stages >= 1
+            assert warps in (4, 8) and stages >= 1 and block_dv in (None, head_dim)
     # an fp32 accumulator of a 512-wide head stays at 32 rows; a few rows keep small programs
     assert triton_attention.blocks_for(512, 2048)[0] == 32
     assert triton_attention.blocks_for(256, 8)[0] == 16
