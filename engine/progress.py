@@ -54,6 +54,7 @@ class Progress:
         self._last_line_done = -1
         self._last_line_time = self.start
         self._next_step = 0
+        self._ended = False
         if not self.enabled:
             return
         if _is_tty(self.stream):
@@ -93,7 +94,7 @@ class Progress:
         eta = elapsed / self.done * (self.total - self.done) if self.done else None
         line = f"{self.desc}: {self.done}/{self.total} {self.unit} ({100 * self.done // self.total}%)"
         line += f", {format_duration(elapsed)} elapsed"
-        if eta is not None and self.done < self.total:
+        if eta is not None and self.done < self.total and not self._ended:
             line += f", ETA {format_duration(eta)}"
         if self.note:
             line += f"  {self.note}"
@@ -102,11 +103,18 @@ class Progress:
         self._last_line_done, self._last_line_time = self.done, now
         self._next_step = (self.done // self.every + 1) * self.every
 
-    def close(self) -> None:
-        """End the phase: the bar stays on screen; a log gets the last count if it was not written yet."""
+    def close(self, note: str = "") -> None:
+        """End the phase: the bar stays on screen; a log gets the last count if it was not written yet, or
+        again with `note` (why a phase ended before its total)."""
         if not self.enabled:
             return
+        self._ended = True
+        if note:
+            self.note = note
+            self._last_line_done = -1
         if self._bar is not None:
+            if note:
+                self._bar.set_postfix_str(note)
             self._bar.close()
             self._bar = None
         else:

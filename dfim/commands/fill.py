@@ -130,11 +130,15 @@ class StepProgress:
             self.close()
             self.block = info.block
             self.bar = Progress(info.max_steps, f"dfim fill: canvas {info.block + 1}", unit="steps")
-        self.bar.update(info.step - self.bar.done, f"{info.accepted}/{info.canvas_length} accepted")
+        self.bar.update(
+            info.step - self.bar.done, f"{info.accepted}/{info.canvas_length} canvas tokens settled"
+        )
 
     def close(self) -> None:
         if self.bar is not None:
-            self.bar.close()
+            bar = self.bar
+            early = bar.done < bar.total  # the sampler stopped: the canvas was stable and confident
+            bar.close(f"{bar.note}; stopped after {bar.done} of {bar.total} steps" if early else "")
             self.bar = None
 
 

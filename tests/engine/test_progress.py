@@ -60,3 +60,17 @@ def test_disabled_and_empty_progress_write_nothing():
     Progress(10, "x", stream=log, enabled=False).update(3)
     Progress(0, "x", stream=log).close()
     assert log.getvalue() == ""
+
+
+def test_a_phase_closed_early_says_why_without_an_eta():
+    import io
+
+    from dfim.engine.progress import Progress
+
+    stream = io.StringIO()
+    bar = Progress(48, "fill", unit="steps", stream=stream, interval=1e9)
+    bar.update(24, "18/64 settled")
+    bar.close("18/64 settled; stopped after 24 of 48 steps")
+    last = stream.getvalue().strip().split("\n")[-1]
+    assert last.startswith("fill: 24/48 steps") and last.endswith("stopped after 24 of 48 steps")
+    assert "ETA" not in last
