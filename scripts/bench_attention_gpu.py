@@ -14,7 +14,6 @@ Exit status 1 when a tile's output differs from the reference by more than 2% (r
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ from dfim.engine.model import triton_attention
 from dfim.engine.model.config import RELEASED_26B_A4B
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # PYTHONSAFEPATH leaves the scripts' folder out
-from bench_moe_gpu import Report, timed  # noqa: E402
+from bench_moe_gpu import Report, bench_parser, timed  # noqa: E402
 
 CONTEXT, BUCKET = 4096, 256
 DEVICE = "cuda"
@@ -76,11 +75,8 @@ def reference(q: Tensor, k: Tensor, v: Tensor, lo: int, hi: int, bounds: Tensor)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bandwidth", type=float, default=4.8, help="the card's peak, TB/s")
+    parser = bench_parser(__doc__)
     parser.add_argument("--tflops", type=float, default=989.0, help="the card's dense bf16 peak")
-    parser.add_argument("--sweep", action="store_true", help="also time other tiles")
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     report = Report()
     say = report.say

@@ -13,7 +13,6 @@ Exit status 1 when a kernel's output differs from cuBLAS's by more than 1% (rela
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from dfim.engine.model import triton_gemv, triton_norm
 from dfim.engine.model.fast_check import GEMV_26B_SHAPES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # PYTHONSAFEPATH leaves the scripts' folder out
-from bench_moe_gpu import Report, timed  # noqa: E402
+from bench_moe_gpu import Report, bench_parser, timed  # noqa: E402
 
 LAYERS = 30
 # rows a program x values of a row a step x warps; a block of 4,096 or more reads a whole row at once
@@ -95,11 +94,7 @@ def bench_shape(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bandwidth", type=float, default=4.8, help="the card's peak, TB/s")
-    parser.add_argument("--sweep", action="store_true", help="also time other tiles")
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = bench_parser(__doc__).parse_args()
     report = Report()
     say = report.say
     say(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {LAYERS} products a graph, bf16")

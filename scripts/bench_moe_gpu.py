@@ -64,6 +64,15 @@ def reference(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: 
     return out
 
 
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """The GPU kernel benches' common options: the card's bandwidth, a tile sweep, the report's file."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--bandwidth", type=float, default=4.8, help="the card's peak, TB/s")
+    parser.add_argument("--sweep", action="store_true", help="also time other tile sizes")
+    parser.add_argument("--out", type=Path)
+    return parser
+
+
 class Report:
     """Lines printed as they come and written to a file at the end."""
 
@@ -105,12 +114,9 @@ def timed(fn: Callable[[], Tensor], graphs: bool, repeat: int = 50) -> tuple[flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--tokens", default="32,64,256")
-    parser.add_argument("--bandwidth", type=float, default=4.8, help="the card's peak, TB/s")
-    parser.add_argument("--sweep", action="store_true", help="also time other Triton tile sizes")
     parser.add_argument("--fp8", action="store_true", help="also the FP8 kernels (weights in e4m3)")
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     report = Report()
     say = report.say
