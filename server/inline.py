@@ -202,10 +202,12 @@ def inline_items(ls, place: Place, candidates: list[str], ctx: FillContext, sour
                 ls.speculations.start(ls, snapshot, r_start, r_end, insert)
             # an edit that also replaces text before the cursor is shown all the same, and counts as such
             latency = (time.perf_counter() - place.started) * 1000
+            held = {"heldForModel": True} if place.held_for_model else {}
             ls.tracker.shown(
                 Shown(suggestion_id, snapshot.uri, insert, snapshot.language_id),
                 source=source,
                 latencyMs=round(latency, 1),
+                **held,
                 **fields,
             )
         elif rank > 0:  # cycling's other candidates: telemetry learns of one when it is accepted
@@ -283,13 +285,14 @@ async def complete(ls, params):
     flag = ls.cancel_inflight(uri)  # a new request for a document cancels the one in flight
     if not options.inline.enabled or not language_enabled(options, doc.language_id):
         return None
-    if not ls.host.ready:  # the first keystroke of a new window: held while the model loads (decision 72)
+    held = not ls.host.ready
+    if held:  # the first keystroke of a new window: held while the model loads (decision 72)
         ls.counters["held_for_model"] += 1
         if not await wait_for_model(ls.host, flag.is_set, options.inline.wait_for_model_ms):
             return None
     text = doc.text
     snapshot = doc.snapshot()
-    place = Place(snapshot, cursor, encoding, started)
+    place = Place(snapshot, cursor, encoding, started, held_for_model=held)
 
     # 1. typed-ahead: the user typed the start of what is shown; serve the rest without the model (unless
     # the user asked for suggestions to cycle through: one item is nothing to cycle)

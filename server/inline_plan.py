@@ -181,6 +181,7 @@ class Place:
     cursor: int
     encoding: str
     started: float  # time.perf_counter() when the request came (the shown suggestion's latency)
+    held_for_model: bool = False  # it waited for the model to load: its latency is mostly the load
 
 
 def fill_request(

@@ -8,7 +8,8 @@ Events are appended as JSON lines to `<data dir>/telemetry.jsonl` and never leav
 `event` is one of shown | accepted | partial | rejected | hidden (the confidence gate hid it: no id, no
 outcome; dfim.server.gate); `source` (shown only) is model | cache | typed | speculation | cycled (a
 candidate after the first, counted shown when its accept arrives: the first then ends as rejected).
-`acceptedChars` counts what the user kept (all of it for accepted, a prefix for partial). A partial accept
+`heldForModel` (shown only, when true) marks a suggestion for a request that waited for the model to load: its
+latency is mostly the load, so `dfim stats` counts it apart from the latencies. `acceptedChars` counts what the user kept (all of it for accepted, a prefix for partial). A partial accept
 may be followed by more of the same suggestion (accept word, accept word, accept all): each is recorded
 again with the running total, and the summary counts only the last outcome of each id.
 """
@@ -260,6 +261,7 @@ def summarize(events: list[dict]) -> dict:
     latencies: list[float] = []
     model_latencies: list[float] = []
     accepted_chars = 0
+    held = 0  # shown after waiting for the model to load: left out of the latencies
     events = [event for event in events if well_formed(event)]
     # the last outcome of each suggestion (a partial accept may be followed by a bigger one, or accepted)
     last = {event.get("id"): n for n, event in enumerate(events) if event.get("event") != "shown"}
@@ -269,7 +271,9 @@ def summarize(events: list[dict]) -> dict:
         kind = event.get("event")
         if kind in counts:
             counts[kind] += 1
-        if kind == "shown" and _number(event.get("latencyMs")):  # NaN would make every percentile NaN
+        if kind == "shown" and event.get("heldForModel") is True:  # its latency is the model's load
+            held += 1
+        elif kind == "shown" and _number(event.get("latencyMs")):  # NaN would make every percentile NaN
             latencies.append(float(event["latencyMs"]))
             if event.get("source", "model") == "model":
                 model_latencies.append(float(event["latencyMs"]))
@@ -280,6 +284,7 @@ def summarize(events: list[dict]) -> dict:
     summary["acceptance_rate"] = counts["accepted"] / shown if shown else 0.0
     summary["partial_rate"] = counts["partial"] / shown if shown else 0.0
     summary["accepted_chars"] = accepted_chars
+    summary["held_for_model"] = held
     # shown = accepted + partial + rejected + no_outcome: a suggestion still on screen, or left without a
     # word (typed over, the editor closed); negative never (an outcome whose `shown` was rotated away is
     # counted among the outcomes only)

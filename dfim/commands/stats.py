@@ -73,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
             f"p95 {ms(summary[f'{label}_p95'])}  p99 {ms(summary[f'{label}_p99'])}"
             + ("  (p95/p99 of fewer than 20 samples: the slowest few)" if 0 < n < 20 else "")
         )
+    if summary.get("held_for_model"):
+        print(
+            f"({summary['held_for_model']} shown after waiting for the model to load: not in the latencies)"
+        )
     print_gate(summary["gate"])
     return 0
 

@@ -167,3 +167,19 @@ def test_accepting_a_cycled_candidate_counts_it_shown_and_accepted(tmp_path):
         "model",
         "cycled",
     ]
+
+
+def test_a_suggestion_held_for_the_model_load_stays_out_of_the_latencies(tmp_path, capsys):
+    t = telemetry.Telemetry(tmp_path)
+    tracker = telemetry.SuggestionTracker(t)
+    tracker.shown(
+        telemetry.Shown("1", "u", "abc", "python"), latencyMs=7400.0, source="model", heldForModel=True
+    )
+    tracker.shown(telemetry.Shown("2", "u", "xyz", "python"), latencyMs=90.0, source="model")
+    summary = telemetry.summarize(telemetry.read_events(t.path))
+    assert summary["shown"] == 2 and summary["held_for_model"] == 1
+    assert summary["latency_n"] == 1 and summary["latency_p90"] == 90.0
+    from dfim.commands import stats
+
+    assert stats.run(argparse.Namespace(data_dir=str(tmp_path), json=False)) == 0
+    assert "1 shown after waiting for the model to load" in capsys.readouterr().out
