@@ -134,10 +134,12 @@ class StepProgress:
             info.step - self.bar.done, f"{info.accepted}/{info.canvas_length} canvas tokens settled"
         )
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """End the bar; `finished`: the fill returned (not an error or Ctrl-C), so a bar short of its total
+        means the sampler stopped early, the canvas stable and confident."""
         if self.bar is not None:
             bar = self.bar
-            early = bar.done < bar.total  # the sampler stopped: the canvas was stable and confident
+            early = finished and bar.done < bar.total
             bar.close(f"{bar.note}; stopped after {bar.done} of {bar.total} steps" if early else "")
             self.bar = None
 
@@ -211,8 +213,9 @@ def run(args: argparse.Namespace) -> int:
                 candidates=args.candidates,
                 on_step=steps.on_step,
             )
+            steps.close(finished=True)
         finally:
-            steps.close()
+            steps.close(finished=False)  # an error or Ctrl-C: no word of an early stop
         result, raw = filled.result, filled.raw
     except EngineError as err:
         return fail(str(err))

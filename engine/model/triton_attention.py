@@ -12,7 +12,7 @@ Here there is no mask tensor: each query position carries two key intervals, [lo
 a causal context row sees [its position - window + 1, position]; a canvas row sees the context and its own
 canvas row's keys. `attend_keys` folds the query heads that share a KV head into its rows (one read of a key
 block serves all of them), runs an online softmax in fp32 over the key blocks some row can see, and, when
-there are too few (head, row block) programs to fill the GPU, splits the keys too; `combine_splits` then
+there are too few (head, value slice, row block) programs to fill the GPU, splits the keys too; `combine_splits` then
 merges the splits' partial sums (flash-decoding). The output is written as [T, Hq * D], the layout the
 output projection reads, so no transpose follows.
 
@@ -54,18 +54,22 @@ class Tiles(NamedTuple):
     block_dv: int | None = None
 
 
-def blocks_for(head_dim: int, rows: int) -> Tiles:
+def blocks_for(head_dim: int, rows: int, exact: bool = False) -> Tiles:
     """The tiles for `rows` folded query rows. From a sweep of one
     layer's attention in a pass of the 26B shape on an H200 (`bench_attention_gpu.py --sweep`, docs/gpu.md):
     a 512-wide head, 32 rows by 32 keys (255 us a full layer at a 256-token canvas against 323 with 16 rows,
     87 against 92 at two 32-token rows); a 256-wide head, 128 rows by 64 keys over 8 warps for a canvas of
     256 tokens (50 us against 59) and 64 rows by 32 keys for the server's two 32-token rows (18 against 20).
-    A few rows (an AR token, a few typed tokens) keep 16 rows a program."""
+    A few rows (an AR token, a few typed tokens) keep 16 rows a program. `exact` (fp32 inputs, the fp32
+    check's): 128 rows by 64 keys of a 256-wide head would need ~295 KB of shared memory, past an H200's
+    227 KB, so fp32 keeps the 64 by 64 it used before (213 KB)."""
     if rows <= 16:
         return Tiles(16, 32) if head_dim >= 512 else Tiles(16, 64)
     if head_dim >= 512:
         return Tiles(32, 32)
-    return Tiles(64, 32, stages=3) if rows <= 256 else Tiles(128, 64, warps=8)
+    if rows <= 256:
+        return Tiles(64, 32, stages=3)
+    return Tiles(64, 64) if exact else Tiles(128, 64, warps=8)
 
 
 def interval_mask(bounds: Tensor, lo: int, hi: int) -> Tensor:
@@ -104,10 +108,11 @@ def attend(
     rows = groups * t
     if rows == 0:
         return out
-    block_m, block_n, warps, stages, block_dv = tiles or blocks_for(d, rows)
+    exact = q.dtype == torch.float32
+    block_m, block_n, warps, stages, block_dv = tiles or blocks_for(d, rows, exact)
     block_dv = block_dv or d
-    if d % block_dv:
-        raise ValueError(f"value slices of {block_dv} do not divide head_dim {d}")
+    if block_dv < 16 or d % block_dv:
+        raise ValueError(f"value slices of {block_dv} (at least 16) must divide head_dim {d}")
     slices = d // block_dv
     programs = hkv * slices * triton.cdiv(rows, block_m)
     keys = max(hi - lo, 1)
@@ -119,7 +124,6 @@ def attend(
     if splits > 1:
         part = torch.empty(splits, hkv, rows, d, dtype=torch.float32, device=q.device)
         stats = torch.empty(splits, hkv, rows, 2, dtype=torch.float32, device=q.device)
-    exact = q.dtype == torch.float32
     kernels.attend_keys[(hkv * slices, triton.cdiv(rows, block_m), splits)](
         q, cache_k, cache_v, bounds, out, part, stats, t, groups, lo, hi, per_split, cache_k.stride(1),
         out.stride(1), HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=splits > 1, EXACT=exact,

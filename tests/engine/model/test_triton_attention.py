@@ -100,3 +100,5 @@ def test_blocks_for_every_regime_gives_tiles_a_dot_can_take():
     # an fp32 accumulator of a 512-wide head stays at 32 rows; a few rows keep small programs
     assert triton_attention.blocks_for(512, 2048)[0] == 32
     assert triton_attention.blocks_for(256, 8)[0] == 16
+    # fp32 inputs keep a tile whose shared memory fits an H200 (128 x 64 would need ~295 KB)
+    assert triton_attention.blocks_for(256, 2048, exact=True) == triton_attention.Tiles(64, 64)
