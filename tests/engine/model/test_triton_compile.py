@@ -15,15 +15,24 @@ import pytest
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 
 
-def compile_for_hopper(fn, signature: dict[str, str], constexprs: dict[str, object]) -> None:
-    """Compiles `fn` for sm_90; any error fails the test, once `hopper_compiler` found the compiler here."""
+# Shared memory a block may use on an H100/H200 (227 KB)
+HOPPER_SHARED_BYTES = 232448
+
+
+def compile_for_hopper(
+    fn, signature: dict[str, str], constexprs: dict[str, object], warps: int = 4, stages: int = 3
+):
+    """Compiles `fn` for sm_90 and returns the compiled kernel; any error fails the test, once
+    `hopper_compiler` found the compiler here."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-    triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -93,6 +102,45 @@ def test_the_attention_kernels_compile():
          "seq_len": "i32", "cache_len": "i32", "head_dim": "i32"},
         {"BLOCK_D": 512},
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_every_attention_tile_compiles_within_shared_memory(dtype):
+    """Each tile `blocks_for` picks, and a value-sliced one, for both head widths of the 26B shape: a tile
+    past the shared memory a block may have builds under the interpreter but not on the GPU."""
+    from dfim.engine.model import triton_attention_kernels as kernels
+    from dfim.engine.model.triton_attention import Tiles, blocks_for
+
+    exact = dtype == "fp32"
+    signature = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "bounds_ptr": "*i32",
+                 "out_ptr": f"*{dtype}", "part_ptr": "*fp32", "stats_ptr": "*fp32", "seq_len": "i32",
+                 "groups": "i32", "key_lo": "i32", "key_hi": "i32", "keys_per_split": "i32",
+                 "k_head_stride": "i64", "out_row_stride": "i64"}  # fmt: skip
+    cases = [(d, blocks_for(d, rows, exact)) for d in (256, 512) for rows in (8, 128, 512, 2048)]
+    cases.append((512, Tiles(64, 32, warps=8, block_dv=128)))
+    for head_dim, tiles in cases:
+        constexprs = {"HEAD_DIM": head_dim, "BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n, "SPLIT": True,
+                      "EXACT": exact, "BLOCK_DV": tiles.block_dv or head_dim}  # fmt: skip
+        compiled = compile_for_hopper(kernels.attend_keys, signature, constexprs, tiles.warps, tiles.stages)
+        assert compiled.metadata.shared <= HOPPER_SHARED_BYTES, (head_dim, tiles, compiled.metadata.shared)
+
+
+def test_the_one_row_product_compiles():
+    from dfim.engine.model import triton_gemv_kernels as kernels
+
+    for gated, block_n, block_k in ((False, 2, 1024), (True, 4, 512)):
+        compile_for_hopper(
+            kernels.gemv_rows,
+            {
+                "x_ptr": "*bf16",
+                "w_ptr": "*bf16",
+                "out_ptr": "*bf16",
+                "n_out": "i32",
+                "n_in": "i32",
+                "w_stride": "i64",
+            },
+            {"GATED": gated, "BLOCK_N": block_n, "BLOCK_K": block_k},
+        )
 
 
 def test_the_sampler_kernels_compile():
