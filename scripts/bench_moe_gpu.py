@@ -64,11 +64,12 @@ def reference(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: 
     return out
 
 
-def bench_parser(doc: str) -> argparse.ArgumentParser:
+def bench_parser(doc: str, sweep: bool = True) -> argparse.ArgumentParser:
     """The GPU kernel benches' common options: the card's bandwidth, a tile sweep, the report's file."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--bandwidth", type=float, default=4.8, help="the card's peak, TB/s")
-    parser.add_argument("--sweep", action="store_true", help="also time other tile sizes")
+    if sweep:
+        parser.add_argument("--sweep", action="store_true", help="also time other tile sizes")
     parser.add_argument("--out", type=Path)
     return parser
 

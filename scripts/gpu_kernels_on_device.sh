@@ -18,6 +18,7 @@
 # dense     gemv_tests gemv profile_ar bench_gpu_nohf                              5 min: one-row products
 # gemv      gemv_sweep                                                             2 min
 # attention attention_sweep                                                        2 min
+# step      kernel_tests attention_sweep dense_products bench_gpu_nohf profile_step  9 min: the step's next levers
 # confirm_ar gemv_tests profile_ar server_fp8 bench_gpu                         8 min: after the AR work
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
 # server    server profile_fill                                                    4 min
@@ -82,6 +83,9 @@ job() {
     attention_sweep)  # one layer's attention in a pass, both layer kinds: the kernel's tiles against the floor
       run attention_sweep 150 python3 scripts/bench_attention_gpu.py --sweep --out "$OUT/attention_sweep.txt"
       grep -E "layer|default|best" "$OUT/attention_sweep.txt" ;;
+    dense_products)  # a pass's dense products at 256 rows: cuBLAS against Triton's tuned GEMM templates
+      run dense_products 300 python3 scripts/bench_dense_gpu.py --out "$OUT/bench_dense_gpu.txt"
+      grep -E "rows|->" "$OUT/bench_dense_gpu.txt" ;;
     server) server_run bench_gpu_server ;;
     server_fp8) server_run bench_gpu_server_fp8 --experts fp8 ;;
     profile_fill|profile_fill_fp8)  # a typing fill at the engine against its passes alone; its host reads
@@ -117,6 +121,7 @@ case ${1:-check} in
   dense) jobs=(gemv_tests gemv profile_ar bench_gpu_nohf) ;;
   gemv) jobs=(gemv_sweep) ;;
   attention) jobs=(attention_sweep) ;;
+  step) jobs=(kernel_tests attention_sweep dense_products bench_gpu_nohf profile_step) ;;
   confirm_ar) jobs=(gemv_tests profile_ar server_fp8 bench_gpu) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
   server) jobs=(server profile_fill) ;;

@@ -1,0 +1,84 @@
+"""The dense products of a denoising pass at the 26B-A4B shape on a GPU: cuBLAS (`F.linear`) against
+Triton's own GEMM templates (torch.compile's max-autotune, which tries tile sizes and split-K), at the rows a
+pass has: 256 (a block) by default, 64 (the server's two 32-token rows) with `--rows 64,256`.
+
+Each shape runs as a pass meets it: 30 products in a row over 30 weights (no weight still in L2), captured in
+one CUDA graph; the time is the replay's over 30. The floor is the larger of the weight's bytes over the
+bandwidth and the product's arithmetic over the tensor cores' peak. What it answers: whether a Triton GEMM
+tuned to these shapes (cuBLAS launches few blocks where N is 2,816) is worth writing.
+
+    source scripts/device_env.sh; python3 scripts/bench_dense_gpu.py --out $OUT/bench_dense_gpu.txt
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dfim.engine.model.fast_check import GEMV_26B_SHAPES
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # PYTHONSAFEPATH leaves the scripts' folder out
+from bench_moe_gpu import Report, bench_parser, timed  # noqa: E402
+
+LAYERS = 30
+
+
+def every_layer(
+    product: Callable[[Tensor, Tensor], Tensor], x: Tensor, weights: list[Tensor]
+) -> Callable[[], Tensor]:
+    def run() -> Tensor:
+        for w in weights[:-1]:
+            product(x, w)
+        return product(x, weights[-1])
+
+    return run
+
+
+def main() -> None:
+    parser = bench_parser(__doc__, sweep=False)
+    parser.add_argument("--tflops", type=float, default=989.0, help="the card's dense bf16 peak")
+    parser.add_argument("--rows", default="256", help="rows a product, comma-separated (each compiles anew)")
+    args = parser.parse_args()
+    torch._dynamo.config.cache_size_limit = 64  # one compiled product per shape
+    report = Report()
+    say = report.say
+    say(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {LAYERS} products a graph, bf16")
+    tuned = torch.compile(F.linear, mode="max-autotune-no-cudagraphs", dynamic=False)
+    totals: dict[int, list[float]] = {}
+    for n_out, n_in in GEMV_26B_SHAPES:
+        weights = [
+            torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) * n_in**-0.5 for _ in range(LAYERS)
+        ]
+        for rows in (int(r) for r in args.rows.split(",")):
+            x = torch.randn(rows, n_in, device="cuda", dtype=torch.bfloat16)
+            floor_us = max(
+                n_out * n_in * 2 / (args.bandwidth * 1e12), 2 * rows * n_out * n_in / (args.tflops * 1e12)
+            )
+            floor_us *= 1e6
+            want = F.linear(x, weights[0]).float()
+            line = f"{rows:4d} x {n_in} -> {n_out}: floor {floor_us:6.2f} us"
+            for i, (name, product) in enumerate((("cublas", F.linear), ("triton max-autotune", tuned))):
+                try:
+                    err = float((product(x, weights[0]).float() - want).norm() / want.norm())
+                    ms, _ = timed(every_layer(product, x, weights), graphs=True, repeat=20)
+                except Exception as exc:  # noqa: BLE001 - report and go on
+                    line += f"; {name} failed: {type(exc).__name__}: {str(exc)[:80]}"
+                    continue
+                us = 1000 * ms / LAYERS
+                totals.setdefault(rows, [0.0, 0.0])[i] += us
+                line += f"; {name} {us:6.2f} us ({100 * floor_us / us:4.1f}%, error {err:.0e})"
+            say(line)
+    for rows, (cublas, triton) in totals.items():
+        say(
+            f"{rows} rows, the six shapes once each: cuBLAS {cublas:.1f} us, Triton max-autotune {triton:.1f} us"
+        )
+    report.write(args.out)
+
+
+if __name__ == "__main__":
+    main()
