@@ -448,7 +448,16 @@ def routing_mismatches(device: torch.device | str) -> list[str]:
     g = torch.Generator().manual_seed(0)
     found: list[str] = []
     with torch.no_grad():
-        for n, k, e in ((5, 2, 8), (37, 8, 128), (3, 4, 20), (1, 8, 128)):
+        # one program's sort (few pairs) and one program per expert (SPREAD_PAIRS or more, with experts left empty)
+        for n, k, e in (
+            (5, 2, 8),
+            (37, 8, 128),
+            (3, 4, 20),
+            (1, 8, 128),
+            (300, 2, 8),
+            (40, 8, 200),
+            (64, 8, 128),
+        ):
             index = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).to(device)
             order, tokens, offs, active = triton_moe.sort_pairs(index, e)
             want_order, _, counts, want_offs = experts._sort_by_expert(index, e)

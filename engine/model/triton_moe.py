@@ -40,6 +40,9 @@ from dfim.engine.model import triton_kernels
 KERNELS = "dfim.engine.model.triton_moe_kernels"
 # The most token-expert pairs `sort_pairs` sorts in one program: a 1,024-token encode chunk at top-8.
 MAX_SORTED_PAIRS = 8192
+# From this many pairs the sort runs one program per expert (`sort_pairs_by_expert`); below it one program
+# sorts them all (an AR token's 8 pairs need no 128 programs).
+SPREAD_PAIRS = 256
 
 
 def available() -> bool:
@@ -75,7 +78,8 @@ def tiles_for(pairs: int, experts: int, fp8: bool = False) -> Tiles:
 def sort_pairs(index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """index [N, k] -> (the pair ids sorted by expert, stable; the token of each; offs [E]: each expert's end in
     that order; active [min(E, N*k)] int32: the experts with pairs, ascending, then -1) in one kernel
-    (`experts._sort_by_expert`, `// k` and a compaction are about ten)."""
+    (`experts._sort_by_expert`, `// k` and a compaction are about ten): one program for a few pairs, one per
+    expert for many (SPREAD_PAIRS)."""
     n, k = index.shape
     if n * k > MAX_SORTED_PAIRS:  # one program holds every pair: past this, torch's sort (several kernels)
         from dfim.engine.model.experts import _sort_by_expert
@@ -91,9 +95,16 @@ def sort_pairs(index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor,
     offs = torch.empty(num_experts, dtype=torch.int32, device=index.device)
     active = torch.empty(min(num_experts, n * k), dtype=torch.int32, device=index.device)
     pairs = max(triton.next_power_of_2(n * k), 16)
+    experts = max(triton.next_power_of_2(num_experts), 16)
+    if n * k >= SPREAD_PAIRS:
+        kernels.sort_pairs_by_expert[(num_experts,)](
+            flat, order, tokens, offs, active, n * k, k, num_experts, active.numel(), PAIRS=pairs,
+            EXPERTS=experts, num_warps=4,
+        )  # fmt: skip
+        return order, tokens, offs, active
     kernels.sort_pairs[(1,)](
         flat, order, tokens, offs, active, n * k, k, num_experts, active.numel(), PAIRS=pairs,
-        EXPERTS=max(triton.next_power_of_2(num_experts), 16), num_warps=8 if pairs >= 2048 else 4,
+        EXPERTS=experts, num_warps=8 if pairs >= 2048 else 4,
     )  # fmt: skip
     return order, tokens, offs, active
 

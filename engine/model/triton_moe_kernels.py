@@ -173,3 +173,32 @@ def sort_pairs(index_ptr, order_ptr, token_ptr, offs_ptr, active_ptr, n_pairs, k
     tl.store(active_ptr + rank, ids, mask=used)
     listed = tl.sum(used.to(tl.int32), axis=0)
     tl.store(active_ptr + ids, tl.full([EXPERTS], -1, tl.int32), mask=(ids >= listed) & (ids < n_active))
+
+
+@triton.jit
+def sort_pairs_by_expert(index_ptr, order_ptr, token_ptr, offs_ptr, active_ptr, n_pairs, k, n_experts, n_active,
+                         PAIRS: tl.constexpr, EXPERTS: tl.constexpr):  # fmt: skip
+    """`sort_pairs`' outputs with one program per expert, for many pairs: program e places the pairs routed
+    to e, in pair order (stable), after every pair of a lower expert, and writes its own entries of `offs`
+    and `active`. Every program reads all the pairs (a few KB, from L2) and none waits for another, where
+    one program's sort of 2,048 keys took ~20 us."""
+    e = tl.program_id(0)
+    pairs = tl.arange(0, PAIRS)
+    inside = pairs < n_pairs
+    expert = tl.load(index_ptr + pairs, mask=inside, other=0).to(tl.int32)
+    mine = inside & (expert == e)
+    start = tl.sum((inside & (expert < e)).to(tl.int32), axis=0)
+    count = tl.sum(mine.to(tl.int32), axis=0)
+    slot = start + tl.cumsum(mine.to(tl.int32), axis=0) - 1
+    tl.store(order_ptr + slot, pairs.to(tl.int64), mask=mine)
+    tl.store(token_ptr + slot, (pairs // k).to(tl.int64), mask=mine)
+    tl.store(offs_ptr + e, start + count)
+    counts = tl.histogram(expert, EXPERTS)
+    ids = tl.arange(0, EXPERTS)
+    counts = tl.where(ids == 0, counts - (PAIRS - n_pairs), counts)  # the padding read 0
+    used = (counts > 0) & (ids < n_experts)
+    listed = tl.sum(used.to(tl.int32), axis=0)
+    if count > 0:  # e's place among the experts with pairs, in ascending order
+        tl.store(active_ptr + tl.sum((used & (ids < e)).to(tl.int32), axis=0), e)
+    if (e >= listed) & (e < n_active):
+        tl.store(active_ptr + e, -1)

@@ -89,6 +89,12 @@ def test_the_sort_and_sum_kernels_compile():
         {"PAIRS": 512, "EXPERTS": 128},
     )  # fmt: skip
     compile_for_hopper(
+        kernels.sort_pairs_by_expert,
+        {"index_ptr": "*i64", "order_ptr": "*i64", "token_ptr": "*i64", "offs_ptr": "*i32", "active_ptr": "*i32",
+         "n_pairs": "i32", "k": "i32", "n_experts": "i32", "n_active": "i32"},
+        {"PAIRS": 2048, "EXPERTS": 128},
+    )  # fmt: skip
+    compile_for_hopper(
         kernels.sum_pairs, {"src_ptr": "*fp32", "out_ptr": "*bf16", "n_cols": "i32"}, {"K": 8, "BLOCK": 1024}
     )
 
