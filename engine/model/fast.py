@@ -279,8 +279,8 @@ class FastDiffusionGemma:
         )
         return attn.o_proj(out.reshape(b, heads, t, head_dim).transpose(1, 2).reshape(b, t, heads * head_dim))
 
-    def logits(self, x: Tensor) -> Tensor:
-        return self.model.logits(x)
+    def logits(self, x: Tensor, out: Tensor | None = None) -> Tensor:
+        return self.model.logits(x, out)
 
     def embed(self, ids: Tensor) -> Tensor:
         return self.model.decoder.embed(ids)
@@ -361,9 +361,12 @@ class FastDiffusionGemma:
         sliding_lo = max(0, hi - tokens - self.bucket - self.window + 1)
         return hi, {False: (0, hi), True: (sliding_lo, hi)}
 
-    def _decoder_logits(self, hi: int, lo_hi: dict[bool, tuple[int, int]], rows: int, length: int) -> Tensor:
+    def _decoder_logits(
+        self, hi: int, lo_hi: dict[bool, tuple[int, int]], rows: int, length: int, out: Tensor
+    ) -> Tensor:
         """Decoder over [cache ; canvas rows] from the static `canvas` and `probs` buffers' first
-        rows * length positions (row r's tokens at r * length + [0, length)) -> logits [1, rows * length, V].
+        rows * length positions (row r's tokens at r * length + [0, length)) -> logits [1, rows * length, V]
+        in `out`.
         Every row sits at the positions right after the context and its keys/values in its own cache rows;
         a row attends the context and itself, never another row."""
         decoder = self.model.decoder
@@ -383,7 +386,7 @@ class FastDiffusionGemma:
             ).int()
             for s in (False, True)
         }
-        return self.logits(self._run_layers(x, positions, lo_hi, bounds, encoder=False, slots=slots))
+        return self.logits(self._run_layers(x, positions, lo_hi, bounds, encoder=False, slots=slots), out)
 
     def fits_rows(self, rows: int, length: int) -> bool:
         """Whether one pass takes `rows` canvases of `length` tokens after the context held: they share the
@@ -414,9 +417,7 @@ class FastDiffusionGemma:
             probs.copy_(soft.reshape(1, tokens, -1))
         hi, lo_hi = self._diffusion_window(tokens)
         out = self.logits_out[:, :tokens]
-        self._run(
-            ("denoise", hi, rows, length), lambda: out.copy_(self._decoder_logits(hi, lo_hi, rows, length))
-        )
+        self._run(("denoise", hi, rows, length), lambda: self._decoder_logits(hi, lo_hi, rows, length, out))
         out = out.view(rows, length, -1)
         return out.clone() if clone else out
 

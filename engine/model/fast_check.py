@@ -415,6 +415,15 @@ def fused_norm_mismatches(device: torch.device | str, width: int = 2816, head_di
             want3 = (reference_norm(x, w[0]), reference_norm(x, w[1]), reference_norm(x, None) * w[2] * root)
             for name, got_t, want_t in zip(("dense", "experts", "router"), got3, want3, strict=True):
                 compare(f"feed_forward_inputs {name} {dtype}", got_t, want_t, tol)
+            logits = rand(1, 3, 5000, dtype=dtype, scale=40.0)  # past the cap, and a row over two blocks
+            want_cap = torch.tanh(logits.float() / 30.0) * 30.0
+            compare(
+                f"softcap {dtype}", triton_norm.softcap(logits, 30.0), want_cap, NORM_TOLERANCE[torch.float32]
+            )
+            into = torch.full((1, 3, 5000), float("nan"), device=device)
+            compare(f"softcap into a buffer {dtype}", triton_norm.softcap(logits, 30.0, into), want_cap, 1e-5)
+            if not torch.equal(into, triton_norm.softcap(logits, 30.0)):
+                found.append(f"softcap {dtype}: the buffer was not written")
             gate_up = rand(1, 7, 2 * width, dtype=dtype, scale=1.5)
             gate, up = gate_up.chunk(2, dim=-1)
             compare(f"gelu_mul {dtype}", triton_norm.gelu_mul(gate_up), ops.gelu(gate) * up, tol)

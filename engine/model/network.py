@@ -290,13 +290,18 @@ class DiffusionGemma(nn.Module):
         # a view: shares the embedding's version counter
         self.soft_packed = pack_fp16(embedding.t(), exact=not int8)
 
-    def logits(self, hidden: Tensor) -> Tensor:
-        logits = linear(self.decoder.norm(hidden), self.decoder.embed_tokens.weight, self.head_packed).float()
+    def logits(self, hidden: Tensor, out: Tensor | None = None) -> Tensor:
+        """hidden [B, L, H] -> soft-capped logits [B, L, V] fp32, written into `out` when given."""
+        logits = linear(self.decoder.norm(hidden), self.decoder.embed_tokens.weight, self.head_packed)
         cap = self.config.final_logit_softcapping
+        if triton_norm.applies(hidden):  # GPU inference: the cap in one pass, straight into `out`
+            return triton_norm.softcap(logits, cap, out)
+        logits = logits.float()
         if torch.is_grad_enabled():
             return torch.tanh(logits / cap) * cap
         # inference: in place on the fresh [B, L, V] product (no two more vocabulary-sized buffers)
-        return logits.div_(cap).tanh_().mul_(cap)
+        logits = logits.div_(cap).tanh_().mul_(cap)
+        return logits if out is None else out.copy_(logits)
 
     def canvas_embeddings(self, canvas_ids: Tensor, self_cond_logits: Tensor | None) -> Tensor:
         decoder = self.decoder

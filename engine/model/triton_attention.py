@@ -111,7 +111,7 @@ def attend(
     exact = q.dtype == torch.float32
     block_m, block_n, warps, stages, block_dv = tiles or blocks_for(d, rows, exact)
     block_dv = block_dv or d
-    if block_dv < 16 or d % block_dv:
+    if block_dv < d and (block_dv < 16 or d % block_dv):  # a slice is a product's operand: 16 or more
         raise ValueError(f"value slices of {block_dv} (at least 16) must divide head_dim {d}")
     slices = d // block_dv
     programs = hkv * slices * triton.cdiv(rows, block_m)

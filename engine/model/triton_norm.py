@@ -228,3 +228,24 @@ def gelu_mul(gate_up: Tensor) -> Tensor:
     if rows := flat.shape[0]:
         kernels.gelu_mul_rows[(rows, triton.cdiv(width, 1024))](flat, out, width, BLOCK=1024, num_warps=4)
     return out
+
+
+def softcap(logits: Tensor, cap: float, out: Tensor | None = None) -> Tensor:
+    """tanh(logits / cap) * cap as fp32 in one pass over the LM head's product [..., V] (any dtype), into `out`
+    (fp32, the same shape) when given: the reference's cast, divide, tanh and multiply are four passes over
+    a [B, L, V] fp32 tensor (a 256-token canvas's is 268 MB), plus the copy into a static buffer."""
+    triton, kernels = triton_kernels.require(KERNELS)
+    cols = logits.shape[-1]
+    flat = logits.reshape(-1, cols)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    if out is None:
+        out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    elif out.shape != logits.shape or out.dtype != torch.float32:
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype}: want {tuple(logits.shape)} float32")
+    dest = out.view(-1, cols)
+    if rows := flat.shape[0]:
+        kernels.softcap_rows[(rows, triton.cdiv(cols, 4096))](
+            flat, dest, cols, flat.stride(0), dest.stride(0), cap, BLOCK=4096, num_warps=8
+        )
+    return out

@@ -153,3 +153,14 @@ def gelu_mul_rows(x_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
     up = tl.load(x_ptr + row * 2 * n_cols + n_cols + cols, mask=inside, other=0.0).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
     tl.store(out_ptr + row * n_cols + cols, gelu_times(gate, up, dtype).to(dtype), mask=inside)
+
+
+@triton.jit
+def softcap_rows(x_ptr, out_ptr, n_cols, x_stride, out_stride, cap, BLOCK: tl.constexpr):  # fmt: skip
+    """The LM head's soft cap: out = tanh(x / cap) * cap in fp32, from logits in any dtype (the product's)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = cols < n_cols
+    z = tl.load(x_ptr + row * x_stride + cols, mask=inside, other=0.0).to(tl.float32) / cap
+    tanh = 2.0 * tl.sigmoid(2.0 * z) - 1.0
+    tl.store(out_ptr + row * out_stride + cols, tanh * cap, mask=inside)

@@ -131,6 +131,24 @@ def test_every_attention_tile_compiles_within_shared_memory(dtype):
         assert compiled.metadata.shared <= HOPPER_SHARED_BYTES, (head_dim, tiles, compiled.metadata.shared)
 
 
+def test_the_soft_cap_compiles():
+    from dfim.engine.model import triton_norm_kernels as kernels
+
+    compile_for_hopper(
+        kernels.softcap_rows,
+        {
+            "x_ptr": "*bf16",
+            "out_ptr": "*fp32",
+            "n_cols": "i32",
+            "x_stride": "i32",
+            "out_stride": "i32",
+            "cap": "fp32",
+        },
+        {"BLOCK": 4096},
+        warps=8,
+    )
+
+
 def test_the_one_row_product_compiles():
     from dfim.engine.model import triton_gemv_kernels as kernels
 
