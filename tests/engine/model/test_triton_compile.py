@@ -82,18 +82,11 @@ def test_the_experts_kernels_compile(scaled, products, block_k):
 def test_the_sort_and_sum_kernels_compile():
     from dfim.engine.model import triton_moe_kernels as kernels
 
-    compile_for_hopper(
-        kernels.sort_pairs,
-        {"index_ptr": "*i64", "order_ptr": "*i64", "token_ptr": "*i64", "offs_ptr": "*i32", "active_ptr": "*i32",
-         "n_pairs": "i32", "k": "i32", "n_experts": "i32", "n_active": "i32"},
-        {"PAIRS": 512, "EXPERTS": 128},
-    )  # fmt: skip
-    compile_for_hopper(
-        kernels.sort_pairs_by_expert,
-        {"index_ptr": "*i64", "order_ptr": "*i64", "token_ptr": "*i64", "offs_ptr": "*i32", "active_ptr": "*i32",
-         "n_pairs": "i32", "k": "i32", "n_experts": "i32", "n_active": "i32"},
-        {"PAIRS": 2048, "EXPERTS": 128},
-    )  # fmt: skip
+    sort_args = {"index_ptr": "*i64", "order_ptr": "*i64", "token_ptr": "*i64", "offs_ptr": "*i32",
+                 "active_ptr": "*i32", "n_pairs": "i32", "k": "i32", "n_experts": "i32", "n_active": "i32"}  # fmt: skip
+    compile_for_hopper(kernels.sort_pairs, sort_args, {"PAIRS": 512, "EXPERTS": 128})
+    for pairs in (2048, 8192):  # a block's pairs, and the most one program holds (MAX_SORTED_PAIRS)
+        compile_for_hopper(kernels.sort_pairs_by_expert, sort_args, {"PAIRS": pairs, "EXPERTS": 128})
     compile_for_hopper(
         kernels.sum_pairs, {"src_ptr": "*fp32", "out_ptr": "*bf16", "n_cols": "i32"}, {"K": 8, "BLOCK": 1024}
     )
