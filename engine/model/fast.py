@@ -343,7 +343,7 @@ class FastDiffusionGemma:
             x, positions, lo_hi, self._causal_bounds(positions), encoder=True, last_ffn=logits
         )
         if logits:
-            self.logits_encode.copy_(self.logits(x[:, self.logit_index]))
+            self.logits(x[:, self.logit_index], self.logits_encode)
 
     def context_rows(self, start: int, end: int) -> list[tuple[Tensor, Tensor]]:
         """Views of every layer's keys and values of context rows [start, end) (a plain `KVCache` copies

@@ -417,13 +417,15 @@ def fused_norm_mismatches(device: torch.device | str, width: int = 2816, head_di
                 compare(f"feed_forward_inputs {name} {dtype}", got_t, want_t, tol)
             logits = rand(1, 3, 5000, dtype=dtype, scale=40.0)  # past the cap, and a row over two blocks
             want_cap = torch.tanh(logits.float() / 30.0) * 30.0
-            compare(
-                f"softcap {dtype}", triton_norm.softcap(logits, 30.0), want_cap, NORM_TOLERANCE[torch.float32]
-            )
             into = torch.full((1, 3, 5000), float("nan"), device=device)
-            compare(f"softcap into a buffer {dtype}", triton_norm.softcap(logits, 30.0, into), want_cap, 1e-5)
-            if not torch.equal(into, triton_norm.softcap(logits, 30.0)):
-                found.append(f"softcap {dtype}: the buffer was not written")
+            for what, got_cap in (("", triton_norm.softcap(logits, 30.0)), (" into a buffer", into)):
+                if got_cap is into:
+                    triton_norm.softcap(logits, 30.0, into)
+                # against the cap (30): a GPU's fast exp and division in tanh's sigmoid form err by ~1e-5
+                # absolute after the cap near zero, where a relative error would reject a correct kernel
+                worst = float((got_cap - want_cap).abs().max()) / 30.0
+                if got_cap.dtype != torch.float32 or got_cap.shape != want_cap.shape or not worst <= 1e-5:
+                    found.append(f"softcap{what} {dtype}: {worst:.2e} of the cap")
             gate_up = rand(1, 7, 2 * width, dtype=dtype, scale=1.5)
             gate, up = gate_up.chunk(2, dim=-1)
             compare(f"gelu_mul {dtype}", triton_norm.gelu_mul(gate_up), ops.gelu(gate) * up, tol)
@@ -458,15 +460,11 @@ def routing_mismatches(device: torch.device | str) -> list[str]:
     found: list[str] = []
     with torch.no_grad():
         # one program's sort (few pairs) and one program per expert (SPREAD_PAIRS or more, with experts left empty)
-        for n, k, e in (
-            (5, 2, 8),
-            (37, 8, 128),
-            (3, 4, 20),
-            (1, 8, 128),
-            (300, 2, 8),
-            (40, 8, 200),
-            (64, 8, 128),
-        ):
+        cases = [(5, 2, 8), (37, 8, 128), (3, 4, 20), (1, 8, 128), (300, 2, 8), (40, 8, 200), (64, 8, 128)]
+        cases += [(256, 8, 128)] + (
+            [(1024, 8, 128)] if str(device) != "cpu" else []
+        )  # a block, an encode chunk
+        for n, k, e in cases:
             index = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).to(device)
             order, tokens, offs, active = triton_moe.sort_pairs(index, e)
             want_order, _, counts, want_offs = experts._sort_by_expert(index, e)

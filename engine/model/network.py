@@ -298,9 +298,9 @@ class DiffusionGemma(nn.Module):
             return triton_norm.softcap(logits, cap, out)
         logits = logits.float()
         if torch.is_grad_enabled():
-            return torch.tanh(logits / cap) * cap
-        # inference: in place on the fresh [B, L, V] product (no two more vocabulary-sized buffers)
-        logits = logits.div_(cap).tanh_().mul_(cap)
+            logits = torch.tanh(logits / cap) * cap
+        else:  # inference: in place on the fresh [B, L, V] product (no two more vocabulary-sized buffers)
+            logits = logits.div_(cap).tanh_().mul_(cap)
         return logits if out is None else out.copy_(logits)
 
     def canvas_embeddings(self, canvas_ids: Tensor, self_cond_logits: Tensor | None) -> Tensor:

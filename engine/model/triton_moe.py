@@ -7,7 +7,8 @@ path (`experts.moe_grouped`) also spends 4.5 ms on gathering, activation and sca
 GEMMs, and on an H200 with torch 2.11 its GEMM cannot be captured in a CUDA graph at all, so the padded
 fallback (every expert over every token) runs there.
 
-Here the token-expert pairs are sorted by expert once (`sort_pairs`: one program, no host sync), then:
+Here the token-expert pairs are sorted by expert once (`sort_pairs`: one program for a few pairs, one per expert
+for many, no host sync), then:
 
 - `gate_up_act`: one program per (expert with pairs, tile of the intermediate size) reads its tile of the gate and
   up rows once, multiplies the expert's tokens (gathered through the sort, no copy) and writes
@@ -99,7 +100,7 @@ def sort_pairs(index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor,
     if n * k >= SPREAD_PAIRS:
         kernels.sort_pairs_by_expert[(num_experts,)](
             flat, order, tokens, offs, active, n * k, k, num_experts, active.numel(), PAIRS=pairs,
-            EXPERTS=experts, num_warps=4,
+            EXPERTS=experts, num_warps=8 if pairs >= 4096 else 4,  # 4 warps spill registers at 8,192 pairs
         )  # fmt: skip
         return order, tokens, offs, active
     kernels.sort_pairs[(1,)](

@@ -241,8 +241,10 @@ def softcap(logits: Tensor, cap: float, out: Tensor | None = None) -> Tensor:
         flat = flat.contiguous()
     if out is None:
         out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-    elif out.shape != logits.shape or out.dtype != torch.float32:
-        raise ValueError(f"out {tuple(out.shape)} {out.dtype}: want {tuple(logits.shape)} float32")
+    elif out.shape != logits.shape or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(
+            f"out {tuple(out.shape)} {out.dtype}: want {tuple(logits.shape)} float32, contiguous"
+        )
     dest = out.view(-1, cols)
     if rows := flat.shape[0]:
         kernels.softcap_rows[(rows, triton.cdiv(cols, 4096))](
