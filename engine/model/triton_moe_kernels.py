@@ -151,6 +151,17 @@ def route_rows(scores_ptr, expert_scale_ptr, weight_ptr, index_ptr, n_experts, K
 
 
 @triton.jit
+def experts_with_pairs(expert, n_pairs, n_experts, PAIRS: tl.constexpr, EXPERTS: tl.constexpr):
+    """The experts' ids [EXPERTS], their pair counts, which are real experts with pairs, and how many are:
+    from `expert` [PAIRS], whose padding lanes read expert 0 (taken off its count)."""
+    ids = tl.arange(0, EXPERTS)
+    counts = tl.histogram(expert, EXPERTS)
+    counts = tl.where(ids == 0, counts - (PAIRS - n_pairs), counts)
+    used = (counts > 0) & (ids < n_experts)
+    return ids, counts, used, tl.sum(used.to(tl.int32), axis=0)
+
+
+@triton.jit
 def sort_pairs(index_ptr, order_ptr, token_ptr, offs_ptr, active_ptr, n_pairs, k, n_experts, n_active,
                PAIRS: tl.constexpr, EXPERTS: tl.constexpr):  # fmt: skip
     """One program sorts every token-expert pair by expert (stable: by pair id within an expert): `order`
@@ -164,14 +175,10 @@ def sort_pairs(index_ptr, order_ptr, token_ptr, offs_ptr, active_ptr, n_pairs, k
     order = tl.sort(key) % PAIRS
     tl.store(order_ptr + pairs, order, mask=inside)
     tl.store(token_ptr + pairs, order // k, mask=inside)
-    counts = tl.histogram(expert, EXPERTS)
-    counts = tl.where(tl.arange(0, EXPERTS) == 0, counts - (PAIRS - n_pairs), counts)  # the padding read 0
-    ids = tl.arange(0, EXPERTS)
+    ids, counts, used, listed = experts_with_pairs(expert, n_pairs, n_experts, PAIRS, EXPERTS)
     tl.store(offs_ptr + ids, tl.cumsum(counts, axis=0), mask=ids < n_experts)
-    used = (counts > 0) & (ids < n_experts)
     rank = tl.cumsum(used.to(tl.int32), axis=0) - 1
     tl.store(active_ptr + rank, ids, mask=used)
-    listed = tl.sum(used.to(tl.int32), axis=0)
     tl.store(active_ptr + ids, tl.full([EXPERTS], -1, tl.int32), mask=(ids >= listed) & (ids < n_active))
 
 
@@ -193,11 +200,7 @@ def sort_pairs_by_expert(index_ptr, order_ptr, token_ptr, offs_ptr, active_ptr, 
     tl.store(order_ptr + slot, pairs.to(tl.int64), mask=mine)
     tl.store(token_ptr + slot, (pairs // k).to(tl.int64), mask=mine)
     tl.store(offs_ptr + e, start + count)
-    counts = tl.histogram(expert, EXPERTS)
-    ids = tl.arange(0, EXPERTS)
-    counts = tl.where(ids == 0, counts - (PAIRS - n_pairs), counts)  # the padding read 0
-    used = (counts > 0) & (ids < n_experts)
-    listed = tl.sum(used.to(tl.int32), axis=0)
+    ids, _, used, listed = experts_with_pairs(expert, n_pairs, n_experts, PAIRS, EXPERTS)
     if count > 0:  # e's place among the experts with pairs, in ascending order
         tl.store(active_ptr + tl.sum((used & (ids < e)).to(tl.int32), axis=0), e)
     if (e >= listed) & (e < n_active):
