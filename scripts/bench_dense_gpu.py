@@ -12,31 +12,19 @@ tuned to these shapes (cuBLAS launches few blocks where N is 2,816) is worth wri
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
 
 from dfim.engine.model.fast_check import GEMV_26B_SHAPES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # PYTHONSAFEPATH leaves the scripts' folder out
-from bench_moe_gpu import Report, bench_parser, timed  # noqa: E402
+from bench_moe_gpu import Report, bench_parser, every_layer, timed  # noqa: E402
 
 LAYERS = 30
-
-
-def every_layer(
-    product: Callable[[Tensor, Tensor], Tensor], x: Tensor, weights: list[Tensor]
-) -> Callable[[], Tensor]:
-    def run() -> Tensor:
-        for w in weights[:-1]:
-            product(x, w)
-        return product(x, weights[-1])
-
-    return run
 
 
 def main() -> None:
@@ -65,7 +53,7 @@ def main() -> None:
             for i, (name, product) in enumerate((("cublas", F.linear), ("triton max-autotune", tuned))):
                 try:
                     err = float((product(x, weights[0]).float() - want).norm() / want.norm())
-                    ms, _ = timed(every_layer(product, x, weights), graphs=True, repeat=20)
+                    ms, _ = timed(every_layer(functools.partial(product, x), weights), graphs=True, repeat=20)
                 except Exception as exc:  # noqa: BLE001 - report and go on
                     line += f"; {name} failed: {type(exc).__name__}: {str(exc)[:80]}"
                     continue

@@ -26,7 +26,7 @@ from dfim.engine.model import triton_gemv, triton_norm
 from dfim.engine.model.fast_check import GEMV_26B_SHAPES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # PYTHONSAFEPATH leaves the scripts' folder out
-from bench_moe_gpu import Report, bench_parser, timed  # noqa: E402
+from bench_moe_gpu import Report, bench_parser, every_layer, timed  # noqa: E402
 
 LAYERS = 30
 # rows a program x values of a row a step x warps; a block of 4,096 or more reads a whole row at once
@@ -55,14 +55,6 @@ def bench_shape(
     def ours(w: Tensor, tile: tuple[int | None, int | None, int | None] = (None, None, None)) -> Tensor:
         return triton_gemv.gemv(x, w, gated=gated, block_n=tile[0], block_k=tile[1], warps=tile[2])
 
-    def every_layer(product: Callable[[Tensor], Tensor]) -> Callable[[], Tensor]:
-        def run() -> Tensor:
-            for w in weights[:-1]:
-                product(w)
-            return product(weights[-1])
-
-        return run
-
     want = cublas(weights[0]).float()
     say(f"\n{n_out} x {n_in}{' gated' if gated else ''}: floor {floor_us:.2f} us at {bandwidth} TB/s")
     block_n, block_k, warps = triton_gemv.tile(n_in, gated)
@@ -74,7 +66,7 @@ def bench_shape(
     for name, product in calls:
         try:
             err = float((product(weights[0]).float() - want).norm() / want.norm())
-            ms, _ = timed(every_layer(product), graphs=True, repeat=20)
+            ms, _ = timed(every_layer(product, weights), graphs=True, repeat=20)
         except Exception as exc:  # noqa: BLE001 - report and go on to the next tile
             say(f"  {name:18s} failed: {type(exc).__name__}: {str(exc)[:120]}")
             continue

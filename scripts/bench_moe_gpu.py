@@ -74,6 +74,18 @@ def bench_parser(doc: str, sweep: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
+def every_layer(product: Callable[[Tensor], Tensor], weights: list[Tensor]) -> Callable[[], Tensor]:
+    """`product` over each of `weights` in turn, as a pass meets one product in every layer (with a weight
+    each, none is still in L2 from the call before): one call to time, returning the last output."""
+
+    def run() -> Tensor:
+        for w in weights[:-1]:
+            product(w)
+        return product(weights[-1])
+
+    return run
+
+
 class Report:
     """Lines printed as they come and written to a file at the end."""
 
