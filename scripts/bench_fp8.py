@@ -7,8 +7,9 @@ Random bf16 weights, batch 1, a 256-token canvas over a 4,096-token context, as 
      layer's real expert tensors and 256 routed tokens: relative errors (the run fails past 2e-2 against
      the reference);
   3. every layer's experts to FP8 (e4m3, a scale per expert and output channel), the bf16 copies freed;
-  4. FP8: the same block; ms a step, tokens/s, and the experts' bytes beside the bf16 ones.
-  5. the last denoising pass's logits of (1) and (4) compared (relative error, argmax agreement).
+  4. FP8: the same block for each kernel of `--kernels` (the grouped W8A8 GEMM, the Triton W8A16 and W8A8
+     experts); ms a step, tokens/s, and the experts' bytes beside the bf16 ones;
+  5. each one's last denoising pass's logits against (1)'s (relative error, argmax agreement).
 
 GPU:  source scripts/device_env.sh; python3 scripts/bench_fp8.py --out $OUT/bench_fp8.txt  (about 2 minutes)
 """
@@ -61,6 +62,11 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--kernels",
+        default="grouped_fp8,triton_fp8,triton_w8a8",
+        help="the FP8 experts' kernels to time (experts.FP8_KERNELS), comma-separated",
+    )
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_fp8.txt"))
     args = parser.parse_args()
     log = Tee(args.out)
@@ -128,24 +134,19 @@ def main() -> int:
         f"experts to FP8 in {time.time() - t0:.1f} s: {fp8_bytes / 1e9:.1f} GB (bf16 {bf16_bytes / 1e9:.1f} GB); "
         f"GPU memory now {torch.cuda.memory_allocated() / 1e9:.1f} GB"
     )
-    fast = FastDiffusionGemma(model, max_len=max_len, bucket=256, moe="grouped_fp8")
-    time_block("fp8", fast)
-    got_logits = last_logits(fast, context)
-    del fast
-    gc.collect()
-    torch.cuda.empty_cache()
-    # the Triton experts over the same FP8 weights, activations in bf16 (W8A16)
-    fast = FastDiffusionGemma(model, max_len=max_len, bucket=256, moe="triton_fp8")
-    time_block("fp8_triton", fast)
-    w8a16_logits = last_logits(fast, context)
-    rel16 = float((w8a16_logits - want_logits).norm() / want_logits.norm())
-    log(f"W8A16 (Triton) logits against bf16: relative error {rel16:.3f}")
-    rel = float((got_logits - want_logits).norm() / want_logits.norm())
-    agree = float((got_logits.argmax(-1) == want_logits.argmax(-1)).float().mean())
-    log(
-        f"one denoising pass, {config.num_hidden_layers} layers: logits relative error {rel:.3f}, argmax agreement {agree:.1%} "
-        "(random weights: bf16 rounding alone moves these)"
-    )
+    for kernel in args.kernels.split(","):  # each over the same FP8 weights
+        fast = FastDiffusionGemma(model, max_len=max_len, bucket=256, moe=kernel)
+        time_block(kernel, fast)
+        got_logits = last_logits(fast, context)
+        del fast
+        gc.collect()
+        torch.cuda.empty_cache()
+        rel = float((got_logits - want_logits).norm() / want_logits.norm())
+        agree = float((got_logits.argmax(-1) == want_logits.argmax(-1)).float().mean())
+        log(
+            f"{kernel}: one denoising pass, {config.num_hidden_layers} layers: logits against bf16's relative error "
+            f"{rel:.3f}, argmax agreement {agree:.1%} (random weights: bf16 rounding alone moves these)"
+        )
     bandwidth_floor = fp8_bytes / 3.35e12 * 1e3
     log(f"experts' FP8 bytes at 3.35 TB/s (H100): {bandwidth_floor:.1f} ms a step")
     log("summary: " + ", ".join(f"{key} {value:.4g}" for key, value in results.items()))

@@ -28,7 +28,7 @@ from torch import Tensor
 from dfim.engine.model import triton_moe
 from dfim.engine.model.config import RELEASED_26B_A4B
 from dfim.engine.model.experts import FP8_KERNELS, GPU_KERNELS
-from dfim.engine.model.experts_fp8 import moe_w8a16_reference, quantize_experts
+from dfim.engine.model.experts_fp8 import moe_w8a8_reference, moe_w8a16_reference, quantize_experts
 from dfim.engine.model.ops import gelu
 
 SWEEP = [
@@ -45,6 +45,16 @@ FP8_SWEEP = [
     for m, n, k, w, st in [
         (16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (16, 64, 256, 8, 4), (16, 128, 256, 8, 3),
         (16, 32, 256, 4, 4), (32, 64, 256, 4, 3), (16, 64, 512, 8, 3), (32, 64, 128, 4, 4),
+    ]
+]  # fmt: skip
+
+
+# FP8 activations too (W8A8): the products on FP8 tensor cores, which Hopper's warpgroup MMA takes from 64 rows
+W8A8_SWEEP = [
+    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st)
+    for m, n, k, w, st in [
+        (16, 64, 128, 4, 3), (16, 128, 128, 4, 3), (16, 64, 256, 4, 3), (32, 64, 128, 4, 3), (32, 128, 128, 4, 3),
+        (64, 64, 128, 4, 3), (64, 128, 128, 4, 3), (64, 128, 128, 8, 3), (64, 64, 256, 4, 3), (64, 128, 256, 8, 3),
     ]
 ]  # fmt: skip
 
@@ -172,6 +182,27 @@ def main() -> None:
                 ("grouped_fp8 (W8A8)", functools.partial(FP8_KERNELS["grouped_fp8"], x, weights, index, fp8), want8,
                  floor / 2, 8e-2),
             ]  # fmt: skip
+            w8a8_want = {
+                group: moe_w8a8_reference(x, weights, index, fp8, group).float()
+                for group in {triton_moe.tiles_for(n * k, e, fp8=True).block_n}
+                | ({t.block_n for t in W8A8_SWEEP} if args.sweep else set())
+            }  # the activations' groups are the tiles' output columns
+            default_group = triton_moe.tiles_for(n * k, e, fp8=True).block_n
+            calls += [
+                ("w8a8 triton", functools.partial(FP8_KERNELS["triton_w8a8"], x, weights, index, fp8),
+                 w8a8_want[default_group], floor / 2, 2e-2),
+            ]  # fmt: skip
+            w8a8 = FP8_KERNELS["triton_w8a8"](x, weights, index, fp8).float()
+            say(f"  W8A8's quantized activations against W8A16's: relative error "
+                f"{float((w8a8 - want8).norm() / want8.norm()):.1e}")  # fmt: skip
+            if args.sweep:
+                calls += [
+                    (f"w8a8 {tiles_name(t)}",
+                     functools.partial(triton_moe.moe_triton, x, weights, index, fp8.gate_up, fp8.down, t,
+                                       fp8.gate_up_scale, fp8.down_scale, torch.float8_e4m3fn),
+                     w8a8_want[t.block_n], floor / 2, 2e-2)
+                    for t in W8A8_SWEEP
+                ]  # fmt: skip
             if args.sweep:
                 calls += [
                     (f"triton_fp8 {tiles_name(t)}",
@@ -190,7 +221,7 @@ def main() -> None:
                 continue
             ok = err <= limit
             failed |= not ok
-            family = "fp8" if "fp8" in name else "bf16"
+            family = "w8a8" if "w8a8" in name else "fp8" if "fp8" in name else "bf16"
             if ok and ms < best.get(family, (float("inf"), ""))[0]:
                 best[family] = (ms, name)
             say(

@@ -19,6 +19,7 @@
 # gemv      gemv_sweep                                                             2 min
 # attention attention_sweep                                                        2 min
 # step      kernel_tests attention_sweep dense_products bench_gpu_nohf profile_step  9 min: the step's next levers
+# w8a8     moe_attention_tests moe_sweep bench_fp8_triton attention_sweep check  9 min: FP8 products, attention
 # confirm_ar gemv_tests profile_ar server_fp8 bench_gpu                         8 min: after the AR work
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
 # server    server profile_fill                                                    4 min
@@ -50,6 +51,10 @@ job() {
         tests/engine/model/test_triton_moe.py tests/engine/model/test_triton_attention.py \
         tests/engine/model/test_triton_gemv.py tests/engine/inference/test_triton_sampler.py -k "cuda or interval"
       tail -2 "$OUT/kernel_tests.log" ;;
+    moe_attention_tests)  # the experts' (W8A8 included) and attention's CUDA tests
+      run moe_attention_tests 200 python3 -m pytest -q -p no:cacheprovider tests/engine/model/test_triton_moe.py \
+        tests/engine/model/test_triton_attention.py -k "cuda"
+      tail -2 "$OUT/moe_attention_tests.log" ;;
     gemv_tests)
       run gemv_tests 120 python3 -m pytest -q -p no:cacheprovider tests/engine/model/test_triton_gemv.py -k "cuda"
       tail -2 "$OUT/gemv_tests.log" ;;
@@ -66,15 +71,17 @@ job() {
       [[ $1 == bench_gpu_nohf ]] && extra=(--compile off --skip-hf)
       run "$1" 240 python3 scripts/bench_gpu.py "${extra[@]}" --out "$OUT/$1.txt"
       grep -E "^\| ours|^\| transformers|speed-up|PASSED|FAILED" "$OUT/$1.txt" ;;
-    bench_fp8)  # the 256-token step with bf16, grouped FP8 and Triton W8A16 experts
-      run bench_fp8 150 python3 scripts/bench_fp8.py --out "$OUT/bench_fp8.txt"
-      grep -E "ms/step" "$OUT/bench_fp8.txt" ;;
+    bench_fp8|bench_fp8_triton)  # the 256-token step with bf16 and FP8 experts (grouped, Triton W8A16 and W8A8)
+      local extra=()
+      [[ $1 == bench_fp8_triton ]] && extra=(--kernels triton_fp8,triton_w8a8)
+      run "$1" 200 python3 scripts/bench_fp8.py "${extra[@]}" --out "$OUT/$1.txt"
+      grep -E "ms/step|argmax" "$OUT/$1.txt" ;;
     moe|moe_sweep|moe_small)  # one layer's experts at the 26B shape, every kernel, against the floor
       local extra=(--tokens 32,64,256)
       [[ $1 == moe_sweep ]] && extra=(--sweep --tokens 32,64,256)
       [[ $1 == moe_small ]] && extra=(--sweep --tokens 1,16,64)
       run "$1" 150 python3 scripts/bench_moe_gpu.py --fp8 "${extra[@]}" --out "$OUT/$1.txt"
-      grep -E "tokens:|triton_fp8 \(|best" "$OUT/$1.txt" ;;
+      grep -E "tokens:|triton_fp8 \(|w8a8 triton|W8A8's|best" "$OUT/$1.txt" ;;
     gemv|gemv_sweep)  # an AR token's dense products: the one-row kernel's tiles against cuBLAS
       local extra=()
       [[ $1 == gemv_sweep ]] && extra=(--sweep)
@@ -122,6 +129,7 @@ case ${1:-check} in
   gemv) jobs=(gemv_sweep) ;;
   attention) jobs=(attention_sweep) ;;
   step) jobs=(kernel_tests attention_sweep dense_products bench_gpu_nohf profile_step) ;;
+  w8a8) jobs=(moe_attention_tests moe_sweep bench_fp8_triton attention_sweep check) ;;
   confirm_ar) jobs=(gemv_tests profile_ar server_fp8 bench_gpu) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
   server) jobs=(server profile_fill) ;;

@@ -168,6 +168,44 @@ def moe_w8a16_reference(x: Tensor, weights: Tensor, index: Tensor, experts: Fp8E
     return out.to(x.dtype)
 
 
+def moe_triton_w8a8(x: Tensor, weights: Tensor, index: Tensor, experts: Fp8Experts) -> Tensor:
+    """The Triton experts with FP8 weights and FP8 activations (W8A8): x quantized a token row at a time, the
+    experts' activations a pair and tile of columns at a time, the products on FP8 tensor cores (nothing
+    widened). Its reference is `moe_w8a8_reference`."""
+    from dfim.engine.model import triton_moe
+
+    return triton_moe.moe_triton(
+        x, weights, index, experts.gate_up, experts.down,
+        gate_up_scale=experts.gate_up_scale, down_scale=experts.down_scale, products=E4M3,
+    )  # fmt: skip
+
+
+def moe_w8a8_reference(
+    x: Tensor, weights: Tensor, index: Tensor, experts: Fp8Experts, group: int | None = None
+) -> Tensor:
+    """`moe_triton_w8a8`'s arithmetic in fp32, one expert at a time: x's rows quantized, the products over the
+    dequantized weights, the activations quantized in groups of `group` columns (None: the kernel's tile
+    for these pairs, `triton_moe.tiles_for`)."""
+    from dfim.engine.model import triton_moe
+
+    n, k = index.shape
+    inter = experts.down.shape[2]
+    group = group or triton_moe.tiles_for(n * k, experts.gate_up.shape[0], fp8=True).block_n
+    xd = dequantize_rows(*quantize_rows(x))
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for expert in index.unique().tolist():
+        token, slot = (index == expert).nonzero(as_tuple=True)
+        w_gate_up = dequantize_rows(experts.gate_up[expert], experts.gate_up_scale[expert])
+        gate, up = (xd[token] @ w_gate_up.t()).chunk(2, dim=-1)
+        act = gelu(gate) * up
+        pad = -inter % group  # the last group may be narrower: zeros do not change its largest value
+        grouped = torch.nn.functional.pad(act, (0, pad)).view(len(token), -1, group)
+        h = dequantize_rows(*quantize_rows(grouped)).view(len(token), -1)[:, :inter]
+        y = h @ dequantize_rows(experts.down[expert], experts.down_scale[expert]).t()
+        out.index_add_(0, token, y * weights[token, slot, None].float())
+    return out.to(x.dtype)
+
+
 def pick_fp8_kernel(experts: Fp8Experts, device: torch.device, dtype: torch.dtype) -> str:
     """`triton_fp8` where Triton runs it on this CUDA device and it agrees with its reference (W8A16: it
     reads the weights at the grouped GEMM's bytes without quantizing activations); else `grouped_fp8` where
@@ -181,6 +219,7 @@ def pick_fp8_kernel(experts: Fp8Experts, device: torch.device, dtype: torch.dtyp
 
 FP8_KERNELS["grouped_fp8"] = moe_grouped_fp8
 FP8_KERNELS["triton_fp8"] = moe_triton_fp8
+FP8_KERNELS["triton_w8a8"] = moe_triton_w8a8
 FP8_KERNELS["w8a16_reference"] = moe_w8a16_reference
 
 

@@ -57,8 +57,10 @@ class Tiles(NamedTuple):
 def blocks_for(head_dim: int, rows: int, exact: bool = False) -> Tiles:
     """The tiles for `rows` folded query rows. From a sweep of one
     layer's attention in a pass of the 26B shape on an H200 (`bench_attention_gpu.py --sweep`, docs/gpu.md):
-    a 512-wide head, 32 rows by 32 keys (255 us a full layer at a 256-token canvas against 323 with 16 rows,
-    87 against 92 at two 32-token rows); a 256-wide head, 128 rows by 64 keys over 8 warps for a canvas of
+    a 512-wide head, 128 rows by 32 keys over 8 warps, each program writing half the value's dimensions (229 us
+    a full layer at a 256-token canvas against 254 with 32 unsliced rows and 323 with 16; 77 against 86 at two
+    32-token rows; the scores are computed once a slice, but each block of rows reads its KV head from L2 a
+    quarter as often); fp32 keeps 32 unsliced rows (a 128-row fp32 query tile alone is 256 KB); a 256-wide head, 128 rows by 64 keys over 8 warps for a canvas of
     256 tokens (50 us against 59) and 64 rows by 32 keys for the server's two 32-token rows (18 against 20).
     A few rows (an AR token, a few typed tokens) keep 16 rows a program. `exact` (fp32 inputs, the fp32
     check's): 128 rows by 64 keys of a 256-wide head would need ~295 KB of shared memory, past an H200's
@@ -66,7 +68,7 @@ def blocks_for(head_dim: int, rows: int, exact: bool = False) -> Tiles:
     if rows <= 16:
         return Tiles(16, 32) if head_dim >= 512 else Tiles(16, 64)
     if head_dim >= 512:
-        return Tiles(32, 32)
+        return Tiles(32, 32) if exact else Tiles(128, 32, warps=8, block_dv=head_dim // 2)
     if rows <= 256:
         return Tiles(64, 32, stages=3)
     return Tiles(64, 64) if exact else Tiles(128, 64, warps=8)

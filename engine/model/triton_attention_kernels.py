@@ -10,6 +10,43 @@ MASKED = tl.constexpr(-1.0e30)
 
 
 @triton.jit
+def attend_block(q, k_head, v_head, block, end, lo1, hi1, lo2, hi2, dims, value_dims, m, total, acc,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EXACT: tl.constexpr, MASK: tl.constexpr):  # fmt: skip
+    """One key block's step of the online softmax: (m, total, acc) updated by keys [block, block + BLOCK_N).
+    MASK: each row sees only the keys its intervals hold, below `end`; else every key of the block is in view
+    of every row (no comparisons, no masked loads)."""
+    keys = block + tl.arange(0, BLOCK_N)
+    if MASK:
+        key_ok = keys < end
+        k = tl.load(k_head + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_head + keys[:, None] * HEAD_DIM + value_dims[None, :], mask=key_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_head + keys[:, None] * HEAD_DIM + dims[None, :])
+        v = tl.load(v_head + keys[:, None] * HEAD_DIM + value_dims[None, :])
+    if EXACT:
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        scores = tl.dot(q, tl.trans(k))
+    if MASK:
+        seen = ((keys[None, :] >= lo1[:, None]) & (keys[None, :] < hi1[:, None])) | (
+            (keys[None, :] >= lo2[:, None]) & (keys[None, :] < hi2[:, None])
+        )
+        seen = seen & key_ok[None, :]
+        scores = tl.where(seen, scores, MASKED)
+    m_new = tl.maximum(m, tl.max(scores, axis=1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(scores - m_new[:, None])
+    if MASK:
+        p = tl.where(seen, p, 0.0)
+    total = total * alpha + tl.sum(p, axis=1)
+    if EXACT:
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, total, acc
+
+
+@triton.jit
 def attend_keys(q_ptr, k_ptr, v_ptr, bounds_ptr, out_ptr, part_ptr, stats_ptr, seq_len, groups, key_lo, key_hi,
                 keys_per_split, k_head_stride, out_row_stride,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
@@ -51,34 +88,29 @@ def attend_keys(q_ptr, k_ptr, v_ptr, bounds_ptr, out_ptr, part_ptr, stats_ptr, s
     last = tl.maximum(tl.max(tl.where(row_ok, hi1, 0), axis=0), tl.max(tl.where(row_ok, hi2, 0), axis=0))
     start = tl.maximum(start, first)
     end = tl.minimum(end, last)
+    # Key blocks inside the interval [lo1, hi1) of every row need no mask (a canvas row's context; most of a
+    # sliding window): they run in a loop of their own, between two masked loops for the blocks around them.
+    whole_lo = tl.max(tl.where(row_ok, lo1, 0), axis=0)
+    whole_hi = tl.min(tl.where(row_ok, hi1, key_hi), axis=0)
+    open_from = start + tl.cdiv(tl.maximum(whole_lo - start, 0), BLOCK_N) * BLOCK_N
+    open_to = open_from + tl.maximum(tl.minimum(whole_hi, end) - open_from, 0) // BLOCK_N * BLOCK_N
+    any_open = open_to > open_from  # else no such block: the first masked loop takes them all
+    open_from = tl.where(any_open, open_from, end)
+    open_to = tl.where(any_open, open_to, end)
     k_head = k_ptr + kv * k_head_stride
     v_head = v_ptr + kv * k_head_stride
     m = tl.full([BLOCK_M], MASKED, tl.float32)
     total = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for block in range(start, end, BLOCK_N):
-        keys = block + tl.arange(0, BLOCK_N)
-        key_ok = keys < end
-        k = tl.load(k_head + keys[:, None] * HEAD_DIM + dims[None, :], mask=key_ok[:, None], other=0.0)
-        if EXACT:
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            scores = tl.dot(q, tl.trans(k))
-        seen = ((keys[None, :] >= lo1[:, None]) & (keys[None, :] < hi1[:, None])) | (
-            (keys[None, :] >= lo2[:, None]) & (keys[None, :] < hi2[:, None])
-        )
-        seen = seen & key_ok[None, :]
-        scores = tl.where(seen, scores, MASKED)
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.where(seen, tl.exp(scores - m_new[:, None]), 0.0)
-        total = total * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_head + keys[:, None] * HEAD_DIM + value_dims[None, :], mask=key_ok[:, None], other=0.0)
-        if EXACT:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
+    for block in range(start, open_from, BLOCK_N):
+        m, total, acc = attend_block(q, k_head, v_head, block, end, lo1, hi1, lo2, hi2, dims, value_dims, m,
+                                     total, acc, HEAD_DIM, BLOCK_N, EXACT, True)  # fmt: skip
+    for block in range(open_from, open_to, BLOCK_N):
+        m, total, acc = attend_block(q, k_head, v_head, block, end, lo1, hi1, lo2, hi2, dims, value_dims, m,
+                                     total, acc, HEAD_DIM, BLOCK_N, EXACT, False)  # fmt: skip
+    for block in range(open_to, end, BLOCK_N):
+        m, total, acc = attend_block(q, k_head, v_head, block, end, lo1, hi1, lo2, hi2, dims, value_dims, m,
+                                     total, acc, HEAD_DIM, BLOCK_N, EXACT, True)  # fmt: skip
     if SPLIT:
         slot = (split * n_kv + kv) * n_rows + rows
         tl.store(part_ptr + slot[:, None] * HEAD_DIM + value_dims[None, :], acc, mask=row_ok[:, None])

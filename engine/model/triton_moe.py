@@ -110,6 +110,22 @@ def sort_pairs(index: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor,
     return order, tokens, offs, active
 
 
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x [N, H] -> (e4m3 [N, H], float32 [N]), one scale a row (`experts_fp8.quantize_rows`' arithmetic) in one
+    kernel where PyTorch takes about five."""
+    triton, kernels = triton_kernels.require(KERNELS)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    n, hidden = x.shape
+    q = torch.empty(n, hidden, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(n, dtype=torch.float32, device=x.device)
+    if n:
+        kernels.quantize_rows[(n,)](
+            x, q, scale, hidden, x.stride(0), BLOCK=triton.next_power_of_2(hidden), num_warps=4
+        )
+    return q, scale
+
+
 def route(scores: Tensor, top_k: int, expert_scale: Tensor) -> tuple[Tensor, Tensor]:
     """`experts.Router`'s routing of scores [N, E] in one kernel -> weights [N, k] fp32, index [N, k]."""
     triton, kernels = triton_kernels.require(KERNELS)
@@ -145,7 +161,11 @@ def moe_triton(
     `products`: the dtype of the products' inputs (None: x's); the output keeps x's dtype. float16 suits FP8
     weights: Hopper widens e4m3 to float16 in one instruction a pair, where bfloat16 takes one more a value
     (the widening, not the bytes, then bounds the kernel), every e4m3 value is exact in float16, and its
-    mantissa is longer than bfloat16's. Activations beyond float16's +-65504 saturate there."""
+    mantissa is longer than bfloat16's. Activations beyond float16's +-65504 saturate there.
+    `products=torch.float8_e4m3fn` with FP8 weights (W8A8): nothing is widened; the products run on FP8 tensor
+    cores over activations quantized on the fly, x one scale a token row (`quantize_rows`), the experts'
+    activations one a pair and `tiles.block_n` columns (the down product's reduction step then takes that
+    width): the arithmetic of `experts_fp8.moe_w8a8_reference`."""
     triton, kernels = triton_kernels.require(KERNELS)
     gate_up_act, down_weighted = kernels.gate_up_act, kernels.down_weighted
     n, k = index.shape
@@ -157,7 +177,11 @@ def moe_triton(
         return x.new_zeros(x.shape)
     if products is not None and products != gate_up.dtype and not scaled:
         raise ValueError(f"products in {products} need FP8 weights (these are {gate_up.dtype})")
-    if products == torch.float16 and x.dtype != products:
+    fp8_act = products == torch.float8_e4m3fn
+    x_scale = None
+    if fp8_act:
+        x, x_scale = quantize_rows(x)
+    elif products == torch.float16 and x.dtype != products:
         # once here, not in every program's loop; clamped after the cast (bfloat16 cannot hold 65504)
         x = x.to(products).clamp_(-65504.0, 65504.0)
     elif products is not None and x.dtype != products:
@@ -167,17 +191,20 @@ def moe_triton(
     order, tokens, offs, active = sort_pairs(index, e)
     tiles = tiles or tiles_for(n * k, e, fp8=scaled)
     h = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)
+    groups = triton.cdiv(inter, tiles.block_n)
+    h_scale = torch.empty(n * k, groups, dtype=torch.float32, device=x.device) if fp8_act else h
     meta = dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-                EXACT=x.dtype == torch.float32, SCALED=scaled)  # fmt: skip
-    gate_up_act[(active.numel(), triton.cdiv(inter, tiles.block_n))](
+                EXACT=x.dtype == torch.float32, SCALED=scaled, FP8_ACT=fp8_act)  # fmt: skip
+    gate_up_act[(active.numel(), groups)](
         x, gate_up, gate_up_scale.float().contiguous() if scaled else x, tokens, active, offs, h, hidden, inter,
-        x.stride(0), *gate_up.stride(), h.stride(0), **meta,
+        x.stride(0), *gate_up.stride(), h.stride(0), x if x_scale is None else x_scale, h_scale, **meta,
     )  # fmt: skip
     out = torch.empty(n * k, hidden, dtype=torch.float32, device=x.device)
+    down_meta = {**meta, "BLOCK_K": tiles.block_n} if fp8_act else meta  # a step reads one group's scales
     down_weighted[(active.numel(), triton.cdiv(hidden, tiles.block_n))](
         h, down, down_scale.float().contiguous() if scaled else h, order, weights.reshape(-1).float(), active,
-        offs, out, inter, hidden, h.stride(0), *down.stride(), out.stride(0), **meta,
+        offs, out, inter, hidden, h.stride(0), *down.stride(), out.stride(0), h_scale, **down_meta,
     )  # fmt: skip
     summed = torch.empty(n, hidden, dtype=out_dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(hidden))

@@ -33,9 +33,34 @@ def saturate(v, dtype: tl.constexpr):
 
 
 @triton.jit
+def to_e4m3(v, ok):
+    """The rows of tile v [M, N] as e4m3 and one float32 scale a row (v ~= q * scale), over the columns `ok`
+    [N] says are real: the row's largest magnitude goes to e4m3's largest value, 448. An all-zero row gets a
+    tiny scale instead of a division by zero; a NaN stays NaN."""
+    scale = tl.maximum(tl.max(tl.where(ok[None, :], tl.abs(v), 0.0), axis=1), 1e-12) / 448.0
+    q = tl.minimum(tl.maximum(v / scale[:, None], -448.0), 448.0)
+    return q.to(tl.float8e4nv), scale
+
+
+@triton.jit
+def quantize_rows(x_ptr, q_ptr, scale_ptr, n_cols, x_stride, BLOCK: tl.constexpr):
+    """Program (row): x's row as e4m3 (`to_e4m3`) into q [N, n_cols], its scale into scale [N]."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    x = tl.load(x_ptr + row * x_stride + cols, mask=ok, other=0.0).to(tl.float32)
+    q, scale = to_e4m3(x[None, :], ok)
+    tl.store(q_ptr + row * n_cols + cols[None, :], q, mask=ok[None, :])
+    tl.store(scale_ptr + row + tl.arange(0, 1), scale)
+
+
+@triton.jit
 def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h_ptr, n_hidden, n_inter, x_stride,
-                w_e, w_n, w_k, h_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                EXACT: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
+                w_e, w_n, w_k, h_stride, x_scale_ptr, h_scale_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SCALED: tl.constexpr, FP8_ACT: tl.constexpr):  # fmt: skip
+    """FP8_ACT (W8A8): x is e4m3 with a scale a token row (`x_scale`), the products run on FP8 tensor cores,
+    and the activations go out as e4m3 too, one scale a (pair, this program's BLOCK_N columns) in `h_scale`
+    [pairs, cdiv(n_inter, BLOCK_N)], which `down_weighted` reads a reduction step of the same width at a time."""
     expert, cols, col_ok, start, end, w_expert = expert_tile(
         active_ptr, offs_ptr, w_ptr, w_e, n_inter, BLOCK_N
     )
@@ -54,8 +79,8 @@ def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h_ptr,
             wg = tl.load(w_expert + cols[None, :] * w_n + ks[:, None] * w_k, mask=w_mask, other=0.0)
             wu = tl.load(w_expert + (cols[None, :] + n_inter) * w_n + ks[:, None] * w_k, mask=w_mask,
                          other=0.0)  # fmt: skip
-            if SCALED:  # FP8 weights: widened here (to float16: one instruction a pair on Hopper), each
-                # output channel's scale applied after the sum
+            if SCALED and not FP8_ACT:  # FP8 weights: widened here (to float16: one instruction a pair on
+                # Hopper), each output channel's scale applied after the sum
                 wg = wg.to(x.dtype)
                 wu = wu.to(x.dtype)
             if EXACT:  # fp32 weights: no TF32 rounding (the fp32 correctness check reads 1e-6)
@@ -70,17 +95,29 @@ def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h_ptr,
                 up
                 * tl.load(scale_ptr + expert * 2 * n_inter + n_inter + cols, mask=col_ok, other=0.0)[None, :]
             )
+        if FP8_ACT:
+            token_scale = tl.load(x_scale_ptr + tokens, mask=row_ok, other=0.0)[:, None]
+            gate = gate * token_scale
+            up = up * token_scale
         # gelu, tanh approximation (ops.gelu); tanh(z) = 2 sigmoid(2z) - 1
         inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
         act = 0.5 * gate * (2.0 * tl.sigmoid(2.0 * inner)) * up
-        tl.store(h_ptr + rows[:, None].to(tl.int64) * h_stride + cols[None, :],
-                 saturate(act, h_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
+        dest = h_ptr + rows[:, None].to(tl.int64) * h_stride + cols[None, :]
+        if FP8_ACT:
+            q, group_scale = to_e4m3(act, col_ok)
+            tl.store(dest, q, mask=row_ok[:, None] & col_ok[None, :])
+            groups = tl.cdiv(n_inter, BLOCK_N)
+            tl.store(h_scale_ptr + rows.to(tl.int64) * groups + tl.program_id(1), group_scale, mask=row_ok)
+        else:
+            tl.store(dest, saturate(act, h_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
 def down_weighted(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, active_ptr, offs_ptr, out_ptr, n_inter, n_hidden,
-                  h_stride, w_e, w_n, w_k, out_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
+                  h_stride, w_e, w_n, w_k, out_stride, h_scale_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SCALED: tl.constexpr, FP8_ACT: tl.constexpr):  # fmt: skip
+    """FP8_ACT: h is e4m3 with one scale a (pair, BLOCK_K columns), from `gate_up_act` with BLOCK_N =
+    this BLOCK_K; each reduction step's product is scaled by its rows' scales before it is added."""
     expert, cols, col_ok, start, end, w_expert = expert_tile(
         active_ptr, offs_ptr, w_ptr, w_e, n_hidden, BLOCK_N
     )
@@ -95,9 +132,12 @@ def down_weighted(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, active_ptr, off
                         mask=row_ok[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
             w = tl.load(w_expert + cols[None, :] * w_n + ks[:, None] * w_k, mask=k_ok[:, None] & col_ok[None, :],
                         other=0.0)  # fmt: skip
-            if SCALED:
+            if SCALED and not FP8_ACT:
                 w = w.to(h.dtype)
-            if EXACT:
+            if FP8_ACT:
+                step = rows.to(tl.int64) * tl.cdiv(n_inter, BLOCK_K) + k0 // BLOCK_K
+                acc += tl.dot(h, w) * tl.load(h_scale_ptr + step, mask=row_ok, other=0.0)[:, None]
+            elif EXACT:
                 acc = tl.dot(h, w, acc, input_precision="ieee")
             else:
                 acc = tl.dot(h, w, acc)

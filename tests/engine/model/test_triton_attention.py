@@ -96,9 +96,11 @@ def test_blocks_for_every_regime_gives_tiles_a_dot_can_take():
             block_m, block_n, warps, stages, block_dv = triton_attention.blocks_for(head_dim, rows)
             for size in (block_m, block_n):
                 assert size >= 16 and size & (size - 1) == 0  # tl.dot takes powers of two from 16
-            assert warps in (4, 8) and stages >= 1 and block_dv in (None, head_dim)
-    # an fp32 accumulator of a 512-wide head stays at 32 rows; a few rows keep small programs
-    assert triton_attention.blocks_for(512, 2048)[0] == 32
+            assert warps in (4, 8) and stages >= 1 and block_dv in (None, head_dim, head_dim // 2)
+    # a 512-wide head: 128 rows writing half the value's dimensions each; fp32 stays at 32 rows, unsliced
+    assert triton_attention.blocks_for(512, 2048) == triton_attention.Tiles(128, 32, 8, 2, 256)
+    assert triton_attention.blocks_for(512, 2048, exact=True)[0] == 32
+    assert triton_attention.blocks_for(512, 2048, exact=True).block_dv is None
     assert triton_attention.blocks_for(256, 8)[0] == 16
     # fp32 inputs keep a tile whose shared memory fits an H200 (128 x 64 would need ~295 KB)
     assert triton_attention.blocks_for(256, 2048, exact=True) == triton_attention.Tiles(64, 64)

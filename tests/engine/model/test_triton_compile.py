@@ -54,29 +54,45 @@ def hopper_compiler() -> None:
 
 
 @pytest.mark.parametrize(
-    ("scaled", "products", "block_k"),
-    [(False, "bf16", 128), (True, "bf16", 128), (True, "fp16", 256), (True, "fp32", 256)],
-)
-def test_the_experts_kernels_compile(scaled, products, block_k):
+    ("scaled", "products", "block_m", "block_k"),
+    [(False, "bf16", 16, 128), (True, "bf16", 16, 128), (True, "fp16", 16, 256), (True, "fp32", 16, 256),
+     (True, "fp8e4nv", 16, 128), (True, "fp8e4nv", 64, 128)],
+)  # fmt: skip
+def test_the_experts_kernels_compile(scaled, products, block_m, block_k):
     from dfim.engine.model import triton_moe_kernels as kernels
 
     weights = "*fp8e4nv" if scaled else "*bf16"
-    blocks = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": block_k, "EXACT": products == "fp32", "SCALED": scaled}
+    fp8_act = products == "fp8e4nv"
+    blocks = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": block_k, "EXACT": products == "fp32", "SCALED": scaled,
+              "FP8_ACT": fp8_act}  # fmt: skip
     ints = dict.fromkeys(("w_e", "w_n", "w_k"), "i32")
-    compile_for_hopper(
+    gate_up = compile_for_hopper(
         kernels.gate_up_act,
         {"x_ptr": f"*{products}", "w_ptr": weights, "scale_ptr": "*fp32", "token_ptr": "*i64",
          "active_ptr": "*i32", "offs_ptr": "*i32", "h_ptr": f"*{products}", "n_hidden": "i32", "n_inter": "i32",
-         "x_stride": "i32", **ints, "h_stride": "i32"},
+         "x_stride": "i32", **ints, "h_stride": "i32", "x_scale_ptr": "*fp32", "h_scale_ptr": "*fp32"},
         blocks,
     )  # fmt: skip
-    compile_for_hopper(
+    down = compile_for_hopper(
         kernels.down_weighted,
         {"h_ptr": f"*{products}", "w_ptr": weights, "scale_ptr": "*fp32", "slot_ptr": "*i64",
          "weight_ptr": "*fp32", "active_ptr": "*i32", "offs_ptr": "*i32", "out_ptr": "*fp32", "n_inter": "i32",
-         "n_hidden": "i32", "h_stride": "i32", **ints, "out_stride": "i32"},
-        blocks,
+         "n_hidden": "i32", "h_stride": "i32", **ints, "out_stride": "i32", "h_scale_ptr": "*fp32"},
+        {**blocks, "BLOCK_K": 64} if fp8_act else blocks,  # W8A8: a reduction step is one group of scales
     )  # fmt: skip
+    if fp8_act and block_m == 64:  # 64 rows: Hopper's warpgroup MMA on FP8 operands, nothing widened
+        for kernel in (gate_up, down):
+            assert "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3" in kernel.asm["ptx"]
+
+
+def test_the_activations_quantizer_compiles():
+    from dfim.engine.model import triton_moe_kernels as kernels
+
+    compile_for_hopper(
+        kernels.quantize_rows,
+        {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "n_cols": "i32", "x_stride": "i32"},
+        {"BLOCK": 4096},
+    )
 
 
 def test_the_sort_and_sum_kernels_compile():
