@@ -20,6 +20,7 @@
 # attention attention_sweep                                                        2 min
 # step      kernel_tests attention_sweep dense_products bench_gpu_nohf profile_step  9 min: the step's next levers
 # w8a8     moe_attention_tests moe_sweep bench_fp8_triton attention_sweep check  9 min: FP8 products, attention
+# confirm_step moe_attention_tests bench_gpu server_fp8 server                 8 min: after the step's work
 # confirm_ar gemv_tests profile_ar server_fp8 bench_gpu                         8 min: after the AR work
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
 # server    server profile_fill                                                    4 min
@@ -130,6 +131,7 @@ case ${1:-check} in
   attention) jobs=(attention_sweep) ;;
   step) jobs=(kernel_tests attention_sweep dense_products bench_gpu_nohf profile_step) ;;
   w8a8) jobs=(moe_attention_tests moe_sweep bench_fp8_triton attention_sweep check) ;;
+  confirm_step) jobs=(moe_attention_tests bench_gpu server_fp8 server) ;;
   confirm_ar) jobs=(gemv_tests profile_ar server_fp8 bench_gpu) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
   server) jobs=(server profile_fill) ;;

@@ -102,15 +102,20 @@ def attend_keys(q_ptr, k_ptr, v_ptr, bounds_ptr, out_ptr, part_ptr, stats_ptr, s
     m = tl.full([BLOCK_M], MASKED, tl.float32)
     total = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for block in range(start, open_from, BLOCK_N):
-        m, total, acc = attend_block(q, k_head, v_head, block, end, lo1, hi1, lo2, hi2, dims, value_dims, m,
-                                     total, acc, HEAD_DIM, BLOCK_N, EXACT, True)  # fmt: skip
-    for block in range(open_from, open_to, BLOCK_N):
-        m, total, acc = attend_block(q, k_head, v_head, block, end, lo1, hi1, lo2, hi2, dims, value_dims, m,
-                                     total, acc, HEAD_DIM, BLOCK_N, EXACT, False)  # fmt: skip
-    for block in range(open_to, end, BLOCK_N):
-        m, total, acc = attend_block(q, k_head, v_head, block, end, lo1, hi1, lo2, hi2, dims, value_dims, m,
-                                     total, acc, HEAD_DIM, BLOCK_N, EXACT, True)  # fmt: skip
+    if EXACT:  # fp32 inputs (the fp32 check): one masked loop, as ptxas takes minutes over three fp32 copies
+        for block in range(start, end, BLOCK_N):
+            m, total, acc = attend_block(q, k_head, v_head, block, end, lo1, hi1, lo2, hi2, dims, value_dims, m,
+                                         total, acc, HEAD_DIM, BLOCK_N, EXACT, True)  # fmt: skip
+    else:
+        for block in range(start, open_from, BLOCK_N):
+            m, total, acc = attend_block(q, k_head, v_head, block, end, lo1, hi1, lo2, hi2, dims, value_dims, m,
+                                         total, acc, HEAD_DIM, BLOCK_N, EXACT, True)  # fmt: skip
+        for block in range(open_from, open_to, BLOCK_N):
+            m, total, acc = attend_block(q, k_head, v_head, block, end, lo1, hi1, lo2, hi2, dims, value_dims, m,
+                                         total, acc, HEAD_DIM, BLOCK_N, EXACT, False)  # fmt: skip
+        for block in range(open_to, end, BLOCK_N):
+            m, total, acc = attend_block(q, k_head, v_head, block, end, lo1, hi1, lo2, hi2, dims, value_dims, m,
+                                         total, acc, HEAD_DIM, BLOCK_N, EXACT, True)  # fmt: skip
     if SPLIT:
         slot = (split * n_kv + kv) * n_rows + rows
         tl.store(part_ptr + slot[:, None] * HEAD_DIM + value_dims[None, :], acc, mask=row_ok[:, None])
