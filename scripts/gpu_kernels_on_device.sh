@@ -53,7 +53,7 @@ job() {
         tests/engine/model/test_triton_gemv.py tests/engine/inference/test_triton_sampler.py -k "cuda or interval"
       tail -2 "$OUT/kernel_tests.log" ;;
     moe_attention_tests)  # the experts' (W8A8 included) and attention's CUDA tests
-      run moe_attention_tests 200 python3 -m pytest -q -p no:cacheprovider tests/engine/model/test_triton_moe.py \
+      run moe_attention_tests 420 python3 -m pytest -q -p no:cacheprovider tests/engine/model/test_triton_moe.py \
         tests/engine/model/test_triton_attention.py -k "cuda"
       tail -2 "$OUT/moe_attention_tests.log" ;;
     gemv_tests)
