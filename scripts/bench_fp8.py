@@ -3,7 +3,7 @@
 Random bf16 weights, batch 1, a 256-token canvas over a 4,096-token context, as `scripts/bench_gpu.py`:
 
   1. bf16: the fast path (CUDA graphs, the expert kernel `pick_gpu_kernel` chooses), a 16-step fixed block;
-  2. the FP8 kernel against its fp32 reference (`moe_fp8_reference`) and against the bf16 experts, on one
+  2. each FP8 kernel of `--kernels` against its fp32 reference (`CHECKS`) and against the bf16 experts, on one
      layer's real expert tensors and 256 routed tokens: relative errors (the run fails past 2e-2 against
      the reference);
   3. every layer's experts to FP8 (e4m3, a scale per expert and output channel), the bf16 copies freed;
@@ -29,14 +29,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gpu import BIG, Tee, build_model, fixed_block, med, timed  # noqa: E402
 
 from dfim.engine.model.config import ModelConfig  # noqa: E402
-from dfim.engine.model.experts import moe_grouped  # noqa: E402
+from dfim.engine.model.experts import FP8_KERNELS, moe_grouped  # noqa: E402
 from dfim.engine.model.experts_fp8 import (  # noqa: E402
     fp8_kernel_works,
     moe_fp8_reference,
-    moe_grouped_fp8,
+    moe_w8a8_reference,
+    moe_w8a16_reference,
     use_fp8_experts,
 )
 from dfim.engine.model.fast import FastDiffusionGemma  # noqa: E402
+
+# each FP8 kernel's fp32 reference, and how many of the layer's 256 tokens it is checked on (the grouped
+# kernel's reference goes pair by pair); the run fails past 2e-2 against it
+CHECKS = {
+    "grouped_fp8": (moe_fp8_reference, 16),
+    "triton_fp8": (moe_w8a16_reference, 256),
+    "triton_w8a8": (moe_w8a8_reference, 256),
+}
 
 
 def block_ms(fast: FastDiffusionGemma, context: torch.Tensor, steps: int, reps: int) -> float:
@@ -82,6 +91,11 @@ def main() -> int:
     context = torch.randint(16, config.vocab_size, (1, args.context), generator=g).to(device)
     max_len = args.context + 2 * config.canvas_length + 512
     results: dict[str, float] = {}
+    kernels = args.kernels.split(",")
+    unknown = [name for name in kernels if name not in CHECKS]
+    if unknown:
+        log(f"unknown FP8 kernels {unknown}: choose from {sorted(CHECKS)}")
+        return 2
 
     fast = FastDiffusionGemma(model, max_len=max_len, bucket=256)
     experts = model.decoder.layers[0].experts
@@ -111,18 +125,26 @@ def main() -> int:
     weights = torch.softmax(torch.randn(n, k, generator=g), dim=-1).to(device)
     bf16_out = moe_grouped(x, weights, index, experts.gate_up_proj, experts.down_proj).float()
     fp8 = use_fp8_experts(experts, drop_bf16=False)
-    why = fp8_kernel_works(fp8, device, dtype)
-    log(f"FP8 kernel self-test: {'ok' if why is None else why}")
-    if why is not None:
+    if "grouped_fp8" in kernels:
+        why = fp8_kernel_works(fp8, device, dtype)
+        log(f"grouped FP8 kernel self-test: {'ok' if why is None else why}")
+        if why is not None:
+            return 1
+    failed = False
+    for name in kernels:
+        reference, rows = CHECKS[name]
+        got = FP8_KERNELS[name](x, weights, index, fp8).float()
+        want = reference(x[:rows], weights[:rows], index[:rows], fp8).float()
+        err_ref = float((got[:rows] - want).norm() / want.norm())
+        err_bf16 = float((got - bf16_out).norm() / bf16_out.norm())
+        failed |= not err_ref <= 2e-2
+        log(
+            f"one layer, {n} tokens, {name}: against its fp32 reference {err_ref:.2e} ({rows} tokens), against "
+            f"the bf16 experts {err_bf16:.2e}{'' if err_ref <= 2e-2 else '  FAILED'}"
+        )
+        results.update({f"{name}_err_reference": err_ref, f"{name}_err_bf16": err_bf16})
+    if failed:
         return 1
-    got = moe_grouped_fp8(x, weights, index, fp8).float()
-    ref = moe_fp8_reference(x[:16], weights[:16], index[:16], fp8).float()
-    err_ref = float((got[:16] - ref).norm() / ref.norm())
-    err_bf16 = float((got - bf16_out).norm() / bf16_out.norm())
-    log(
-        f"one layer, {n} tokens: FP8 kernel vs its fp32 reference {err_ref:.2e} (16 tokens), vs bf16 experts {err_bf16:.2e}"
-    )
-    results.update(err_reference=err_ref, err_bf16=err_bf16)
 
     t0 = time.time()
     for layer in model.decoder.layers:
@@ -134,7 +156,7 @@ def main() -> int:
         f"experts to FP8 in {time.time() - t0:.1f} s: {fp8_bytes / 1e9:.1f} GB (bf16 {bf16_bytes / 1e9:.1f} GB); "
         f"GPU memory now {torch.cuda.memory_allocated() / 1e9:.1f} GB"
     )
-    for kernel in args.kernels.split(","):  # each over the same FP8 weights
+    for kernel in kernels:  # each over the same FP8 weights
         fast = FastDiffusionGemma(model, max_len=max_len, bucket=256, moe=kernel)
         time_block(kernel, fast)
         got_logits = last_logits(fast, context)

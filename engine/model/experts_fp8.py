@@ -169,9 +169,9 @@ def moe_w8a16_reference(x: Tensor, weights: Tensor, index: Tensor, experts: Fp8E
 
 
 def moe_triton_w8a8(x: Tensor, weights: Tensor, index: Tensor, experts: Fp8Experts) -> Tensor:
-    """The Triton experts with FP8 weights and FP8 activations (W8A8): x quantized a token row at a time, the
-    experts' activations a pair and tile of columns at a time, the products on FP8 tensor cores (nothing
-    widened). Its reference is `moe_w8a8_reference`."""
+    """The Triton experts with FP8 weights and FP8 activations (W8A8, as vLLM serves FP8 checkpoints): x
+    quantized a token row at a time, the experts' activations a pair and tile of columns at a time. Its
+    reference is `moe_w8a8_reference`; decision 125 says why W8A16 stays the default."""
     from dfim.engine.model import triton_moe
 
     return triton_moe.moe_triton(
@@ -190,7 +190,7 @@ def moe_w8a8_reference(
 
     n, k = index.shape
     inter = experts.down.shape[2]
-    group = group or triton_moe.tiles_for(n * k, experts.gate_up.shape[0], fp8=True).block_n
+    group = group or triton_moe.tiles_for(n * k, experts.gate_up.shape[0], fp8=True, fp8_act=True).block_n
     xd = dequantize_rows(*quantize_rows(x))
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for expert in index.unique().tolist():

@@ -62,13 +62,17 @@ class Tiles:
     num_stages: int = 3  # loads in flight: the kernels are bound by reading the weights
 
 
-def tiles_for(pairs: int, experts: int, fp8: bool = False) -> Tiles:
+def tiles_for(pairs: int, experts: int, fp8: bool = False, fp8_act: bool = False) -> Tiles:
     """The tiles for `pairs` token-expert pairs over `experts` experts: an expert's pairs in one block where
     they fit, so its weights are read once (an H200 at the 26B shape, `scripts/bench_moe_gpu.py --sweep`:
     32 and 64 tokens 0.36 / 0.41 ms a layer with 16 rows, 256 tokens 0.45 ms with 32, 512 tokens 0.49 ms
     with 64). FP8 weights take twice the reduction a step where an expert's pairs are few (a tile of the
-    same bytes: 0.203 / 0.231 ms at 32 / 64 tokens against 0.217 / 0.238)."""
+    same bytes: 0.203 / 0.231 ms at 32 / 64 tokens against 0.217 / 0.238). FP8 activations too (`fp8_act`,
+    W8A8) take 128 output columns a program, with 16 or 32 rows (0.213 / 0.235 / 0.268 ms at 32 / 64 / 256
+    tokens; 64 rows, where the products run on FP8 tensor cores, were slower: 0.243 / 0.277 / 0.294)."""
     per_expert = pairs / max(experts, 1)
+    if fp8_act:
+        return Tiles(block_m=16 if per_expert <= 8 else 32, block_n=128, block_k=128)
     if per_expert <= 8:
         return Tiles(block_m=16, block_k=256 if fp8 else 128)
     if per_expert <= 24:
@@ -121,8 +125,15 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     scale = torch.empty(n, dtype=torch.float32, device=x.device)
     if n:
         kernels.quantize_rows[(n,)](
-            x, q, scale, hidden, x.stride(0), BLOCK=triton.next_power_of_2(hidden), num_warps=4
-        )
+            x,
+            q,
+            scale,
+            hidden,
+            x.stride(0),
+            BLOCK=triton.next_power_of_2(hidden),
+            ROUND=x.device.type == "cpu",
+            num_warps=4,
+        )  # ROUND: only the interpreter runs on the CPU, and its conversion to e4m3 rounds wrongly
     return q, scale
 
 
@@ -162,10 +173,11 @@ def moe_triton(
     weights: Hopper widens e4m3 to float16 in one instruction a pair, where bfloat16 takes one more a value
     (the widening, not the bytes, then bounds the kernel), every e4m3 value is exact in float16, and its
     mantissa is longer than bfloat16's. Activations beyond float16's +-65504 saturate there.
-    `products=torch.float8_e4m3fn` with FP8 weights (W8A8): nothing is widened; the products run on FP8 tensor
-    cores over activations quantized on the fly, x one scale a token row (`quantize_rows`), the experts'
-    activations one a pair and `tiles.block_n` columns (the down product's reduction step then takes that
-    width): the arithmetic of `experts_fp8.moe_w8a8_reference`."""
+    `products=torch.float8_e4m3fn` with FP8 weights (W8A8): activations quantized on the fly, x one scale a
+    token row (`quantize_rows`), the experts' activations one a pair and `tiles.block_n` columns (the down
+    product's reduction step then takes that width): the arithmetic of `experts_fp8.moe_w8a8_reference`.
+    From 64 rows a block the products run on FP8 tensor cores; the default tiles take fewer rows, which
+    were faster (`tiles_for`)."""
     triton, kernels = triton_kernels.require(KERNELS)
     gate_up_act, down_weighted = kernels.gate_up_act, kernels.down_weighted
     n, k = index.shape
@@ -189,16 +201,17 @@ def moe_triton(
     if x.stride(-1) != 1:
         x = x.contiguous()
     order, tokens, offs, active = sort_pairs(index, e)
-    tiles = tiles or tiles_for(n * k, e, fp8=scaled)
+    tiles = tiles or tiles_for(n * k, e, fp8=scaled, fp8_act=fp8_act)
     h = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)
     groups = triton.cdiv(inter, tiles.block_n)
     h_scale = torch.empty(n * k, groups, dtype=torch.float32, device=x.device) if fp8_act else h
     meta = dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages,
                 EXACT=x.dtype == torch.float32, SCALED=scaled, FP8_ACT=fp8_act)  # fmt: skip
+    gate_up_meta = {**meta, "ROUND": x.device.type == "cpu"}  # only the interpreter runs on the CPU
     gate_up_act[(active.numel(), groups)](
         x, gate_up, gate_up_scale.float().contiguous() if scaled else x, tokens, active, offs, h, hidden, inter,
-        x.stride(0), *gate_up.stride(), h.stride(0), x if x_scale is None else x_scale, h_scale, **meta,
+        x.stride(0), *gate_up.stride(), h.stride(0), x if x_scale is None else x_scale, h_scale, **gate_up_meta,
     )  # fmt: skip
     out = torch.empty(n * k, hidden, dtype=torch.float32, device=x.device)
     down_meta = {**meta, "BLOCK_K": tiles.block_n} if fp8_act else meta  # a step reads one group's scales

@@ -33,23 +33,40 @@ def saturate(v, dtype: tl.constexpr):
 
 
 @triton.jit
-def to_e4m3(v, ok):
+def e4m3_grid(q):
+    """q (|q| <= 448) rounded to the nearest e4m3 value in fp32, ties to even: what the GPU's conversion
+    does, for Triton's interpreter, whose conversion rounds wrongly where the rounding carries into the next
+    power of two (124.7 -> 64, Triton 3.9). Three bits of mantissa; below 2^-6 the step stays 2^-9."""
+    step = tl.exp2(tl.maximum(tl.floor(tl.log2(tl.abs(q))), -6.0) - 3.0)
+    t = q / step
+    r = tl.floor(t + 0.5)
+    r = tl.where((r - t == 0.5) & (r - 2.0 * tl.floor(r * 0.5) != 0.0), r - 1.0, r)  # a tie: to the even one
+    return r * step
+
+
+@triton.jit
+def to_e4m3(v, ok, ROUND: tl.constexpr):
     """The rows of tile v [M, N] as e4m3 and one float32 scale a row (v ~= q * scale), over the columns `ok`
-    [N] says are real: the row's largest magnitude goes to e4m3's largest value, 448. An all-zero row gets a
-    tiny scale instead of a division by zero; a NaN stays NaN."""
-    scale = tl.maximum(tl.max(tl.where(ok[None, :], tl.abs(v), 0.0), axis=1), 1e-12) / 448.0
-    q = tl.minimum(tl.maximum(v / scale[:, None], -448.0), 448.0)
+    [N] says are real: the row's largest finite magnitude goes to e4m3's largest value, 448. An all-zero row
+    gets a tiny scale instead of a division by zero; an infinity saturates at +-448 and a NaN stays NaN, as
+    the float16 products saturate and keep them. ROUND: round to e4m3's grid before the cast (`e4m3_grid`)."""
+    finite = tl.abs(v) < float("inf")  # False for a NaN too
+    scale = tl.maximum(tl.max(tl.where(ok[None, :] & finite, tl.abs(v), 0.0), axis=1), 1e-12) / 448.0
+    q = tl.minimum(tl.maximum(v / scale[:, None], -448.0, propagate_nan=tl.PropagateNan.ALL), 448.0,
+                   propagate_nan=tl.PropagateNan.ALL)  # fmt: skip
+    if ROUND:
+        q = e4m3_grid(q)
     return q.to(tl.float8e4nv), scale
 
 
 @triton.jit
-def quantize_rows(x_ptr, q_ptr, scale_ptr, n_cols, x_stride, BLOCK: tl.constexpr):
+def quantize_rows(x_ptr, q_ptr, scale_ptr, n_cols, x_stride, BLOCK: tl.constexpr, ROUND: tl.constexpr):
     """Program (row): x's row as e4m3 (`to_e4m3`) into q [N, n_cols], its scale into scale [N]."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
     x = tl.load(x_ptr + row * x_stride + cols, mask=ok, other=0.0).to(tl.float32)
-    q, scale = to_e4m3(x[None, :], ok)
+    q, scale = to_e4m3(x[None, :], ok, ROUND)
     tl.store(q_ptr + row * n_cols + cols[None, :], q, mask=ok[None, :])
     tl.store(scale_ptr + row + tl.arange(0, 1), scale)
 
@@ -57,10 +74,13 @@ def quantize_rows(x_ptr, q_ptr, scale_ptr, n_cols, x_stride, BLOCK: tl.constexpr
 @triton.jit
 def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h_ptr, n_hidden, n_inter, x_stride,
                 w_e, w_n, w_k, h_stride, x_scale_ptr, h_scale_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SCALED: tl.constexpr, FP8_ACT: tl.constexpr):  # fmt: skip
-    """FP8_ACT (W8A8): x is e4m3 with a scale a token row (`x_scale`), the products run on FP8 tensor cores,
-    and the activations go out as e4m3 too, one scale a (pair, this program's BLOCK_N columns) in `h_scale`
-    [pairs, cdiv(n_inter, BLOCK_N)], which `down_weighted` reads a reduction step of the same width at a time."""
+                BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SCALED: tl.constexpr, FP8_ACT: tl.constexpr,
+                ROUND: tl.constexpr):  # fmt: skip
+    """FP8_ACT (W8A8): x is e4m3 with a scale a token row (`x_scale`), both operands e4m3 (Hopper's warpgroup
+    MMA takes them as they are from 64 rows a block; below that Triton widens both to float16), and the
+    activations go out as e4m3 too, one scale a (pair, this program's BLOCK_N columns) in `h_scale`
+    [pairs, cdiv(n_inter, BLOCK_N)], which `down_weighted` reads a reduction step of the same width at a
+    time. ROUND: `to_e4m3`'s (the interpreter's)."""
     expert, cols, col_ok, start, end, w_expert = expert_tile(
         active_ptr, offs_ptr, w_ptr, w_e, n_inter, BLOCK_N
     )
@@ -104,7 +124,7 @@ def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h_ptr,
         act = 0.5 * gate * (2.0 * tl.sigmoid(2.0 * inner)) * up
         dest = h_ptr + rows[:, None].to(tl.int64) * h_stride + cols[None, :]
         if FP8_ACT:
-            q, group_scale = to_e4m3(act, col_ok)
+            q, group_scale = to_e4m3(act, col_ok, ROUND)
             tl.store(dest, q, mask=row_ok[:, None] & col_ok[None, :])
             groups = tl.cdiv(n_inter, BLOCK_N)
             tl.store(h_scale_ptr + rows.to(tl.int64) * groups + tl.program_id(1), group_scale, mask=row_ok)
