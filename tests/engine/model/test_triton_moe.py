@@ -36,15 +36,17 @@ CHECK = textwrap.dedent(
     # FP8 weights (W8A16): against the same arithmetic over the dequantized weights
     from dfim.engine.model import experts_fp8
 
-    for dtype in dtypes[1:]:
-        e, hidden, inter, k, n = 8, 96, 40, 2, 21
+    def fp8_case(e, hidden, inter, k, n, dtype):  # random FP8 experts, tokens and their routing, on the device
         fp8 = experts_fp8.quantize_experts(
             torch.randn(e, 2 * inter, hidden, generator=g) * 0.1, torch.randn(e, hidden, inter, generator=g) * 0.1
         )
         fp8 = experts_fp8.Fp8Experts(*(t.to(device) for t in vars(fp8).values()))
         x = torch.randn(n, hidden, generator=g).to(device, dtype)
         index = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).to(device)
-        weights = torch.rand(n, k, generator=g).to(device)
+        return fp8, x, torch.rand(n, k, generator=g).to(device), index
+
+    for dtype in dtypes[1:]:
+        fp8, x, weights, index = fp8_case(8, 96, 40, 2, 21, dtype)
         want = experts_fp8.moe_w8a16_reference(x, weights, index, fp8).float()
         runs = {
             "engine": lambda: experts_fp8.moe_triton_fp8(x, weights, index, fp8),
@@ -60,22 +62,18 @@ CHECK = textwrap.dedent(
     # FP8 activations too (W8A8): the default tiles and 64 rows (FP8 tensor cores on a GPU); on the CPU the
     # kernels round to e4m3's grid themselves (the interpreter's conversion rounds wrongly, 124.7 -> 64)
     for dtype in dtypes[1:]:
-        e, hidden, inter, k, n = 8, 96, 200, 2, 37
-        fp8 = experts_fp8.quantize_experts(
-            torch.randn(e, 2 * inter, hidden, generator=g) * 0.1, torch.randn(e, hidden, inter, generator=g) * 0.1
-        )
-        fp8 = experts_fp8.Fp8Experts(*(t.to(device) for t in vars(fp8).values()))
-        x = torch.randn(n, hidden, generator=g).to(device, dtype)
-        index = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).to(device)
-        weights = torch.rand(n, k, generator=g).to(device)
+        e, k, n = 8, 2, 37
+        fp8, x, weights, index = fp8_case(e, 96, 200, k, n, dtype)
         for tiles in (None, triton_moe.Tiles(block_m=64, block_n=32, block_k=64)):
-            group = (tiles or triton_moe.tiles_for(n * k, e, fp8=True)).block_n
+            group = (tiles or triton_moe.tiles_for(n * k, e, fp8=True, fp8_act=True)).block_n
             want = experts_fp8.moe_w8a8_reference(x, weights, index, fp8, group).float()
             args = (fp8.gate_up, fp8.down, tiles, fp8.gate_up_scale, fp8.down_scale, torch.float8_e4m3fn)
             got = triton_moe.moe_triton(x, weights, index, *args).float()
             err = ((got - want).norm() / want.norm()).item()
-            if not err <= 2e-2:
-                bad.append(f"W8A8, {dtype}, groups of {group}: relative error {err:.2e} > 2e-02")
+            # tight enough to see groups of the wrong width (2e-2); Hopper's FP8 MMA (64 rows) sums with fewer bits
+            limit = 5e-3 if tiles is None else 2e-2
+            if not err <= limit:
+                bad.append(f"W8A8, {dtype}, groups of {group}: relative error {err:.2e} > {limit:.0e}")
         # an infinity saturates (the row stays finite, as float16 products do); a NaN stays in its token's row
         # (on CUDA: the interpreter converts a NaN to a finite e4m3 value)
         x[5, 2] = float("inf")
