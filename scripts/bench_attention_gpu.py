@@ -32,14 +32,18 @@ CONTEXT, BUCKET = 4096, 256
 DEVICE = "cuda"
 Tiles = triton_attention.Tiles
 # Wide heads also by slices of the value's dimensions (`block_dv`): a smaller accumulator, so more rows a
-# program and fewer reads of the keys from L2, for scores computed once a slice.
+# program and fewer reads of the keys from L2, for scores computed once a slice. Some tiles fix how many ways
+# the keys are split (`splits`): a sliding layer's 1,535 keys over 128 programs leave each a few steps, and
+# the split's partial sums (16 MB a layer) go through memory once more.
 SWEEP = {
     256: [Tiles(32, 64), Tiles(64, 64), Tiles(64, 64, 8), Tiles(128, 64, 8), Tiles(64, 32, 4, 3),
-          Tiles(128, 32, 8), Tiles(128, 64, 8, 2, 128), Tiles(128, 32, 4, 2, 128), Tiles(256, 32, 8, 2, 64)],
+          Tiles(128, 32, 8), Tiles(128, 64, 8, 2, 128), Tiles(128, 32, 4, 2, 128), Tiles(256, 32, 8, 2, 64),
+          Tiles(128, 64, 8, splits=1), Tiles(128, 64, 8, splits=2), Tiles(128, 64, 8, splits=8),
+          Tiles(64, 32, 4, 3, splits=8), Tiles(64, 64, 4, 2, splits=8)],
     512: [Tiles(16, 32), Tiles(32, 32), Tiles(32, 32, 8), Tiles(64, 32, 8, 1), Tiles(64, 32, 8, 2),
           Tiles(32, 64, 8, 1), Tiles(64, 16, 8, 2), Tiles(64, 64, 8, 1), Tiles(64, 32, 4, 2, 256),
           Tiles(64, 32, 8, 2, 128), Tiles(128, 32, 8, 2, 128), Tiles(128, 32, 8, 2, 256), Tiles(128, 64, 8, 1, 128),
-          Tiles(64, 64, 4, 2, 128)],
+          Tiles(64, 64, 4, 2, 128), Tiles(128, 32, 8, 2, 256, 2), Tiles(128, 32, 8, 2, 256, 8)],
 }  # fmt: skip
 
 
@@ -102,6 +106,8 @@ def main() -> None:
                 label = "default" if tile is None else "{}x{} w{} s{}".format(*tile[:4])
                 if tile is not None and tile.block_dv:
                     label += f" dv{tile.block_dv}"
+                if tile is not None and tile.splits:
+                    label += f" keys/{tile.splits}"
                 fn = functools.partial(triton_attention.attend, q, k, v, lo, hi, bounds, tile)
                 try:
                     err = float((fn().float() - want).norm() / want.norm())

@@ -44,14 +44,16 @@ def available() -> bool:
 
 
 class Tiles(NamedTuple):
-    """How `attend` splits its work: query rows a program, keys a step, warps, pipeline stages, and the value
-    dimensions a program writes (None: all of them; fewer lets a wide head take more rows a program)."""
+    """How `attend` splits its work: query rows a program, keys a step, warps, pipeline stages, the value
+    dimensions a program writes (None: all of them; fewer lets a wide head take more rows a program), and
+    how many ways the keys are split (None: until about TARGET_PROGRAMS programs run)."""
 
     block_m: int
     block_n: int
     warps: int = 4
     stages: int = 2
     block_dv: int | None = None
+    splits: int | None = None
 
 
 def blocks_for(head_dim: int, rows: int, exact: bool = False) -> Tiles:
@@ -111,7 +113,7 @@ def attend(
     if rows == 0:
         return out
     exact = q.dtype == torch.float32
-    block_m, block_n, warps, stages, block_dv = tiles or blocks_for(d, rows, exact)
+    block_m, block_n, warps, stages, block_dv, fixed_splits = tiles or blocks_for(d, rows, exact)
     block_dv = block_dv or d
     if block_dv < d and (block_dv < 16 or d % block_dv):  # a slice is a product's operand: 16 or more
         raise ValueError(f"value slices of {block_dv} (at least 16) must divide head_dim {d}")
@@ -121,6 +123,7 @@ def attend(
     splits = 1
     while splits < 16 and programs * splits < TARGET_PROGRAMS and keys / (2 * splits) >= MIN_SPLIT_KEYS:
         splits *= 2
+    splits = fixed_splits or splits
     per_split = triton.cdiv(triton.cdiv(keys, splits), block_n) * block_n
     part = stats = out  # unused pointers when the keys are not split
     if splits > 1:

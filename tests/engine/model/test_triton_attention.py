@@ -42,6 +42,11 @@ CHECK = textwrap.dedent(
     error = triton_attention.self_test(device, torch.float32, ((8, 1, 512), (4, 2, 256)), sliced)
     if not error <= 1e-5:
         bad.append(f"attention, value slices of 128: relative error {error:.2e}")
+    # the keys split a fixed number of ways (the sweep's), more than the rule would
+    split = triton_attention.Tiles(32, 32, splits=8)
+    error = triton_attention.self_test(device, torch.float32, ((4, 2, 64),), split)
+    if not error <= 1e-5:
+        bad.append(f"attention, keys split 8 ways: relative error {error:.2e}")
     print("\\n".join(bad) or "ok")
     """
 )
@@ -93,10 +98,11 @@ def test_the_interpreted_fast_path_runs_every_kernel(kernel_check):
 def test_blocks_for_every_regime_gives_tiles_a_dot_can_take():
     for head_dim in (64, 256, 512):
         for rows in (1, 16, 17, 80, 256, 257, 2048):
-            block_m, block_n, warps, stages, block_dv = triton_attention.blocks_for(head_dim, rows)
+            block_m, block_n, warps, stages, block_dv, splits = triton_attention.blocks_for(head_dim, rows)
             for size in (block_m, block_n):
                 assert size >= 16 and size & (size - 1) == 0  # tl.dot takes powers of two from 16
             assert warps in (4, 8) and stages >= 1 and block_dv in (None, head_dim, head_dim // 2)
+            assert splits is None  # the programs' count decides, in `attend`
     # a 512-wide head: 128 rows writing half the value's dimensions each; fp32 stays at 32 rows, unsliced
     assert triton_attention.blocks_for(512, 2048) == triton_attention.Tiles(128, 32, 8, 2, 256)
     assert triton_attention.blocks_for(512, 2048, exact=True)[0] == 32
