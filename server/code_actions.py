@@ -38,7 +38,6 @@ from dfim.server.actions import (
 from dfim.server.documents import Document, PositionError
 from dfim.server.languages import language_for
 from dfim.server.options import quoted
-from dfim.server.transport import ClientTimeout
 
 log = logging.getLogger("dfim.server.code_actions")
 
@@ -188,7 +187,9 @@ async def _apply(ls, edit: types.WorkspaceEdit, label: str) -> dict:
         return {"applied": False, "edit": unstructured}
     try:
         result = await ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit, label=label))
-    except ClientTimeout as exc:  # the edit is in the result: the command still answers
+    except (
+        JsonRpcException
+    ) as exc:  # no answer in time, or one that cannot be read: the edit is in the result
         log.warning("dfim: %s; the edit is returned in the command's result instead", exc)
         return {"applied": False, "edit": unstructured}
     return {"applied": bool(result and result.applied), "edit": unstructured}

@@ -70,6 +70,9 @@ class DfimProtocol(LanguageServerProtocol):
         try:
             return super().structure_message(data)
         except JsonRpcException as exc:
+            if isinstance(data, dict) and "method" not in data and data.get("id") in self._request_futures:
+                self._answer_unreadable(data["id"], one_line(exc.__cause__))
+                return Unreadable()
             if not isinstance(data, dict) or "method" not in data:
                 raise
             method, reason = data.get("method"), one_line(exc.__cause__)
@@ -117,10 +120,17 @@ class DfimProtocol(LanguageServerProtocol):
             self._send_response(bad.msg_id, error=error.to_response_error())
             log.info("request %s (%s) answered InvalidRequest: %s", bad.msg_id, bad.method, bad.reason)
         elif bad.is_response and bad.msg_id in self._request_futures:
-            future = self._request_futures.pop(bad.msg_id)
-            self._result_types.pop(bad.msg_id, None)
-            if not future.done():
-                future.set_exception(JsonRpcException(f"the client's answer could not be read: {bad.reason}"))
+            self._answer_unreadable(bad.msg_id, bad.reason)
+
+    def _answer_unreadable(self, msg_id, reason: str) -> None:
+        """The client answered a request of the server's with something that cannot be read (a frame, or a
+        result of the wrong shape: `null` to applyEdit): the request fails now, with a log line, instead of
+        waiting out its timeout and showing the user a server error."""
+        future = self._request_futures.pop(msg_id)
+        self._result_types.pop(msg_id, None)
+        log.warning("the client's answer to request %s could not be read: %s", msg_id, reason)
+        if not future.done():
+            future.set_exception(JsonRpcException(f"the client's answer could not be read: {reason}"))
 
     def send_request(self, method, params=None, callback=None, msg_id=None):
         msg_id = msg_id if msg_id is not None else str(uuid.uuid4())

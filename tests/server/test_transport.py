@@ -378,3 +378,33 @@ def test_peek_request_reads_only_the_top_level():
     assert peek_request(b'{"params": {"id": 5, "method": "x"}, "id"') == (None, None, False)
     assert peek_request(b'{"id": true, "method": "m"}') == (None, "m", False)
     assert peek_request(b'{"id": "r1", "result": [1, 2') == ("r1", None, True)
+
+
+def test_an_unreadable_answer_to_apply_edit_fails_the_edit_at_once(tmp_path, checkpoint):
+    # `result: null` to workspace/applyEdit (the protocol wants `{"applied": ...}`): pygls could not read it,
+    # showed "Error in server: Invalid Params" and the command waited out the client timeout (30 s)
+    s = RawServer(tmp_path, model=checkpoint)
+    s.send(frame(initialize(capabilities={"workspace": {"applyEdit": True}})))
+    s.answer(1)
+    s.send(frame({"jsonrpc": "2.0", "method": "initialized", "params": {}}))
+    deadline = time.monotonic() + 90
+    while not any(m.get("method") == "dfim/status" and m["params"].get("state") == "ready" for m in s.seen):
+        assert time.monotonic() < deadline, s.seen
+        s.next(timeout=90)
+    text = "def f(x):\n    return x\n\n\ndef g(y):\n    pass\n"
+    doc = {"uri": "file:///t.py", "languageId": "python", "version": 1, "text": text}
+    s.send(frame({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": doc}}))
+    whole = {"start": {"line": 4, "character": 0}, "end": {"line": 6, "character": 0}}
+    command = {"command": "dfim.rewriteSelection", "arguments": [doc["uri"], whole, "make it shorter"]}
+    s.send(frame(request(2, "workspace/executeCommand", command)))
+    apply = s.server_request("workspace/applyEdit", timeout=120)
+    started = time.monotonic()
+    s.send(frame({"jsonrpc": "2.0", "id": apply["id"], "result": None}))
+    answer = s.answer(2, timeout=60)
+    assert time.monotonic() - started < 10  # not the 30 s client timeout
+    assert answer["result"]["applied"] is False and answer["result"]["edit"]
+    shown = [m["params"]["message"] for m in s.seen if m.get("method") == "window/showMessage"]
+    assert not any("Error in server" in message for message in shown), shown
+    assert "could not be read" in s.stderr()
+    s.still_serves(3)
+    assert s.close() == 0
