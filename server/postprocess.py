@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dfim.server.context import FillContext
+from dfim.server.lines import is_word_char
 from dfim.server.post_context import PostContext, post_context
 from dfim.server.rules import (
     balance_brackets,
@@ -119,6 +120,20 @@ def drop_start_of_what_follows(text: str, ctx: PostContext) -> str | None:
     return None if body and ctx.rest_of_line.lstrip().startswith(body) else text
 
 
+def drop_glued_to_the_next_word(text: str, ctx: PostContext) -> str | None:
+    """A single-line fill before a word of the line (not inside one) that ends in a word character: the two
+    run together into a name nobody wrote (`(this.h + this.h▮this.w` -> `this.hthis`)."""
+    return None if is_word_char(text[-1:]) and is_word_char(ctx.rest_of_line[:1]) else text
+
+
+def drop_new_syntax_errors(text: str, ctx: PostContext) -> str | None:
+    """A single-line fill into code that goes on after the cursor, where the code around it parses without
+    the fill and not with it (`users.find(id, id▮(u) => u.id === id)`): it breaks code the user did not ask
+    to change. Where the code is broken already (a line being typed: `forEach(next: (value:▮;`), counts of
+    errors say little (one error region may become two as the fill mends it), so the fill stays."""
+    return None if ctx.errors("") == 0 and ctx.errors(text) > 0 else text
+
+
 def inline_chain(ctx: PostContext, max_lines: int = 40) -> Chain:
     """The rules for an inline fill (and `completeFunction`), in order, as they apply to this context: scope,
     loops, suffix overlap, quotes, brackets, usefulness, then the line's indentation."""
@@ -165,6 +180,11 @@ def inline_chain(ctx: PostContext, max_lines: int = 40) -> Chain:
     ]
     if line and not ctx.opens_line:
         rules.append(Rule("drop_start_of_what_follows", drop_start_of_what_follows))
+    if line and not ctx.ends_line:  # code goes on after the cursor: the fill must not spoil it
+        if not ctx.in_word:
+            rules.append(Rule("drop_glued_to_the_next_word", drop_glued_to_the_next_word))
+        if ctx.lang is not None:
+            rules.append(Rule("drop_new_syntax_errors", drop_new_syntax_errors))
     if line and not (ctx.lead or ctx.opens_line) and ctx.before_on_line.isspace():
         rules.append(Rule("fit_typed_indent", fit_typed_indent))
     if ctx.opens_line:  # the code after the cursor moves down a line, keeping its indentation

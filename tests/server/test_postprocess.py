@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dfim.server import context, postprocess
+from dfim.server import context, postprocess, rules
 from dfim.server.post_context import post_context
 from tests.server.helpers import ctx_for, single, split
 
@@ -29,7 +29,8 @@ def test_a_lone_colon_or_semicolon_after_the_cursor_is_not_doubled():
 def test_a_fill_never_doubles_the_closing_quote_or_the_text_after_the_cursor():
     ctx = ctx_for('greeting = f"Hello {name}|"\n')
     assert postprocess.clean('!"', ctx) == "!"
-    assert postprocess.clean(' and "x"', ctx) == ' and "x"'  # opens and closes its own string: kept
+    assert rules.drop_duplicate_quote(' and "x"', '"') == ' and "x"'  # opens and closes its own string: kept
+    assert postprocess.clean(' and "x"', ctx) is None  # though the line no longer parses
     ctx = ctx_for('path = "C:\\\\dir\\\\|"\n')  # an escaped backslash, then the closing quote
     assert postprocess.clean('sub\\\\"', ctx) == "sub\\\\"
     assert postprocess.clean('a\\"b', ctx) == 'a\\"b'  # an escaped quote closes nothing
@@ -230,8 +231,15 @@ def test_the_chain_holds_only_the_rules_that_apply_in_todays_order():
         "drop_copy_of_line_above",
         "drop_copy_of_line_below",
         "drop_start_of_what_follows",
+        "drop_glued_to_the_next_word",
+        "drop_new_syntax_errors",
     ]
     assert "cut_repeated_line_end" in names("BUCK|ETS = 1\n")  # inside a word only
+    assert "drop_glued_to_the_next_word" not in names(
+        "BUCK|ETS = 1\n"
+    )  # an edit inside a word glues by nature
+    assert "drop_new_syntax_errors" not in names("x = foo(|)\n", None)  # no grammar to ask
+    assert "drop_new_syntax_errors" not in names("x = |\n")  # nothing after the cursor to spoil
     assert "strip_trailing_space" in names("x = |\n")  # a fill that ends its line
     several = names("def f(xs):\n    |\n")
     assert several.index("cut_stutter") < several.index("cut_loop") < several.index("cut_to_parsing_lines")
@@ -271,6 +279,23 @@ def test_the_rules_that_read_only_the_context():
         postprocess.drop_blank(" \n", pc) is None
         and postprocess.drop_repetitive("abababababababab", pc) is None
     )
+
+
+@pytest.mark.parametrize(
+    ("src", "lang", "fill", "kept"),
+    [
+        ("    return 2 * (|this.w + this.h);\n", "typescript", "this.h + this.h", False),  # this.hthis.w
+        ("    return 2 * (|this.w + this.h);\n", "typescript", "2 * ", True),
+        ("x = |foo(1)\n", "python", "not ", True),
+        ("x = |foo(1)\n", "python", "self.", True),
+        ("    return users.find(|u => u.id === id);\n", "typescript", "id, id", False),  # id(u) => ...
+        ("    return users.find(|u => u.id === id);\n", "typescript", "(", False),  # leaves `(` open
+        ("    return users.find(|u => u.id === id);\n", "typescript", "async ", True),
+        ("total = compute(|, 2)\n", "python", "values", True),  # mends the line
+    ],
+)
+def test_a_fill_before_code_on_its_line_must_not_spoil_it(src, lang, fill, kept):
+    assert (postprocess.clean(fill, ctx_for(src, lang)) is not None) is kept
 
 
 def test_the_hole_chain_trims_several_lines_and_drops_nothing_else():
