@@ -266,6 +266,15 @@ class DfimServer(LanguageServer):
         return flag
 
 
+def init_options_section(options):
+    """initializationOptions as dfim reads them: the settings tree itself, or the tree under a `dfim` key (as
+    `settings` holds it in the `vim.lsp.config` example, which users copy into `init_options`); other keys
+    beside it (`token`, for --tcp) stay."""
+    if isinstance(options, dict) and isinstance(options.get("dfim"), dict):
+        return {**{k: v for k, v in options.items() if k != "dfim"}, **options["dfim"]}
+    return options
+
+
 def dfim_section(settings):
     """dfim's part of pushed settings: the `dfim` key where there is one; else the object itself when one of
     its keys is a dfim setting (clients that send the section alone); else None, with a log line: a client
@@ -308,7 +317,8 @@ def _register_lifecycle(ls: DfimServer) -> None:
             if params.capabilities.general is not None
             else []
         )
-        ls.pending_errors += ls.apply_settings(params.initialization_options, "initializationOptions")
+        options = init_options_section(params.initialization_options)
+        ls.pending_errors += ls.apply_settings(options, "initializationOptions")
 
     @ls.feature(types.INITIALIZED)
     async def initialized(ls: DfimServer, params: types.InitializedParams) -> None:
