@@ -30,7 +30,7 @@ from dfim.server.context import FillContext, build_context, indent_unit, leading
 from dfim.server.holes import empty_body_at, enclosing_function, find_holes, hole_at, last_code_before_line
 from dfim.server.languages import Source
 from dfim.server.lines import indent_width, line_end, line_start, newline_of, next_line_start, open_brackets
-from dfim.server.post_context import post_context
+from dfim.server.post_context import error_counter, post_context
 from dfim.server.postprocess import clean, hole_chain
 from dfim.server.rules import code_of, fit_whitespace, limit_scope, normalize_newlines, writes_code
 from dfim.server.windows import guess_tokens
@@ -143,6 +143,7 @@ class ActionPlan:
 
 
 NO_CODE = "the model wrote only comments or a docstring here, no code; nothing was changed"
+BREAKS_CODE = "the model's rewrite does not parse where the selection did; nothing was changed"
 SLACK_TOKENS = 8  # room a rewrite gets beyond the selection's own length (it may grow a little)
 
 
@@ -514,7 +515,10 @@ def finish_action(
             raise ActionError("the model returned nothing for the selection")
         if not writes_code(text, ctx.lang) and writes_code(plan.original_text, ctx.lang):
             raise ActionError(NO_CODE)
-        return [(plan.start, plan.end, _keep_outer_ws(text, plan.original_text))]
+        new = _keep_outer_ws(text, plan.original_text)
+        if _breaks_code(ctx, plan.original_text, new):  # the next candidate, else this error, is the answer
+            raise ActionError(BREAKS_CODE)
+        return [(plan.start, plan.end, new)]
     # fillHole / completeFunction
     if plan.action == "completeFunction":
         text = clean(result_text, ctx)
@@ -535,6 +539,15 @@ def finish_action(
             text = text.lstrip(" \t")  # the hole sits after its line's indentation: so does the fill
         text = fit_whitespace(text, plan.original_text, ctx.newline, ctx.indent)
     return [(plan.start, plan.end, text)]
+
+
+def _breaks_code(ctx: FillContext, old: str, new: str) -> bool:
+    """Whether the code around a selection parses with `old` in it and not with `new` (a stray `}` in Python):
+    a rewrite must not break code that worked. Code broken already says nothing either way."""
+    if ctx.lang is None:
+        return False
+    errors = error_counter(ctx.prefix, ctx.suffix, ctx.lang)
+    return errors(old) == 0 and errors(new) > 0
 
 
 def _closer_lead(plan: ActionPlan, text: str) -> str:

@@ -454,3 +454,16 @@ def test_complete_function_in_python_inside_an_open_call_and_after_a_dict_litera
     doc = "def f():\n    d = {}\n"
     cursor = doc.index("{}") + 2
     assert complete_function(doc, cursor, "python", "return d") == "def f():\n    d = {}\n    return d\n"
+
+
+def test_a_rewrite_that_breaks_code_that_parsed_is_refused():
+    text = "def stddev(values):\n    m = sum(values) / len(values)\n    return m\n"
+    start = text.index("    m =")
+    plan = actions.plan_action("rewriteSelection", text, "python", start, len(text))
+    with pytest.raises(actions.ActionError, match="does not parse"):
+        actions.finish_action(plan, "    m = mean(values)\n}\n    return m\n")  # a stray brace
+    ((s, e, new),) = actions.finish_action(plan, "    return sum(values) / len(values)\n")
+    assert text[:s] + new + text[e:] == "def stddev(values):\n    return sum(values) / len(values)\n"
+    broken = "def f(:\n    x = 1\n"  # broken already: a rewrite is not judged by it
+    plan = actions.plan_action("rewriteSelection", broken, "python", broken.index("    x"), len(broken))
+    assert actions.finish_action(plan, "    x = (\n")

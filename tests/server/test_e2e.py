@@ -312,8 +312,9 @@ async def test_a_client_without_apply_edit_gets_the_edit_in_the_commands_result(
     await s.start(checkpoint, tmp_path, init_options=FAST, resolve=False, apply_edit=False)
     try:
         assert (await s.wait_state()).state == "ready"
-        uri = "file:///work/noapply.py"
-        s.open(uri, "def h(z):\n    pass\n")
+        # plain text: a random model's rewrite of Python would not parse, and is refused (`BREAKS_CODE`)
+        uri = "file:///work/noapply.txt"
+        s.open(uri, "def h(z):\n    pass\n", "plaintext")
         rng = {"start": {"line": 0, "character": 0}, "end": {"line": 2, "character": 0}}
         params = types.ExecuteCommandParams(command="dfim.rewriteSelection", arguments=[uri, rng])
         result = await asyncio.wait_for(s.client.workspace_execute_command_async(params), 60)
@@ -503,8 +504,8 @@ async def test_utf8_negotiation_and_missing_model(tmp_path):
 
 
 async def test_an_inline_request_does_not_wait_for_a_running_code_action(session):
-    uri = "file:///work/busy.py"
-    session.open(uri, "def busy(x):\n    y = x + 1\n    return y\n")
+    uri = "file:///work/busy.txt"  # plain text: a random model's rewrite of Python would be refused
+    session.open(uri, "def busy(x):\n    y = x + 1\n    return y\n", "plaintext")
     session.open("file:///work/quick.py", PY)
     session.configure({"sampling": {"actionMaxSteps": 256, "entropyBound": 0.0}})  # never stops early
     await asyncio.sleep(0.1)

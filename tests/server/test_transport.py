@@ -392,7 +392,8 @@ def test_an_unreadable_answer_to_apply_edit_fails_the_edit_at_once(tmp_path, che
         assert time.monotonic() < deadline, s.seen
         s.next(timeout=90)
     text = "def f(x):\n    return x\n\n\ndef g(y):\n    pass\n"
-    doc = {"uri": "file:///t.py", "languageId": "python", "version": 1, "text": text}
+    # plain text: a random model's rewrite of Python would not parse, and is refused before any applyEdit
+    doc = {"uri": "file:///t.txt", "languageId": "plaintext", "version": 1, "text": text}
     s.send(frame({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": doc}}))
     whole = {"start": {"line": 4, "character": 0}, "end": {"line": 6, "character": 0}}
     command = {"command": "dfim.rewriteSelection", "arguments": [doc["uri"], whole, "make it shorter"]}
