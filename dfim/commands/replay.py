@@ -92,7 +92,7 @@ def add_gate_arguments(parser: argparse.ArgumentParser, live: bool = True) -> No
 def check_args(args: argparse.Namespace) -> None:
     """Refuse bad options before a server starts (InputError: the line `dfim replay` prints). The sampling
     overrides are checked against the server's own bounds: it would refuse them and keep its defaults."""
-    from dfim.commands.checks import InputError, at_least, existing_dir, output_folder, within
+    from dfim.commands.checks import InputError, at_least, model_folder, output_folder, within
     from dfim.server.options import SamplingOptions
 
     at_least("--min-partial", args.min_partial, 1)
@@ -119,7 +119,7 @@ def check_args(args: argparse.Namespace) -> None:
     ):
         within(flag, value, bounds[name]["min"], bounds[name]["max"])
     if args.model:
-        existing_dir(args.model, "--model")
+        model_folder(args.model)
     if args.out:
         output_folder(args.out, "--out")
     if args.git:
@@ -184,8 +184,9 @@ def run(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
         if v is not None
     }
     # The server runs in the repository root (so no `dfim` folder in the user's cwd shadows the package):
-    # a relative --model must be resolved here, against the cwd it was checked in.
-    model = str(Path(args.model).resolve()) if args.model else ""
+    # a relative --model must be resolved here, against the cwd it was checked in (a shipped model's bare
+    # name, which is no folder here, goes as it is).
+    model = str(Path(args.model).resolve()) if args.model and Path(args.model).exists() else args.model or ""
     out = Path(args.out) if args.out else Path("runs/replay") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     made = not out.exists()
     try:  # made before the replay runs: a folder that cannot be made must not cost the whole replay

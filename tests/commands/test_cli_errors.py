@@ -183,6 +183,7 @@ def test_replay_refuses_bad_options_and_files(files: dict[str, Path]) -> None:
         ([source, "--rev", "HEAD~2"], ("--rev", "need --git")),
         ([source, "--out", files["file"]], ("--out", "not a folder")),
         ([source, "--model", tmp / "no-model"], ("--model", "no such folder")),
+        ([source, "--model", "no-model"], ("--model", "shipped models: dfim-base")),  # a bare name: the names
         ([source, "--settings", "{inline: 1}"], ("--settings", "not JSON")),
         ([source, "--settings", "[1]"], ("--settings", "JSON object")),
         ([source, "--settings", '{"nope": 1}'], ("--settings", "unknown setting dfim.nope")),
