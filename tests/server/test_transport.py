@@ -113,6 +113,15 @@ class RawServer:
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")
 
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        """Until the server's status says the model is loaded."""
+        deadline = time.monotonic() + timeout
+        while not any(
+            m.get("method") == "dfim/status" and m["params"].get("state") == "ready" for m in self.seen
+        ):
+            assert time.monotonic() < deadline, self.seen
+            self.next(timeout=timeout)
+
     def still_serves(self, msg_id) -> None:
         """A request after the attack is answered: the server kept reading."""
         self.send(frame(request(msg_id, "dfim/documentText", {"uri": "file:///nothing.py"})))
@@ -297,10 +306,7 @@ def test_commands_and_resolve_answer_when_the_client_never_answers(tmp_path, che
     s.answer(1)
     s.send(frame({"jsonrpc": "2.0", "method": "initialized", "params": {}}))
     s.server_request("workspace/configuration")  # never answered
-    deadline = time.monotonic() + 90
-    while not any(m.get("method") == "dfim/status" and m["params"].get("state") == "ready" for m in s.seen):
-        assert time.monotonic() < deadline, s.seen
-        s.next(timeout=90)
+    s.wait_ready()
     text = "def f(x):\n    return x\n\n\ndef g(y):\n    pass\n"
     doc = {"uri": "file:///t.py", "languageId": "python", "version": 1, "text": text}
     s.send(frame({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": doc}}))
@@ -387,10 +393,7 @@ def test_an_unreadable_answer_to_apply_edit_fails_the_edit_at_once(tmp_path, che
     s.send(frame(initialize(capabilities={"workspace": {"applyEdit": True}})))
     s.answer(1)
     s.send(frame({"jsonrpc": "2.0", "method": "initialized", "params": {}}))
-    deadline = time.monotonic() + 90
-    while not any(m.get("method") == "dfim/status" and m["params"].get("state") == "ready" for m in s.seen):
-        assert time.monotonic() < deadline, s.seen
-        s.next(timeout=90)
+    s.wait_ready()
     text = "def f(x):\n    return x\n\n\ndef g(y):\n    pass\n"
     # plain text: a random model's rewrite of Python would not parse, and is refused before any applyEdit
     doc = {"uri": "file:///t.txt", "languageId": "plaintext", "version": 1, "text": text}
