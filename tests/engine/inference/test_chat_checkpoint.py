@@ -116,11 +116,14 @@ def test_the_server_serves_a_chat_checkpoint(chat_checkpoint, tmp_path):
             result = await session.inline(uri, 1, 11)  # answered or empty, never an error
             assert result is None or all(isinstance(i.insert_text, str) for i in result.items)
             assert (await session.stats()).engine_fills_completed >= 1
-            # the rewrite's instruction reaches the prompt, scrubbed like the code (a lone surrogate)
+            # the rewrite's instruction reaches the prompt, scrubbed like the code (a lone surrogate); plain
+            # text, as a random model's rewrite of Python would not parse and be refused
+            plain = "file:///work/chat.txt"
+            session.open(plain, "def add(a, b):\n    return \n", "plaintext")
             rng = {"start": {"line": 1, "character": 4}, "end": {"line": 1, "character": 10}}
             await session.client.workspace_execute_command_async(
                 types.ExecuteCommandParams(
-                    command="dfim.rewriteSelection", arguments=[uri, rng, "use \ud800 map"]
+                    command="dfim.rewriteSelection", arguments=[plain, rng, "use \ud800 map"]
                 )
             )
         finally:
