@@ -120,25 +120,13 @@ def existing_file(path: str | os.PathLike, flag: str | None = None) -> Path:
 
 def model_folder(value: str, flag: str = "--model") -> None:
     """A model option: a checkpoint folder, or the bare name of a shipped one (`dfim-small`), as the engine
-    resolves it (`checkpoint.resolve_checkpoint`, which imports torch: this reads the folders only)."""
-    import dfim.engine
+    resolves it (`shipped.resolve_checkpoint`)."""
+    from dfim.engine.model.shipped import names_note, resolve_checkpoint
 
-    weights = Path(dfim.engine.__file__).parent / "weights"
-    if (
-        len(Path(value).parts) == 1
-        and not Path(value).exists()
-        and (weights / value / "config.json").is_file()
-    ):
-        return
-    if not Path(value).exists():
-        names = (
-            sorted(p.name for p in weights.iterdir() if (p / "config.json").is_file())
-            if weights.is_dir()
-            else []
-        )
-        known = f" (shipped models: {', '.join(names)})" if names and len(Path(value).parts) == 1 else ""
-        raise InputError(f"{flag} {value}: no such folder{known}")
-    existing_dir(value, flag)
+    folder = resolve_checkpoint(value)
+    if not folder.exists():
+        raise InputError(f"{flag} {value}: no such folder{names_note(folder)}")
+    existing_dir(folder, flag)
 
 
 def existing_dir(path: str | os.PathLike, flag: str | None = None) -> Path:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -40,36 +39,15 @@ from dfim.engine.model.fp8 import (
 from dfim.engine.model.int8 import INT8_METHOD
 from dfim.engine.model.network import DiffusionGemma
 from dfim.engine.model.random_init import RANDOM_INIT, RandomInit, parse_random_init, random_model
+from dfim.engine.model.shipped import (  # noqa: F401 - the shipped models' names live there, torch-free
+    DEFAULT_MODEL_DIR,
+    WEIGHTS_DIR,
+    folder_not_found,
+    resolve_checkpoint,
+    shipped_models,
+)
 
-WEIGHTS_DIR = Path(__file__).parents[1] / "weights"  # the checkpoints the package ships
 MAX_SHARD_BYTES = 16 * 2**20  # safetensors files stay under GitHub's and PyPI's comfortable sizes
-DEFAULT_MODEL_DIR = WEIGHTS_DIR / "dfim-base"
-
-
-def resolve_checkpoint(path: str | os.PathLike | None) -> Path:
-    """The folder a model option names: the default model for None, a shipped checkpoint for its bare name
-    (`dfim-base`) unless a folder of that name exists where the user is, else the path itself."""
-    if path is None or str(path) == "":
-        return DEFAULT_MODEL_DIR
-    folder = Path(path)
-    shipped = WEIGHTS_DIR / str(path)
-    if not folder.exists() and len(folder.parts) == 1 and (shipped / "config.json").is_file():
-        return shipped
-    return folder
-
-
-def shipped_models() -> list[str]:
-    """The names `resolve_checkpoint` takes for the checkpoints shipped with dfim (in the wheel or the checkout)."""
-    if not WEIGHTS_DIR.is_dir():
-        return []
-    return sorted(p.name for p in WEIGHTS_DIR.iterdir() if (p / "config.json").is_file())
-
-
-def folder_not_found(folder: Path) -> CheckpointError:
-    """The error for a model option naming no folder; a bare name also lists the shipped models' names."""
-    names = shipped_models() if len(folder.parts) == 1 else []
-    known = f" (shipped models: {', '.join(names)})" if names else ""
-    return CheckpointError(f"{folder}: checkpoint folder not found{known}")
 
 
 INDEX_FILE = "model.safetensors.index.json"
