@@ -187,9 +187,7 @@ async def _apply(ls, edit: types.WorkspaceEdit, label: str) -> dict:
         return {"applied": False, "edit": unstructured}
     try:
         result = await ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit, label=label))
-    except (
-        JsonRpcException
-    ) as exc:  # no answer in time, or one that cannot be read: the edit is in the result
+    except JsonRpcException as exc:  # no answer in time, or an unreadable one: the edit is in the result
         log.warning("dfim: %s; the edit is returned in the command's result instead", exc)
         return {"applied": False, "edit": unstructured}
     return {"applied": bool(result and result.applied), "edit": unstructured}

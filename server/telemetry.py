@@ -8,8 +8,9 @@ Events are appended as JSON lines to `<data dir>/telemetry.jsonl` and never leav
 `event` is one of shown | accepted | partial | rejected | hidden (the confidence gate hid it: no id, no
 outcome; dfim.server.gate); `source` (shown only) is model | cache | typed | speculation | cycled (a
 candidate after the first, counted shown when its accept arrives: the first then ends as rejected).
-`heldForModel` (shown only, when true) marks a suggestion for a request that waited for the model to load: its
-latency is mostly the load, so `dfim stats` counts it apart from the latencies. `acceptedChars` counts what the user kept (all of it for accepted, a prefix for partial). A partial accept
+`heldForModel` (shown only, when true) marks a suggestion for a request that waited for the model to load:
+its latency is mostly the load, so `dfim stats` counts it apart from the latencies. `acceptedChars` counts
+what the user kept (all of it for accepted, a prefix for partial). A partial accept
 may be followed by more of the same suggestion (accept word, accept word, accept all): each is recorded
 again with the running total, and the summary counts only the last outcome of each id.
 """

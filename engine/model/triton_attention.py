@@ -12,8 +12,8 @@ Here there is no mask tensor: each query position carries two key intervals, [lo
 a causal context row sees [its position - window + 1, position]; a canvas row sees the context and its own
 canvas row's keys. `attend_keys` folds the query heads that share a KV head into its rows (one read of a key
 block serves all of them), runs an online softmax in fp32 over the key blocks some row can see, and, when
-there are too few (head, value slice, row block) programs to fill the GPU, splits the keys too; `combine_splits` then
-merges the splits' partial sums (flash-decoding). The output is written as [T, Hq * D], the layout the
+there are too few (head, value slice, row block) programs to fill the GPU, splits the keys too;
+`combine_splits` then merges the splits' partial sums (flash-decoding). The output is written as [T, Hq * D], the layout the
 output projection reads, so no transpose follows.
 
 Triton is imported on first use only: the CPU path never needs it (`available()` is False without it).
@@ -57,13 +57,14 @@ class Tiles(NamedTuple):
 
 
 def blocks_for(head_dim: int, rows: int, exact: bool = False) -> Tiles:
-    """The tiles for `rows` folded query rows. From a sweep of one
-    layer's attention in a pass of the 26B shape on an H200 (`bench_attention_gpu.py --sweep`, docs/gpu.md):
-    a 512-wide head, 128 rows by 32 keys over 8 warps, each program writing half the value's dimensions (229 us
-    a full layer at a 256-token canvas against 254 with 32 unsliced rows and 323 with 16; 77 against 86 at two
-    32-token rows; the scores are computed once a slice, but each block of rows reads its KV head from L2 a
-    quarter as often); fp32 keeps 32 unsliced rows (a 128-row fp32 query tile alone is 256 KB); a 256-wide head, 128 rows by 64 keys over 8 warps for a canvas of
-    256 tokens (50 us against 59) and 64 rows by 32 keys for the server's two 32-token rows (18 against 20).
+    """The tiles for `rows` folded query rows. From a sweep of one layer's attention in a pass of the 26B
+    shape on an H200 (`bench_attention_gpu.py --sweep`, docs/gpu.md): a 512-wide head, 128 rows by 32 keys
+    over 8 warps, each program writing half the value's dimensions (229 us a full layer at a 256-token canvas
+    against 254 with 32 unsliced rows and 323 with 16; 77 against 86 at two 32-token rows; the scores are
+    computed once a slice, but each block of rows reads its KV head from L2 a quarter as often); fp32 keeps
+    32 unsliced rows (a 128-row fp32 query tile alone is 256 KB); a 256-wide head, 128 rows by 64 keys over
+    8 warps for a canvas of 256 tokens (50 us against 59) and 64 rows by 32 keys for the server's two
+    32-token rows (18 against 20).
     A few rows (an AR token, a few typed tokens) keep 16 rows a program. `exact` (fp32 inputs, the fp32
     check's): 128 rows by 64 keys of a 256-wide head would need ~295 KB of shared memory, past an H200's
     227 KB, so fp32 keeps the 64 by 64 it used before (213 KB)."""

@@ -124,16 +124,11 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     q = torch.empty(n, hidden, dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty(n, dtype=torch.float32, device=x.device)
     if n:
+        # ROUND: only the interpreter runs on the CPU, and its conversion to e4m3 rounds wrongly
         kernels.quantize_rows[(n,)](
-            x,
-            q,
-            scale,
-            hidden,
-            x.stride(0),
-            BLOCK=triton.next_power_of_2(hidden),
-            ROUND=x.device.type == "cpu",
+            x, q, scale, hidden, x.stride(0), BLOCK=triton.next_power_of_2(hidden), ROUND=x.device.type == "cpu",
             num_warps=4,
-        )  # ROUND: only the interpreter runs on the CPU, and its conversion to e4m3 rounds wrongly
+        )  # fmt: skip
     return q, scale
 
 
