@@ -49,18 +49,22 @@ FP8_SWEEP = [
 ]  # fmt: skip
 
 
-# FP8 activations too (W8A8); from 64 rows a block the products run on FP8 tensor cores (warpgroup MMA)
+# FP8 activations too (W8A8): the pairs as the products' rows (FP8 tensor cores from 64 of them), and the
+# weights as their rows (`weights_first`: FP8 tensor cores from 64 output columns, whatever the pairs)
 W8A8_SWEEP = [
-    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st)
-    for m, n, k, w, st in [
-        (16, 64, 128, 4, 3), (16, 128, 128, 4, 3), (16, 64, 256, 4, 3), (32, 64, 128, 4, 3), (32, 128, 128, 4, 3),
-        (64, 64, 128, 4, 3), (64, 128, 128, 4, 3), (64, 128, 128, 8, 3), (64, 64, 256, 4, 3), (64, 128, 256, 8, 3),
+    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st, weights_first=wf)
+    for m, n, k, w, st, wf in [
+        (16, 128, 128, 4, 3, False), (32, 128, 128, 4, 3, False),
+        (16, 64, 128, 4, 3, True), (16, 64, 256, 4, 3, True), (16, 128, 128, 4, 3, True),
+        (16, 128, 256, 4, 3, True), (16, 128, 128, 4, 4, True), (16, 128, 128, 8, 3, True),
+        (32, 64, 128, 4, 3, True), (32, 128, 128, 4, 3, True), (32, 128, 256, 4, 3, True),
+        (64, 128, 128, 4, 3, True), (16, 256, 128, 8, 3, True),
     ]
 ]  # fmt: skip
 
 
 def tiles_name(t: triton_moe.Tiles) -> str:
-    return f"{t.block_m}x{t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}"
+    return f"{t.block_m}x{t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}{' wf' if t.weights_first else ''}"
 
 
 def reference(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:

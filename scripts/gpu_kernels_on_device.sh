@@ -21,6 +21,7 @@
 # step      kernel_tests attention_sweep dense_products bench_gpu_nohf profile_step  9 min: the step's next levers
 # w8a8     moe_attention_tests moe_sweep bench_fp8_triton attention_sweep check  9 min: FP8 products, attention
 # confirm_step moe_attention_tests bench_gpu server_fp8 server                 8 min: after the step's work
+# fp8mma    moe_tests moe_sweep bench_fp8_triton attention_sweep                8 min: W8A8 on FP8 tensor cores
 # confirm_ar gemv_tests profile_ar server_fp8 bench_gpu                         8 min: after the AR work
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
 # server    server profile_fill                                                    4 min
@@ -56,6 +57,9 @@ job() {
       run moe_attention_tests 420 python3 -m pytest -q -p no:cacheprovider tests/engine/model/test_triton_moe.py \
         tests/engine/model/test_triton_attention.py -k "cuda"
       tail -2 "$OUT/moe_attention_tests.log" ;;
+    moe_tests)  # the experts' CUDA tests (W8A8 included)
+      run moe_tests 240 python3 -m pytest -q -p no:cacheprovider tests/engine/model/test_triton_moe.py -k "cuda"
+      tail -2 "$OUT/moe_tests.log" ;;
     gemv_tests)
       run gemv_tests 120 python3 -m pytest -q -p no:cacheprovider tests/engine/model/test_triton_gemv.py -k "cuda"
       tail -2 "$OUT/gemv_tests.log" ;;
@@ -81,8 +85,8 @@ job() {
       local extra=(--tokens 32,64,256)
       [[ $1 == moe_sweep ]] && extra=(--sweep --tokens 32,64,256)
       [[ $1 == moe_small ]] && extra=(--sweep --tokens 1,16,64)
-      run "$1" 150 python3 scripts/bench_moe_gpu.py --fp8 "${extra[@]}" --out "$OUT/$1.txt"
-      grep -E "tokens:|triton_fp8 \(|w8a8 triton|W8A8's|best" "$OUT/$1.txt" ;;
+      run "$1" 240 python3 scripts/bench_moe_gpu.py --fp8 "${extra[@]}" --out "$OUT/$1.txt"
+      grep -E "tokens:|triton_fp8 \(|w8a8|W8A8's|best" "$OUT/$1.txt" ;;
     gemv|gemv_sweep)  # an AR token's dense products: the one-row kernel's tiles against cuBLAS
       local extra=()
       [[ $1 == gemv_sweep ]] && extra=(--sweep)
@@ -132,6 +136,7 @@ case ${1:-check} in
   step) jobs=(kernel_tests attention_sweep dense_products bench_gpu_nohf profile_step) ;;
   w8a8) jobs=(moe_attention_tests moe_sweep bench_fp8_triton attention_sweep check) ;;
   confirm_step) jobs=(moe_attention_tests bench_gpu server_fp8 server) ;;
+  fp8mma) jobs=(moe_tests moe_sweep bench_fp8_triton attention_sweep) ;;
   confirm_ar) jobs=(gemv_tests profile_ar server_fp8 bench_gpu) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
   server) jobs=(server profile_fill) ;;

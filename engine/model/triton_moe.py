@@ -60,6 +60,9 @@ class Tiles:
     block_k: int = 64  # reduction columns per step
     num_warps: int = 4
     num_stages: int = 3  # loads in flight: the kernels are bound by reading the weights
+    # W8A8 only: the weights are the products' first operand (`gate_up_act_w8a8`), block_n their rows, so
+    # from 64 columns Hopper's FP8 warpgroup MMA runs whatever an expert's pairs
+    weights_first: bool = False
 
 
 def tiles_for(pairs: int, experts: int, fp8: bool = False, fp8_act: bool = False) -> Tiles:
@@ -72,7 +75,7 @@ def tiles_for(pairs: int, experts: int, fp8: bool = False, fp8_act: bool = False
     tokens; 64 rows, where the products run on FP8 tensor cores, were slower: 0.243 / 0.277 / 0.294)."""
     per_expert = pairs / max(experts, 1)
     if fp8_act:
-        return Tiles(block_m=16 if per_expert <= 8 else 32, block_n=128, block_k=128)
+        return Tiles(block_m=16 if per_expert <= 8 else 32, block_n=128, block_k=128, weights_first=True)
     if per_expert <= 8:
         return Tiles(block_m=16, block_k=256 if fp8 else 128)
     if per_expert <= 24:
@@ -200,20 +203,36 @@ def moe_triton(
     h = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)
     groups = triton.cdiv(inter, tiles.block_n)
     h_scale = torch.empty(n * k, groups, dtype=torch.float32, device=x.device) if fp8_act else h
-    meta = dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-                num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-                EXACT=x.dtype == torch.float32, SCALED=scaled, FP8_ACT=fp8_act)  # fmt: skip
-    gate_up_meta = {**meta, "ROUND": x.device.type == "cpu"}  # only the interpreter runs on the CPU
-    gate_up_act[(active.numel(), groups)](
-        x, gate_up, gate_up_scale.float().contiguous() if scaled else x, tokens, active, offs, h, hidden, inter,
-        x.stride(0), *gate_up.stride(), h.stride(0), x if x_scale is None else x_scale, h_scale, **gate_up_meta,
-    )  # fmt: skip
+    grid_up, grid_down = (active.numel(), groups), (active.numel(), triton.cdiv(hidden, tiles.block_n))
+    launch = dict(
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages
+    )
     out = torch.empty(n * k, hidden, dtype=torch.float32, device=x.device)
-    down_meta = {**meta, "BLOCK_K": tiles.block_n} if fp8_act else meta  # a step reads one group's scales
-    down_weighted[(active.numel(), triton.cdiv(hidden, tiles.block_n))](
-        h, down, down_scale.float().contiguous() if scaled else h, order, weights.reshape(-1).float(), active,
-        offs, out, inter, hidden, h.stride(0), *down.stride(), out.stride(0), h_scale, **down_meta,
-    )  # fmt: skip
+    if fp8_act and tiles.weights_first:
+        # ROUND: only the interpreter runs on the CPU; a down step reads one group's scales
+        kernels.gate_up_act_w8a8[grid_up](
+            x, gate_up, gate_up_scale.float().contiguous(), tokens, active, offs, h, hidden, inter, x.stride(0),
+            *gate_up.stride(), h.stride(0), x_scale, h_scale, BLOCK_K=tiles.block_k, ROUND=x.device.type == "cpu",
+            **launch,
+        )  # fmt: skip
+        kernels.down_weighted_w8a8[grid_down](
+            h, down, down_scale.float().contiguous(), order, weights.reshape(-1).float(), active, offs, out, inter,
+            hidden, h.stride(0), *down.stride(), out.stride(0), h_scale, BLOCK_K=tiles.block_n, **launch,
+        )  # fmt: skip
+    else:
+        meta = dict(
+            launch, BLOCK_K=tiles.block_k, EXACT=x.dtype == torch.float32, SCALED=scaled, FP8_ACT=fp8_act
+        )
+        gate_up_act[grid_up](
+            x, gate_up, gate_up_scale.float().contiguous() if scaled else x, tokens, active, offs, h, hidden,
+            inter, x.stride(0), *gate_up.stride(), h.stride(0), x if x_scale is None else x_scale, h_scale,
+            **meta, ROUND=x.device.type == "cpu",  # only the interpreter runs on the CPU
+        )  # fmt: skip
+        down_meta = {**meta, "BLOCK_K": tiles.block_n} if fp8_act else meta  # a step reads one group's scales
+        down_weighted[grid_down](
+            h, down, down_scale.float().contiguous() if scaled else h, order, weights.reshape(-1).float(), active,
+            offs, out, inter, hidden, h.stride(0), *down.stride(), out.stride(0), h_scale, **down_meta,
+        )  # fmt: skip
     summed = torch.empty(n, hidden, dtype=out_dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(hidden))
     kernels.sum_pairs[(n, triton.cdiv(hidden, block))](

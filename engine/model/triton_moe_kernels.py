@@ -265,3 +265,80 @@ def sort_pairs_by_expert(index_ptr, order_ptr, token_ptr, offs_ptr, active_ptr, 
         tl.store(active_ptr + tl.sum((used & (ids < e)).to(tl.int32), axis=0), e)
     if (e >= listed) & (e < n_active):
         tl.store(active_ptr + e, -1)
+
+
+@triton.jit
+def gate_up_act_w8a8(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h_ptr, n_hidden, n_inter, x_stride,
+                     w_e, w_n, w_k, h_stride, x_scale_ptr, h_scale_ptr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROUND: tl.constexpr):  # fmt: skip
+    """`gate_up_act`'s W8A8 arithmetic with the weights as the products' first operand: a product's rows are
+    BLOCK_N output columns and its columns an expert's BLOCK_M pairs, so from 64 columns a program Hopper's
+    warpgroup MMA multiplies both e4m3 tiles as they are, whatever the pairs (with the pairs as rows it
+    needs 64 of them, where an expert has ~16, or Triton widens both operands to float16 first)."""
+    expert, cols, col_ok, start, end, w_expert = expert_tile(
+        active_ptr, offs_ptr, w_ptr, w_e, n_inter, BLOCK_N
+    )
+    gate_scale = tl.load(scale_ptr + expert * 2 * n_inter + cols, mask=col_ok, other=0.0)
+    up_scale = tl.load(scale_ptr + expert * 2 * n_inter + n_inter + cols, mask=col_ok, other=0.0)
+    for row0 in range(start, end, BLOCK_M):
+        rows = row0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < end
+        tokens = tl.load(token_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k0 in range(0, n_hidden, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < n_hidden
+            x = tl.load(x_ptr + tokens[None, :] * x_stride + ks[:, None],
+                        mask=k_ok[:, None] & row_ok[None, :], other=0.0)  # fmt: skip
+            w_mask = col_ok[:, None] & k_ok[None, :]
+            wg = tl.load(w_expert + cols[:, None] * w_n + ks[None, :] * w_k, mask=w_mask, other=0.0)
+            wu = tl.load(
+                w_expert + (cols[:, None] + n_inter) * w_n + ks[None, :] * w_k, mask=w_mask, other=0.0
+            )
+            # each step's FP8 sum is added into fp32: the MMA's own accumulator keeps fewer bits
+            gate = tl.dot(wg, x, gate, max_num_imprecise_acc=BLOCK_K)
+            up = tl.dot(wu, x, up, max_num_imprecise_acc=BLOCK_K)
+        token_scale = tl.load(x_scale_ptr + tokens, mask=row_ok, other=0.0)[None, :]
+        gate = gate * gate_scale[:, None] * token_scale
+        up = up * up_scale[:, None] * token_scale
+        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)  # gelu as in `gate_up_act`
+        act = tl.trans(0.5 * gate * (2.0 * tl.sigmoid(2.0 * inner)) * up)  # [pairs, columns]
+        q, group_scale = to_e4m3(act, col_ok, ROUND)
+        tl.store(h_ptr + rows[:, None].to(tl.int64) * h_stride + cols[None, :], q,
+                 mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
+        groups = tl.cdiv(n_inter, BLOCK_N)
+        tl.store(h_scale_ptr + rows.to(tl.int64) * groups + tl.program_id(1), group_scale, mask=row_ok)
+
+
+@triton.jit
+def down_weighted_w8a8(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, active_ptr, offs_ptr, out_ptr, n_inter,
+                       n_hidden, h_stride, w_e, w_n, w_k, out_stride, h_scale_ptr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """`down_weighted`'s W8A8 arithmetic with the weights first (`gate_up_act_w8a8`): BLOCK_K is the
+    activations' group width, so each reduction step's product is scaled by its pairs' group scales."""
+    expert, cols, col_ok, start, end, w_expert = expert_tile(
+        active_ptr, offs_ptr, w_ptr, w_e, n_hidden, BLOCK_N
+    )
+    col_scale = tl.load(scale_ptr + expert * n_hidden + cols, mask=col_ok, other=0.0)
+    groups = tl.cdiv(n_inter, BLOCK_K)
+    for row0 in range(start, end, BLOCK_M):
+        rows = row0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < end
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k0 in range(0, n_inter, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < n_inter
+            h = tl.load(h_ptr + rows[None, :].to(tl.int64) * h_stride + ks[:, None],
+                        mask=k_ok[:, None] & row_ok[None, :], other=0.0)  # fmt: skip
+            w = tl.load(w_expert + cols[:, None] * w_n + ks[None, :] * w_k, mask=col_ok[:, None] & k_ok[None, :],
+                        other=0.0)  # fmt: skip
+            step_scale = tl.load(
+                h_scale_ptr + rows.to(tl.int64) * groups + k0 // BLOCK_K, mask=row_ok, other=0.0
+            )
+            acc += tl.dot(w, h) * step_scale[None, :]
+        slots = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        routing = tl.load(weight_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)
+        acc = acc * col_scale[:, None] * routing[None, :]
+        tl.store(out_ptr + slots[None, :] * out_stride + cols[:, None], acc,
+                 mask=col_ok[:, None] & row_ok[None, :])  # fmt: skip

@@ -59,23 +59,25 @@ CHECK = textwrap.dedent(
             err = ((got - want).norm() / want.norm()).item()
             if not err <= 2e-2:
                 bad.append(f"FP8 weights, {dtype}, {name}: relative error {err:.2e} > 2e-02")
-    # FP8 activations too (W8A8): the default tiles and 64 rows (FP8 tensor cores on a GPU); on the CPU the
-    # kernels round to e4m3's grid themselves (the interpreter's conversion rounds wrongly, 124.7 -> 64)
+    # FP8 activations too (W8A8): the default tiles (the weights as the products' first operand), and the pairs
+    # first in 16 and 64 rows; on a GPU the weights-first and 64-row tiles run on FP8 tensor cores. On the CPU
+    # the kernels round to e4m3's grid themselves (the interpreter's conversion rounds wrongly, 124.7 -> 64)
     for dtype in dtypes[1:]:
         e, k, n = 8, 2, 37
         fp8, x, weights, index = fp8_case(e, 96, 200, k, n, dtype)
-        for tiles in (None, triton_moe.Tiles(block_m=64, block_n=32, block_k=64)):
-            group = (tiles or triton_moe.tiles_for(n * k, e, fp8=True, fp8_act=True)).block_n
-            want = experts_fp8.moe_w8a8_reference(x, weights, index, fp8, group).float()
+        pairs_first = [triton_moe.Tiles(block_m=m, block_n=32, block_k=64) for m in (16, 64)]
+        for tiles in [*pairs_first, triton_moe.tiles_for(n * k, e, fp8=True, fp8_act=True)]:
+            want = experts_fp8.moe_w8a8_reference(x, weights, index, fp8, tiles.block_n).float()
             args = (fp8.gate_up, fp8.down, tiles, fp8.gate_up_scale, fp8.down_scale, torch.float8_e4m3fn)
             got = triton_moe.moe_triton(x, weights, index, *args).float()
             err = ((got - want).norm() / want.norm()).item()
-            # tight enough to see groups of the wrong width (2e-2); Hopper's FP8 MMA (64 rows) sums with fewer bits
-            limit = 5e-3 if tiles is None else 2e-2
+            # tight enough to see groups of the wrong width (2e-2); Hopper's FP8 MMA sums with fewer bits
+            fp8_mma = device == "cuda" and (tiles.weights_first or tiles.block_m >= 64)
+            limit = 2e-2 if fp8_mma else 5e-3
             if not err <= limit:
-                bad.append(f"W8A8, {dtype}, groups of {group}: relative error {err:.2e} > {limit:.0e}")
-        # an infinity saturates (the row stays finite, as float16 products do); a NaN stays in its token's row
-        # (on CUDA: the interpreter converts a NaN to a finite e4m3 value)
+                bad.append(f"W8A8, {dtype}, {tiles}: relative error {err:.2e} > {limit:.0e}")
+        # with the default tiles, an infinity saturates (the row stays finite, as float16 products do) and a NaN
+        # stays in its token's row (on CUDA: the interpreter converts a NaN to a finite e4m3 value)
         x[5, 2] = float("inf")
         nan_rows = [3] if device == "cuda" else []
         x[nan_rows, 7] = float("nan")
@@ -127,3 +129,7 @@ def test_an_experts_pairs_fit_one_block_where_they_can():
     assert (
         triton_moe.tiles_for(32 * 8, 128, fp8=True).block_k == 2 * triton_moe.tiles_for(32 * 8, 128).block_k
     )
+    # FP8 activations too: the weights first, at least 64 output columns (the FP8 warpgroup MMA's rows)
+    for pairs in (32 * 8, 256 * 8):
+        w8a8 = triton_moe.tiles_for(pairs, 128, fp8=True, fp8_act=True)
+        assert w8a8.weights_first and w8a8.block_n >= 64
