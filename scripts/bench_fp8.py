@@ -3,7 +3,7 @@
 Random bf16 weights, batch 1, a 256-token canvas over a 4,096-token context, as `scripts/bench_gpu.py`:
 
   1. bf16: the fast path (CUDA graphs, the expert kernel `pick_gpu_kernel` chooses), a 16-step fixed block;
-  2. each FP8 kernel of `--kernels` against its fp32 reference (`CHECKS`) and against the bf16 experts, on one
+  2. each FP8 kernel of `--kernels` against its fp32 reference (`FP8_REFERENCES`) and against the bf16 experts, on one
      layer's real expert tensors and 256 routed tokens: relative errors (the run fails past 2e-2 against
      the reference);
   3. every layer's experts to FP8 (e4m3, a scale per expert and output channel), the bf16 copies freed;
@@ -30,22 +30,12 @@ from bench_gpu import BIG, Tee, build_model, fixed_block, med, timed  # noqa: E4
 
 from dfim.engine.model.config import ModelConfig  # noqa: E402
 from dfim.engine.model.experts import FP8_KERNELS, moe_grouped  # noqa: E402
-from dfim.engine.model.experts_fp8 import (  # noqa: E402
-    fp8_kernel_works,
-    moe_fp8_reference,
-    moe_w8a8_reference,
-    moe_w8a16_reference,
-    use_fp8_experts,
-)
+from dfim.engine.model.experts_fp8 import FP8_REFERENCES, fp8_kernel_works, use_fp8_experts  # noqa: E402
 from dfim.engine.model.fast import FastDiffusionGemma  # noqa: E402
 
-# each FP8 kernel's fp32 reference, and how many of the layer's 256 tokens it is checked on (the grouped
-# kernel's reference goes pair by pair); the run fails past 2e-2 against it
-CHECKS = {
-    "grouped_fp8": (moe_fp8_reference, 16),
-    "triton_fp8": (moe_w8a16_reference, 256),
-    "triton_w8a8": (moe_w8a8_reference, 256),
-}
+# how many of the layer's 256 tokens each FP8 kernel is checked on against its fp32 reference
+# (`FP8_REFERENCES`; the grouped kernel's goes pair by pair); the run fails past 2e-2 against it
+CHECKS = {"grouped_fp8": 16, "triton_fp8": 256, "triton_w8a8": 256}
 
 
 def block_ms(fast: FastDiffusionGemma, context: torch.Tensor, steps: int, reps: int) -> float:
@@ -132,7 +122,7 @@ def main() -> int:
             return 1
     failed = False
     for name in kernels:
-        reference, rows = CHECKS[name]
+        reference, rows = FP8_REFERENCES[name], CHECKS[name]
         got = FP8_KERNELS[name](x, weights, index, fp8).float()
         want = reference(x[:rows], weights[:rows], index[:rows], fp8).float()
         err_ref = float((got[:rows] - want).norm() / want.norm())

@@ -37,6 +37,12 @@ SWEEP = [
         (16, 64, 64, 4, 3), (16, 32, 128, 4, 4), (16, 64, 128, 4, 3), (32, 64, 64, 4, 3), (32, 64, 128, 4, 3),
         (64, 64, 64, 4, 3), (64, 64, 128, 8, 3), (32, 32, 128, 4, 4), (32, 64, 128, 4, 4),
     ]
+] + [  # the down product on tiles of its own: a short reduction (704) into a wide output (2,816)
+    triton_moe.Tiles(block_m=m, block_n=64, block_k=128, down=triton_moe.Tiles(m, n, k, w, st))
+    for m, n, k, w, st in [
+        (16, 128, 64, 4, 3), (16, 128, 128, 4, 3), (32, 128, 64, 4, 3), (32, 128, 128, 4, 3),
+        (32, 256, 64, 8, 3), (32, 64, 64, 4, 4),
+    ]
 ]  # fmt: skip
 
 # FP8 weights: half the bytes a tile, so longer reductions a step are tried too
@@ -54,17 +60,21 @@ FP8_SWEEP = [
 W8A8_SWEEP = [
     triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st, weights_first=wf)
     for m, n, k, w, st, wf in [
-        (16, 128, 128, 4, 3, False), (32, 128, 128, 4, 3, False),
-        (16, 64, 128, 4, 3, True), (16, 64, 256, 4, 3, True), (16, 128, 128, 4, 3, True),
-        (16, 128, 256, 4, 3, True), (16, 128, 128, 4, 4, True), (16, 128, 128, 8, 3, True),
-        (32, 64, 128, 4, 3, True), (32, 128, 128, 4, 3, True), (32, 128, 256, 4, 3, True),
-        (64, 128, 128, 4, 3, True), (16, 256, 128, 8, 3, True),
+        (32, 128, 128, 4, 3, False), (16, 128, 128, 4, 3, True), (32, 128, 128, 4, 3, True),
+        (16, 256, 128, 8, 3, True),
+    ]
+] + [  # the down product on tiles of its own (its steps divide the activations' 128-column scale groups)
+    triton_moe.Tiles(block_m=m, block_n=128, block_k=128, weights_first=True, down=triton_moe.Tiles(m, n, k, w, st))
+    for m, n, k, w, st in [
+        (16, 256, 128, 8, 3), (16, 128, 64, 4, 3), (32, 128, 64, 4, 3), (32, 256, 128, 8, 3), (32, 256, 64, 4, 3),
+        (32, 64, 128, 4, 3), (32, 128, 128, 4, 4), (32, 128, 128, 8, 3),
     ]
 ]  # fmt: skip
 
 
 def tiles_name(t: triton_moe.Tiles) -> str:
-    return f"{t.block_m}x{t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}{' wf' if t.weights_first else ''}"
+    down = f" down {tiles_name(t.down)}" if t.down else ""
+    return f"{t.block_m}x{t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}{' wf' if t.weights_first else ''}{down}"
 
 
 def reference(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:

@@ -22,6 +22,7 @@
 # w8a8     moe_attention_tests moe_sweep bench_fp8_triton attention_sweep check  9 min: FP8 products, attention
 # confirm_step moe_attention_tests bench_gpu server_fp8 server                 8 min: after the step's work
 # fp8mma    moe_tests moe_sweep bench_fp8_triton attention_sweep                8 min: W8A8 on FP8 tensor cores
+# explore   moe_tests moe_sweep profile_step_fp8                                 5 min: the down product's tiles
 # confirm_ar gemv_tests profile_ar server_fp8 bench_gpu                         8 min: after the AR work
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
 # server    server profile_fill                                                    4 min
@@ -112,6 +113,9 @@ job() {
     profile_step)  # a 256-token step's kernels
       run profile_step 150 python3 scripts/profile_gpu.py --top 30 --out "$OUT/profile_gpu_block.txt"
       grep -E "kernels per step|summary" "$OUT/profile_gpu_block.txt" ;;
+    profile_step_fp8)  # a 256-token step's kernels with FP8 experts (the engine's FP8 kernel)
+      run profile_step_fp8 150 python3 scripts/profile_gpu.py --fp8 --top 30 --out "$OUT/profile_gpu_block_fp8.txt"
+      grep -E "kernels per step|summary" "$OUT/profile_gpu_block_fp8.txt" ;;
     profile_ar)  # an autoregressive token's kernels from graphs
       run profile_ar 150 python3 scripts/profile_gpu.py --ar 64 --top 20 --out "$OUT/profile_gpu_ar.txt"
       grep -E "kernels per token|summary" "$OUT/profile_gpu_ar.txt" ;;
@@ -137,6 +141,7 @@ case ${1:-check} in
   w8a8) jobs=(moe_attention_tests moe_sweep bench_fp8_triton attention_sweep check) ;;
   confirm_step) jobs=(moe_attention_tests bench_gpu server_fp8 server) ;;
   fp8mma) jobs=(moe_tests moe_sweep bench_fp8_triton attention_sweep) ;;
+  explore) jobs=(moe_tests moe_sweep profile_step_fp8) ;;
   confirm_ar) jobs=(gemv_tests profile_ar server_fp8 bench_gpu) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
   server) jobs=(server profile_fill) ;;

@@ -203,11 +203,10 @@ def main() -> int:
     if device.type == "cuda":
         log(f"GPU {torch.cuda.get_device_properties(0).name}")
     model = build_model(config, device, dtype)
-    moe = "auto"
+    moe = "auto"  # with FP8 experts: the kernel the engine picks (`experts_fp8.pick_fp8_kernel`)
     if args.fp8:
         for layer in model.decoder.layers:
             use_fp8_experts(layer.experts, drop_bf16=True)
-        moe = "grouped_fp8"
     g = torch.Generator(device="cpu").manual_seed(1)
     context = torch.randint(16, config.vocab_size, (1, context_len), generator=g).to(device)
     bucket = 16 if small else 256

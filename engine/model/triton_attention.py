@@ -29,9 +29,10 @@ from torch import Tensor
 
 from dfim.engine.model import triton_kernels
 
-# Programs to aim for (about two per SM of an H100/H200) before the keys are split, and the fewest keys a
-# split is worth.
-TARGET_PROGRAMS = 264
+# The most programs the keys' splits may bring a launch to (about one per SM of an H100/H200: with more, a
+# full layer's splits each ran a few key blocks and merging them cost more than they saved), and the fewest
+# keys a split is worth.
+TARGET_PROGRAMS = 132
 MIN_SPLIT_KEYS = 128
 
 
@@ -75,6 +76,18 @@ def blocks_for(head_dim: int, rows: int, exact: bool = False) -> Tiles:
     if rows <= 256:
         return Tiles(64, 32, stages=3)
     return Tiles(64, 64) if exact else Tiles(128, 64, warps=8)
+
+
+def split_count(programs: int, keys: int) -> int:
+    """How many ways to split `keys` keys over a launch of `programs` (head, value slice, row block)
+    programs: doubled while the launch stays within TARGET_PROGRAMS and a split keeps MIN_SPLIT_KEYS keys,
+    at most 16. From a sweep of fixed splits at the 26B shape on an H200 (`bench_attention_gpu.py --sweep`):
+    a full layer at a 256-token canvas 178 us with 2 against 214 with 8, and 54 against 74 us with 8
+    against 16 at two 32-token rows; the sliding layers' times barely move between 2 and 8."""
+    splits = 1
+    while splits < 16 and programs * splits * 2 <= TARGET_PROGRAMS and keys / (2 * splits) >= MIN_SPLIT_KEYS:
+        splits *= 2
+    return splits
 
 
 def interval_mask(bounds: Tensor, lo: int, hi: int) -> Tensor:
@@ -121,10 +134,7 @@ def attend(
     slices = d // block_dv
     programs = hkv * slices * triton.cdiv(rows, block_m)
     keys = max(hi - lo, 1)
-    splits = 1
-    while splits < 16 and programs * splits < TARGET_PROGRAMS and keys / (2 * splits) >= MIN_SPLIT_KEYS:
-        splits *= 2
-    splits = fixed_splits or splits
+    splits = fixed_splits or split_count(programs, keys)
     per_split = triton.cdiv(triton.cdiv(keys, splits), block_n) * block_n
     part = stats = out  # unused pointers when the keys are not split
     if splits > 1:

@@ -63,6 +63,9 @@ class Tiles:
     # W8A8 only: the weights are the products' first operand (`gate_up_act_w8a8`), block_n their rows, so
     # from 64 columns Hopper's FP8 warpgroup MMA runs whatever an expert's pairs
     weights_first: bool = False
+    # the down product's own tiles (None: these); its reduction is short (the experts' intermediate size),
+    # its output wide. W8A8: its block_k divides block_n here, the width of the activations' scale groups
+    down: Tiles | None = None
 
 
 def tiles_for(pairs: int, experts: int, fp8: bool = False, fp8_act: bool = False) -> Tiles:
@@ -203,13 +206,21 @@ def moe_triton(
     h = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)
     groups = triton.cdiv(inter, tiles.block_n)
     h_scale = torch.empty(n * k, groups, dtype=torch.float32, device=x.device) if fp8_act else h
-    grid_up, grid_down = (active.numel(), groups), (active.numel(), triton.cdiv(hidden, tiles.block_n))
+    dt = tiles.down or tiles
+    if fp8_act and tiles.weights_first and tiles.block_n % dt.block_k:
+        raise ValueError(
+            f"the down product's steps of {dt.block_k} must divide the scale groups of {tiles.block_n}"
+        )
+    grid_up, grid_down = (active.numel(), groups), (active.numel(), triton.cdiv(hidden, dt.block_n))
     launch = dict(
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages
     )
+    down_launch = dict(
+        BLOCK_M=dt.block_m, BLOCK_N=dt.block_n, num_warps=dt.num_warps, num_stages=dt.num_stages
+    )
     out = torch.empty(n * k, hidden, dtype=torch.float32, device=x.device)
     if fp8_act and tiles.weights_first:
-        # ROUND: only the interpreter runs on the CPU; a down step reads one group's scales
+        # ROUND: only the interpreter runs on the CPU
         kernels.gate_up_act_w8a8[grid_up](
             x, gate_up, gate_up_scale.float().contiguous(), tokens, active, offs, h, hidden, inter, x.stride(0),
             *gate_up.stride(), h.stride(0), x_scale, h_scale, BLOCK_K=tiles.block_k, ROUND=x.device.type == "cpu",
@@ -217,21 +228,20 @@ def moe_triton(
         )  # fmt: skip
         kernels.down_weighted_w8a8[grid_down](
             h, down, down_scale.float().contiguous(), order, weights.reshape(-1).float(), active, offs, out, inter,
-            hidden, h.stride(0), *down.stride(), out.stride(0), h_scale, BLOCK_K=tiles.block_n, **launch,
+            hidden, h.stride(0), *down.stride(), out.stride(0), h_scale, BLOCK_K=dt.block_k, GROUP=tiles.block_n,
+            **down_launch,
         )  # fmt: skip
     else:
-        meta = dict(
-            launch, BLOCK_K=tiles.block_k, EXACT=x.dtype == torch.float32, SCALED=scaled, FP8_ACT=fp8_act
-        )
+        flags = dict(EXACT=x.dtype == torch.float32, SCALED=scaled, FP8_ACT=fp8_act)
         gate_up_act[grid_up](
             x, gate_up, gate_up_scale.float().contiguous() if scaled else x, tokens, active, offs, h, hidden,
             inter, x.stride(0), *gate_up.stride(), h.stride(0), x if x_scale is None else x_scale, h_scale,
-            **meta, ROUND=x.device.type == "cpu",  # only the interpreter runs on the CPU
+            **launch, **flags, BLOCK_K=tiles.block_k, ROUND=x.device.type == "cpu",  # only the interpreter runs on the CPU
         )  # fmt: skip
-        down_meta = {**meta, "BLOCK_K": tiles.block_n} if fp8_act else meta  # a step reads one group's scales
         down_weighted[grid_down](
             h, down, down_scale.float().contiguous() if scaled else h, order, weights.reshape(-1).float(), active,
-            offs, out, inter, hidden, h.stride(0), *down.stride(), out.stride(0), h_scale, **down_meta,
+            offs, out, inter, hidden, h.stride(0), *down.stride(), out.stride(0), h_scale, **down_launch, **flags,
+            BLOCK_K=tiles.block_n if fp8_act else dt.block_k,  # W8A8: a step reads one group's scales
         )  # fmt: skip
     summed = torch.empty(n, hidden, dtype=out_dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(hidden))

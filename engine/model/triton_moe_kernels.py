@@ -314,14 +314,15 @@ def gate_up_act_w8a8(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h
 @triton.jit
 def down_weighted_w8a8(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, active_ptr, offs_ptr, out_ptr, n_inter,
                        n_hidden, h_stride, w_e, w_n, w_k, out_stride, h_scale_ptr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """`down_weighted`'s W8A8 arithmetic with the weights first (`gate_up_act_w8a8`): BLOCK_K is the
-    activations' group width, so each reduction step's product is scaled by its pairs' group scales."""
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):  # fmt: skip
+    """`down_weighted`'s W8A8 arithmetic with the weights first (`gate_up_act_w8a8`): the activations have
+    one scale a pair and GROUP columns (gate_up's BLOCK_N), which BLOCK_K divides, so each reduction step's
+    product is scaled by its pairs' scales of one group."""
     expert, cols, col_ok, start, end, w_expert = expert_tile(
         active_ptr, offs_ptr, w_ptr, w_e, n_hidden, BLOCK_N
     )
     col_scale = tl.load(scale_ptr + expert * n_hidden + cols, mask=col_ok, other=0.0)
-    groups = tl.cdiv(n_inter, BLOCK_K)
+    groups = tl.cdiv(n_inter, GROUP)
     for row0 in range(start, end, BLOCK_M):
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < end
@@ -334,7 +335,7 @@ def down_weighted_w8a8(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, active_ptr
             w = tl.load(w_expert + cols[:, None] * w_n + ks[None, :] * w_k, mask=col_ok[:, None] & k_ok[None, :],
                         other=0.0)  # fmt: skip
             step_scale = tl.load(
-                h_scale_ptr + rows.to(tl.int64) * groups + k0 // BLOCK_K, mask=row_ok, other=0.0
+                h_scale_ptr + rows.to(tl.int64) * groups + k0 // GROUP, mask=row_ok, other=0.0
             )
             acc += tl.dot(w, h) * step_scale[None, :]
         slots = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)

@@ -110,3 +110,16 @@ def test_blocks_for_every_regime_gives_tiles_a_dot_can_take():
     assert triton_attention.blocks_for(256, 8)[0] == 16
     # fp32 inputs keep a tile whose shared memory fits an H200 (128 x 64 would need ~295 KB)
     assert triton_attention.blocks_for(256, 2048, exact=True) == triton_attention.Tiles(64, 64)
+
+
+def test_keys_split_until_about_one_program_per_sm():
+    # the 26B shape's launches (KV heads x value slices x row blocks) and their key ranges: the counts the
+    # H200 sweep found fastest
+    assert triton_attention.split_count(2 * 2 * 16, 4352) == 2  # a full layer, a 256-token canvas
+    assert triton_attention.split_count(2 * 2 * 4, 4352) == 8  # a full layer, two 32-token rows
+    assert triton_attention.split_count(8 * 4, 1535) == 4  # a sliding layer, a 256-token canvas
+    assert triton_attention.split_count(8 * 2, 1343) == 8  # a sliding layer, two 32-token rows
+    # a split keeps at least MIN_SPLIT_KEYS keys; a full launch is not split; never more than 16 ways
+    assert triton_attention.split_count(1, 300) == 2
+    assert triton_attention.split_count(triton_attention.TARGET_PROGRAMS, 100_000) == 1
+    assert triton_attention.split_count(1, 100_000) == 16

@@ -105,7 +105,7 @@ def test_the_weights_first_w8a8_kernels_run_on_fp8_tensor_cores(block_m, block_n
         {"h_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "slot_ptr": "*i64",
          "weight_ptr": "*fp32", "active_ptr": "*i32", "offs_ptr": "*i32", "out_ptr": "*fp32", "n_inter": "i32",
          "n_hidden": "i32", "h_stride": "i32", **ints, "out_stride": "i32", "h_scale_ptr": "*fp32"},
-        {**blocks, "BLOCK_K": block_n},  # a reduction step is one group of the activations' scales
+        {**blocks, "BLOCK_K": block_n, "GROUP": block_n},  # a step: one group of the activations' scales
     )  # fmt: skip
     for kernel in (gate_up, down):
         ptx = kernel.asm["ptx"]

@@ -28,11 +28,14 @@ CHECK = textwrap.dedent(
             weights = torch.rand(n, k, generator=g)
             want = experts.moe_gathered(x, weights, index, gate_up, down)
             args = [t.to(device) for t in (x.to(dtype), weights, index, gate_up.to(dtype), down.to(dtype))]
-            got = triton_moe.moe_triton(*args).float().cpu()
-            err = ((got - want).norm() / want.norm()).item()
-            limit = 1e-5 if dtype == torch.float32 else 2e-2
-            if not err <= limit:
-                bad.append(f"{dtype} n={n}: relative error {err:.2e} > {limit:.0e}")
+            # the default tiles, and the down product on tiles of its own
+            own_down = triton_moe.Tiles(down=triton_moe.Tiles(block_m=32, block_n=32, block_k=16))
+            for tiles in (None, own_down):
+                got = triton_moe.moe_triton(*args, tiles).float().cpu()
+                err = ((got - want).norm() / want.norm()).item()
+                limit = 1e-5 if dtype == torch.float32 else 2e-2
+                if not err <= limit:
+                    bad.append(f"{dtype} n={n} {tiles}: relative error {err:.2e} > {limit:.0e}")
     # FP8 weights (W8A16): against the same arithmetic over the dequantized weights
     from dfim.engine.model import experts_fp8
 
@@ -66,7 +69,11 @@ CHECK = textwrap.dedent(
         e, k, n = 8, 2, 37
         fp8, x, weights, index = fp8_case(e, 96, 200, k, n, dtype)
         pairs_first = [triton_moe.Tiles(block_m=m, block_n=32, block_k=64) for m in (16, 64)]
-        for tiles in [*pairs_first, triton_moe.tiles_for(n * k, e, fp8=True, fp8_act=True)]:
+        # the down product's steps half a scale group
+        own_down = triton_moe.Tiles(
+            block_m=16, block_n=64, block_k=64, weights_first=True, down=triton_moe.Tiles(block_n=64, block_k=32)
+        )
+        for tiles in [*pairs_first, own_down, triton_moe.tiles_for(n * k, e, fp8=True, fp8_act=True)]:
             want = experts_fp8.moe_w8a8_reference(x, weights, index, fp8, tiles.block_n).float()
             args = (fp8.gate_up, fp8.down, tiles, fp8.gate_up_scale, fp8.down_scale, torch.float8_e4m3fn)
             got = triton_moe.moe_triton(x, weights, index, *args).float()
