@@ -37,12 +37,6 @@ SWEEP = [
         (16, 64, 64, 4, 3), (16, 32, 128, 4, 4), (16, 64, 128, 4, 3), (32, 64, 64, 4, 3), (32, 64, 128, 4, 3),
         (64, 64, 64, 4, 3), (64, 64, 128, 8, 3), (32, 32, 128, 4, 4), (32, 64, 128, 4, 4),
     ]
-] + [  # the down product on tiles of its own: a short reduction (704) into a wide output (2,816)
-    triton_moe.Tiles(block_m=m, block_n=64, block_k=128, down=triton_moe.Tiles(m, n, k, w, st))
-    for m, n, k, w, st in [
-        (16, 128, 64, 4, 3), (16, 128, 128, 4, 3), (32, 128, 64, 4, 3), (32, 128, 128, 4, 3),
-        (32, 256, 64, 8, 3), (32, 64, 64, 4, 4),
-    ]
 ]  # fmt: skip
 
 # FP8 weights: half the bytes a tile, so longer reductions a step are tried too
@@ -59,15 +53,12 @@ FP8_SWEEP = [
 # weights as their rows (`weights_first`: FP8 tensor cores from 64 output columns, whatever the pairs)
 W8A8_SWEEP = [
     triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st, weights_first=wf)
-    for m, n, k, w, st, wf in [
-        (32, 128, 128, 4, 3, False), (16, 128, 128, 4, 3, True), (32, 128, 128, 4, 3, True),
-        (16, 256, 128, 8, 3, True),
-    ]
+    for m, n, k, w, st, wf in [(32, 128, 128, 4, 3, False), (16, 128, 128, 4, 3, True), (32, 128, 128, 4, 3, True)]
 ] + [  # the down product on tiles of its own (its steps divide the activations' 128-column scale groups)
     triton_moe.Tiles(block_m=m, block_n=128, block_k=128, weights_first=True, down=triton_moe.Tiles(m, n, k, w, st))
     for m, n, k, w, st in [
-        (16, 256, 128, 8, 3), (16, 128, 64, 4, 3), (32, 128, 64, 4, 3), (32, 256, 128, 8, 3), (32, 256, 64, 4, 3),
-        (32, 64, 128, 4, 3), (32, 128, 128, 4, 4), (32, 128, 128, 8, 3),
+        (16, 64, 128, 4, 3), (32, 64, 128, 4, 4), (32, 64, 128, 4, 2), (32, 64, 64, 4, 3), (32, 64, 64, 4, 4),
+        (32, 32, 128, 4, 3),
     ]
 ]  # fmt: skip
 

@@ -74,11 +74,14 @@ def tiles_for(pairs: int, experts: int, fp8: bool = False, fp8_act: bool = False
     32 and 64 tokens 0.36 / 0.41 ms a layer with 16 rows, 256 tokens 0.45 ms with 32, 512 tokens 0.49 ms
     with 64). FP8 weights take twice the reduction a step where an expert's pairs are few (a tile of the
     same bytes: 0.203 / 0.231 ms at 32 / 64 tokens against 0.217 / 0.238). FP8 activations too (`fp8_act`,
-    W8A8) take 128 output columns a program, with 16 or 32 rows (0.213 / 0.235 / 0.268 ms at 32 / 64 / 256
-    tokens; 64 rows, where the products run on FP8 tensor cores, were slower: 0.243 / 0.277 / 0.294)."""
+    W8A8) put the weights first, 128 output columns a program, with 16 or 32 pairs, and a 256-token canvas's
+    down product takes 64 columns a program (0.193 / 0.213 / 0.243 ms at 32 / 64 / 256 tokens, where the pairs
+    first took 0.213 / 0.235 / 0.268 and W8A16 0.200 / 0.226 / 0.301)."""
     per_expert = pairs / max(experts, 1)
     if fp8_act:
-        return Tiles(block_m=16 if per_expert <= 8 else 32, block_n=128, block_k=128, weights_first=True)
+        if per_expert <= 8:
+            return Tiles(block_m=16, block_n=128, block_k=128, weights_first=True)
+        return Tiles(block_m=32, block_n=128, block_k=128, weights_first=True, down=Tiles(32, 64, 128))
     if per_expert <= 8:
         return Tiles(block_m=16, block_k=256 if fp8 else 128)
     if per_expert <= 24:
