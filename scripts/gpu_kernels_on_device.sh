@@ -77,7 +77,7 @@ job() {
       local extra=()
       [[ $1 == bench_gpu_nocompile ]] && extra=(--compile off)
       [[ $1 == bench_gpu_nohf ]] && extra=(--compile off --skip-hf)
-      run "$1" 240 python3 scripts/bench_gpu.py "${extra[@]}" --out "$OUT/$1.txt"
+      run "$1" 300 python3 scripts/bench_gpu.py "${extra[@]}" --out "$OUT/$1.txt"
       grep -E "^\| ours|^\| transformers|speed-up|PASSED|FAILED" "$OUT/$1.txt" ;;
     bench_fp8|bench_fp8_triton)  # the 256-token step with bf16 and FP8 experts (grouped, Triton W8A16 and W8A8)
       local extra=()

@@ -180,8 +180,8 @@ def moe_triton(
     `products=torch.float8_e4m3fn` with FP8 weights (W8A8): activations quantized on the fly, x one scale a
     token row (`quantize_rows`), the experts' activations one a pair and `tiles.block_n` columns (the down
     product's reduction step then takes that width): the arithmetic of `experts_fp8.moe_w8a8_reference`.
-    From 64 rows a block the products run on FP8 tensor cores; the default tiles take fewer rows, which
-    were faster (`tiles_for`)."""
+    With `tiles.weights_first` (the default, `tiles_for`) the weights are the products' first operand, so they
+    run on Hopper's FP8 tensor cores whatever an expert's pairs; with the pairs first, only from 64 rows."""
     triton, kernels = triton_kernels.require(KERNELS)
     gate_up_act, down_weighted = kernels.gate_up_act, kernels.down_weighted
     n, k = index.shape
