@@ -313,9 +313,11 @@ def _tell_watcher(finish: Callable[[FillResult], None], result: FillResult) -> N
 
 
 def _load(path: str | None, device: str, fast: bool = True, compile: bool = False):
-    from dfim.engine.inference.vllm_served import ServedEngine, is_served_url
+    from dfim.engine.model.shipped import is_served_url
 
     if is_served_url(path):  # a model served by `vllm serve` (docs/gpu.md): `device` is the server's
+        from dfim.engine.inference.vllm_served import ServedEngine
+
         return ServedEngine.connect(path)
     from dfim.engine.inference.fill import (
         Engine,  # imported here: torch takes a second, initialize must not wait

@@ -37,6 +37,14 @@ EXTENSIONS = {
 }  # fmt: skip
 
 
+# The interpreter a script's `#!` line names -> language name, for a file without a known extension
+SHEBANGS = {
+    "python": "python", "pypy": "python", "node": "javascript", "nodejs": "javascript", "bun": "javascript",
+    "deno": "typescript", "ts-node": "typescript", "tsx": "typescript", "sh": "shell", "bash": "shell",
+    "zsh": "shell", "dash": "shell", "ksh": "shell", "ruby": "ruby", "lua": "lua", "php": "php",
+}  # fmt: skip
+
+
 FUNCTION_TYPES = {
     "function_definition", "function_declaration", "method_definition", "arrow_function",
     "function_expression", "function", "generator_function_declaration", "method_declaration",
@@ -61,6 +69,20 @@ def language_of_path(path: str) -> str | None:
     """The language a file's extension names (`EXTENSIONS`), with or without a grammar; None if unknown."""
     match = re.search(r"(\.[A-Za-z0-9+]+)$", path)
     return EXTENSIONS.get(match.group(1).lower()) if match else None
+
+
+def language_of_shebang(text: str) -> str | None:
+    """The language a script's first line names (`#!/usr/bin/env python3`, `#!/bin/sh`, `#!/usr/bin/env -S
+    node --flag`); None without a `#!` line or for an interpreter `SHEBANGS` does not know."""
+    first = text.split("\n", 1)[0].strip()
+    if not first.startswith("#!"):
+        return None
+    words = first[2:].split()
+    program = words[0].rsplit("/", 1)[-1] if words else ""
+    if program == "env":  # its options and VAR=value assignments come before the program
+        rest = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        program = rest[0].rsplit("/", 1)[-1] if rest else ""
+    return SHEBANGS.get(re.sub(r"[\d.]+$", "", program))  # python3.12 -> python
 
 
 @functools.cache

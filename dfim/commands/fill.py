@@ -1,8 +1,9 @@
 """`dfim fill FILE --line L --col C`: print the code that belongs at a position of a file.
 
-Line and column are 1-based as editors show them; the column counts characters. Bad input (missing,
-binary or empty file, position out of range, unknown file type, unusable checkpoint) is one line on
-stderr and exit status 2.
+Line and column are 1-based as editors show them; the column counts characters. An empty file is filled
+from nothing, as the server fills an empty document; a file without a known extension takes the language its
+`#!` line names. Bad input (missing or binary file, position out of range, unknown file type, unusable
+checkpoint) is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from dfim.commands import options
 from dfim.cursor_fill import fill_at_cursor
 from dfim.engine.progress import Progress
-from dfim.server.languages import language_of_path
+from dfim.server.languages import language_of_path, language_of_shebang
 
 
 class InputError(Exception):
@@ -77,8 +78,6 @@ def read_source(path: Path) -> str:
         data = path.read_bytes()
     except OSError as err:
         raise InputError(f"{path}: cannot read ({err.strerror or err})") from None
-    if not data:
-        raise InputError(f"{path}: empty file, nothing to fill around")
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise InputError(f"{path}: UTF-16 text; dfim fill reads UTF-8 files")
     if b"\x00" in data:
@@ -92,10 +91,11 @@ def read_source(path: Path) -> str:
         ) from None
 
 
-def detect_language(path: Path, override: str | None) -> str:
+def detect_language(path: Path, override: str | None, text: str = "") -> str:
+    """--language, else the file's extension, else the interpreter its `#!` line names."""
     if override:
         return override
-    language = language_of_path(path.name)
+    language = language_of_path(path.name) or language_of_shebang(text)
     if language is None:
         kind = f"'{path.suffix}'" if path.suffix else "without an extension"
         raise InputError(f"{path}: unknown file type {kind} (pass --language NAME to fill it anyway)")
@@ -175,7 +175,7 @@ def read_fill_input(args: argparse.Namespace) -> tuple[str, str, str]:
     path = Path(args.file)
     # The model reads and writes "\n"; a CRLF file would leave a stray "\r" before every stop.
     text = read_source(path).replace("\r\n", "\n")
-    language = detect_language(path, args.language)
+    language = detect_language(path, args.language, text)
     prefix, suffix = split_at(text, args.line, args.col)
     return prefix, suffix, language
 

@@ -81,6 +81,21 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"--max-message-mb must be positive, got {args.max_message_mb:g}")
     if not args.client_timeout >= 0:
         return fail(f"--client-timeout must be 0 or more, got {args.client_timeout:g}")
+    if args.model:
+        # A model that is not there is said at once on stderr (an editor's output panel, or the terminal of
+        # someone trying the command), but the server still starts: it reports the model to the editor, whose
+        # settings can name another without a restart (`model.path`).
+        from dfim.commands.checks import InputError, model_folder
+        from dfim.engine.model.shipped import is_served_url
+
+        if not is_served_url(args.model):
+            try:
+                model_folder(args.model)
+            except InputError as exc:
+                print(
+                    f"dfim serve: warning: {exc}; the server starts and reports it to the editor",
+                    file=sys.stderr,
+                )
     level = logging.DEBUG if args.verbose else logging.WARNING
     try:
         handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)

@@ -35,11 +35,6 @@ API_KEY_ENV = "DFIM_VLLM_API_KEY"  # sent as a bearer token, for a server starte
 TIMEOUT_S = 30.0
 
 
-def is_served_url(path: str | None) -> bool:
-    """Whether a model path names a served model rather than a checkpoint folder or a shipped name."""
-    return bool(path) and str(path).startswith(("http://", "https://"))
-
-
 def api_base(url: str) -> str:
     """The API root, `.../v1`, whether the user gave the server's address or the API root itself."""
     url = url.rstrip("/")

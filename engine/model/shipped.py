@@ -24,6 +24,12 @@ def resolve_checkpoint(path: str | os.PathLike | None) -> Path:
     return folder
 
 
+def is_served_url(path: str | os.PathLike | None) -> bool:
+    """Whether a model option names a model served by `vllm serve` rather than a checkpoint folder or a
+    shipped name."""
+    return bool(path) and str(path).startswith(("http://", "https://"))
+
+
 def shipped_models() -> list[str]:
     """The names `resolve_checkpoint` takes for the checkpoints shipped with dfim (in the wheel or the
     checkout)."""

@@ -502,6 +502,13 @@ def test_serve_refuses_bad_tcp_and_log_file(files: dict[str, Path]) -> None:
         cli("serve", "--log-file", tmp / "absent" / "log.txt", cwd=tmp), "dfim serve", "--log-file", "No such"
     )
     assert_refused(cli("serve", "--log-file", tmp, cwd=tmp), "dfim serve", "--log-file", "directory")
+    # a model that is not there is named at once on stderr, with the shipped names; the server still starts
+    # (it reports the model to the editor, whose settings may name another) and exits 0 when its input closes
+    for model, needles in (("bogus", ("--model bogus", "dfim-base")), (tmp / "nope", ("no such folder",))):
+        proc = cli("serve", "--model", model, cwd=tmp)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.startswith("dfim serve: warning: --model"), proc.stderr
+        assert all(needle in proc.stderr for needle in needles), proc.stderr
 
 
 # ----------------------------------------------------------------------------- dfim data

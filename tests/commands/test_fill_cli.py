@@ -137,10 +137,13 @@ def test_binary_files(capsys, tmp_path):
     assert_one_line_error(*dfim_fill(capsys, wide, "--line", 1, "--col", 1)[::2], "UTF-16")
 
 
-def test_empty_file_and_directory(capsys, tmp_path):
+def test_an_empty_file_is_filled_and_a_directory_refused(capsys, tmp_path, checkpoint):
     empty = tmp_path / "empty.py"
     empty.write_text("")
-    assert_one_line_error(*dfim_fill(capsys, empty, "--line", 1, "--col", 1)[::2], "empty")
+    fast = ("--model", checkpoint, "--steps", 1, "--max-tokens", 16, "--json")
+    code, out, err = dfim_fill(capsys, empty, "--line", 1, "--col", 1, *fast)  # as the server fills one
+    assert code == 0 and json.loads(out)["language"] == "python", err
+    assert_one_line_error(*dfim_fill(capsys, empty, "--line", 2, "--col", 1)[::2], "line 2", "out of range")
     assert_one_line_error(*dfim_fill(capsys, tmp_path, "--line", 1, "--col", 1)[::2], "directory")
 
 
@@ -162,6 +165,18 @@ def test_position_at_line_end_and_after_the_last_newline_is_fine():
     assert split_at(text, 1, 3) == ("ab", "\r\ncd\n")  # after the last character of a CRLF line
     assert split_at(text, 2, 2) == ("ab\r\nc", "d\n")
     assert split_at(text, 3, 1) == (text, "")  # the empty line after the final newline
+
+
+def test_a_script_without_an_extension_takes_its_shebangs_language(capsys, tmp_path, checkpoint):
+    script = tmp_path / "deploy"
+    script.write_text("#!/usr/bin/env python3\nimport sys\n\nargs = \n")
+    fast = ("--model", checkpoint, "--steps", 1, "--max-tokens", 16, "--json")
+    code, out, err = dfim_fill(capsys, script, "--line", 4, "--col", 8, *fast)
+    assert code == 0 and json.loads(out)["language"] == "python", err
+    script.write_text("no shebang here\n")
+    assert_one_line_error(
+        *dfim_fill(capsys, script, "--line", 1, "--col", 1)[::2], "without an extension", "--language"
+    )
 
 
 def test_unknown_extension_needs_language(capsys, tmp_path, checkpoint):

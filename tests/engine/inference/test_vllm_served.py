@@ -7,7 +7,8 @@ import socket
 import pytest
 
 from dfim.engine.api import EngineError, FillCancelled, FillRequest
-from dfim.engine.inference.vllm_served import API_KEY_ENV, ServedEngine, api_base, chat_body, is_served_url
+from dfim.engine.inference.vllm_served import API_KEY_ENV, ServedEngine, api_base, chat_body
+from dfim.engine.model.shipped import is_served_url
 from tests.fake_vllm import MODEL, FakeVllm
 
 REQUEST = FillRequest(prefix="def add(a, b):\n    return ", suffix="\n\nprint(add(1, 2))\n", max_tokens=16)
