@@ -188,13 +188,15 @@ FP8_KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor, Fp8Experts], Tensor]] =
 
 
 def probe_routing(
-    num_experts: int, hidden: int, device: torch.device, dtype: torch.dtype
+    num_experts: int, hidden: int, device: torch.device, dtype: torch.dtype, tokens: int = 5, k: int = 2
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """A kernel's self-test input: 5 tokens [5, hidden], each routed to 2 distinct experts (weights, index)."""
+    """A kernel's self-test input: `tokens` tokens [tokens, hidden], each routed to k distinct experts
+    (weights, index)."""
     g = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(5, hidden, generator=g).to(device, dtype)
-    index = torch.stack([torch.randperm(num_experts, generator=g)[:2] for _ in range(5)]).to(device)
-    weights = torch.rand(5, 2, generator=g).to(device)
+    k = min(k, num_experts)
+    x = torch.randn(tokens, hidden, generator=g).to(device, dtype)
+    index = torch.stack([torch.randperm(num_experts, generator=g)[:k] for _ in range(tokens)]).to(device)
+    weights = torch.rand(tokens, k, generator=g).to(device)
     return x, weights, index
 
 

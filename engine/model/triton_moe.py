@@ -64,7 +64,8 @@ class Tiles:
     # from 64 columns Hopper's FP8 warpgroup MMA runs whatever an expert's pairs
     weights_first: bool = False
     # the down product's own tiles (None: these); its reduction is short (the experts' intermediate size),
-    # its output wide. W8A8: its block_k divides block_n here, the width of the activations' scale groups
+    # its output wide. W8A8 with the weights first: its block_k divides block_n here, the width of the
+    # activations' scale groups; with the pairs first its block_k is ignored (a step is one group)
     down: Tiles | None = None
 
 
@@ -182,18 +183,20 @@ def moe_triton(
     product's reduction step then takes that width): the arithmetic of `experts_fp8.moe_w8a8_reference`.
     With `tiles.weights_first` (the default, `tiles_for`) the weights are the products' first operand, so they
     run on Hopper's FP8 tensor cores whatever an expert's pairs; with the pairs first, only from 64 rows."""
+    scaled = gate_up_scale is not None and down_scale is not None
+    if products is not None and products != gate_up.dtype and not scaled:
+        raise ValueError(f"products in {products} need FP8 weights (these are {gate_up.dtype})")
+    fp8_act = products == torch.float8_e4m3fn
+    if fp8_act and not scaled:
+        raise ValueError("FP8 activations (products in float8_e4m3fn) need FP8 weights with their scales")
     triton, kernels = triton_kernels.require(KERNELS)
     gate_up_act, down_weighted = kernels.gate_up_act, kernels.down_weighted
     n, k = index.shape
     e, two_i, hidden = gate_up.shape
     inter = two_i // 2
-    scaled = gate_up_scale is not None and down_scale is not None
     out_dtype = x.dtype
     if n * k == 0:
         return x.new_zeros(x.shape)
-    if products is not None and products != gate_up.dtype and not scaled:
-        raise ValueError(f"products in {products} need FP8 weights (these are {gate_up.dtype})")
-    fp8_act = products == torch.float8_e4m3fn
     x_scale = None
     if fp8_act:
         x, x_scale = quantize_rows(x)

@@ -78,3 +78,40 @@ def test_grouped_rows_are_each_pairs_token_quantized_and_sorted_by_expert():
         token = pair // 2
         assert torch.equal(rows[row].view(torch.uint8), q[token].view(torch.uint8))
         assert scales[row] == s[token]
+
+
+def test_the_fp8_kernel_is_the_first_that_passes_its_check(monkeypatch):
+    from dfim.engine.model import experts_fp8
+
+    experts = quantize_experts(torch.randn(4, 16, 8), torch.randn(4, 8, 8))
+    cuda = torch.device("cuda")
+    failing: set[str] = set()
+    asked: list[str] = []
+
+    def works(fp8, device, dtype, kernel="grouped_fp8"):
+        asked.append(kernel)
+        return "fails here" if kernel in failing else None
+
+    monkeypatch.setattr(experts_fp8, "fp8_kernel_works", works)
+    assert experts_fp8.pick_fp8_kernel(experts, cuda, torch.bfloat16) == "triton_w8a8"
+    # fp32 models keep W8A16: they asked for exactness, and W8A8 rounds the activations
+    asked.clear()
+    assert experts_fp8.pick_fp8_kernel(experts, cuda, torch.float32) == "triton_fp8"
+    assert "triton_w8a8" not in asked
+    failing.update({"triton_w8a8", "triton_fp8"})
+    assert experts_fp8.pick_fp8_kernel(experts, cuda, torch.float16) == "grouped_fp8"
+    failing.add("grouped_fp8")
+    assert experts_fp8.pick_fp8_kernel(experts, cuda, torch.bfloat16) == "w8a16_reference"
+    # every kernel it can pick has a reference to be checked against
+    assert set(experts_fp8.FP8_REFERENCES) == {"triton_w8a8", "triton_fp8", "grouped_fp8"}
+    monkeypatch.undo()
+    assert "no fp32 reference" in fp8_kernel_works(experts, cuda, torch.bfloat16, "w8a16_reference")
+
+
+def test_fp8_activations_need_fp8_weights():
+    from dfim.engine.model import triton_moe
+
+    gate_up, down = torch.randn(4, 16, 8), torch.randn(4, 8, 8)
+    x, weights, index = torch.randn(3, 8), torch.rand(3, 2), torch.tensor([[0, 1]] * 3)
+    with pytest.raises(ValueError, match="FP8 weights"):
+        triton_moe.moe_triton(x, weights, index, gate_up, down, products=torch.float8_e4m3fn)

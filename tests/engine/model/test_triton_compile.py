@@ -85,29 +85,46 @@ def test_the_experts_kernels_compile(scaled, products, block_m, block_k):
             assert "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3" in kernel.asm["ptx"]
 
 
-@pytest.mark.parametrize(("block_m", "block_n", "block_k"), [(16, 64, 128), (32, 128, 128), (64, 64, 256)])
-def test_the_weights_first_w8a8_kernels_run_on_fp8_tensor_cores(block_m, block_n, block_k):
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        "typing",  # a typing fill's two 32-token rows: a few pairs an expert
+        "block",  # a 256-token canvas: 16 pairs an expert, the down product on tiles of its own
+        "64 pairs",
+    ],
+)
+def test_the_weights_first_w8a8_kernels_run_on_fp8_tensor_cores(tiles):
     """With the weights as the first operand, Hopper's FP8 warpgroup MMA multiplies an expert's pairs as
-    they are, 16 of them as well as 64: the PTX holds its e4m3 instruction and no widening to float16."""
+    they are, 16 of them as well as 64: the PTX of the tiles `moe_triton` launches holds its e4m3 instruction
+    and no widening to float16."""
+    from dfim.engine.model import triton_moe
     from dfim.engine.model import triton_moe_kernels as kernels
 
+    t = {
+        "typing": triton_moe.tiles_for(64 * 8, 128, fp8=True, fp8_act=True),
+        "block": triton_moe.tiles_for(256 * 8, 128, fp8=True, fp8_act=True),
+        "64 pairs": triton_moe.Tiles(block_m=64, block_n=128, block_k=128, weights_first=True),
+    }[tiles]
+    down = t.down or t
+    assert t.weights_first and t.block_n % down.block_k == 0
     ints = dict.fromkeys(("w_e", "w_n", "w_k"), "i32")
-    blocks = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}
     gate_up = compile_for_hopper(
         kernels.gate_up_act_w8a8,
         {"x_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "token_ptr": "*i64",
          "active_ptr": "*i32", "offs_ptr": "*i32", "h_ptr": "*fp8e4nv", "n_hidden": "i32", "n_inter": "i32",
          "x_stride": "i32", **ints, "h_stride": "i32", "x_scale_ptr": "*fp32", "h_scale_ptr": "*fp32"},
-        {**blocks, "ROUND": False},
+        {"BLOCK_M": t.block_m, "BLOCK_N": t.block_n, "BLOCK_K": t.block_k, "ROUND": False},
+        t.num_warps, t.num_stages,
     )  # fmt: skip
-    down = compile_for_hopper(
+    down_kernel = compile_for_hopper(
         kernels.down_weighted_w8a8,
         {"h_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "slot_ptr": "*i64",
          "weight_ptr": "*fp32", "active_ptr": "*i32", "offs_ptr": "*i32", "out_ptr": "*fp32", "n_inter": "i32",
          "n_hidden": "i32", "h_stride": "i32", **ints, "out_stride": "i32", "h_scale_ptr": "*fp32"},
-        {**blocks, "BLOCK_K": block_n, "GROUP": block_n},  # a step: one group of the activations' scales
+        {"BLOCK_M": down.block_m, "BLOCK_N": down.block_n, "BLOCK_K": down.block_k, "GROUP": t.block_n},
+        down.num_warps, down.num_stages,
     )  # fmt: skip
-    for kernel in (gate_up, down):
+    for kernel, block_m in ((gate_up, t.block_m), (down_kernel, down.block_m)):
         ptx = kernel.asm["ptx"]
         assert f"wgmma.mma_async.sync.aligned.m64n{block_m}k32.f32.e4m3.e4m3" in ptx
         assert "cvt.rn.f16x2.e4m3x2" not in ptx
