@@ -27,7 +27,14 @@ from dfim.engine.layout import (
     unclosed_on_line,
 )
 from dfim.server.context import FillContext, build_context, indent_unit, leading_ws, region
-from dfim.server.holes import empty_body_at, enclosing_function, find_holes, hole_at, last_code_before_line
+from dfim.server.holes import (
+    empty_body_at,
+    enclosing_function,
+    find_holes,
+    function_names,
+    hole_at,
+    last_code_before_line,
+)
 from dfim.server.languages import Source
 from dfim.server.lines import indent_width, line_end, line_start, newline_of, next_line_start, open_brackets
 from dfim.server.post_context import error_counter, post_context
@@ -140,10 +147,16 @@ class ActionPlan:
     original_text: str = ""  # the document text the result replaces
     lead: str = ""  # completeFunction beside a line of code: the line break and indentation before the fill
     trail: str = ""  # ... and the line break after it (new lines above a closing `}`)
+    around: tuple[str, str] = ("", "")  # the document before `start` and after `end` (windows): where a
+    # result must not break code that parsed (`_breaks_code`)
 
 
 NO_CODE = "the model wrote only comments or a docstring here, no code; nothing was changed"
 BREAKS_CODE = "the model's rewrite does not parse where the selection did; nothing was changed"
+BREAKS_CODE_FILL = "the model's code does not parse here, where the code around it did; nothing was changed"
+# The document around an action's span that its result is parsed with (`post_context.parse_window` cuts
+# these further, from a top-level line)
+AROUND_BEFORE, AROUND_AFTER = 16_000, 8_000
 SLACK_TOKENS = 8  # room a rewrite gets beyond the selection's own length (it may grow a little)
 
 
@@ -211,7 +224,13 @@ def plan_action(
         count=count_tokens or guess_tokens,
         instruction=instruction,
     )
-    return PLANNERS[action](inp)
+    plan = PLANNERS[action](inp)
+    plan.original_text = text[plan.start : plan.end]
+    plan.around = (
+        text[max(0, plan.start - AROUND_BEFORE) : plan.start],
+        text[plan.end : plan.end + AROUND_AFTER],
+    )
+    return plan
 
 
 def plan_fill_hole(inp: ActionInput) -> ActionPlan:
@@ -508,7 +527,10 @@ def finish_action(
     `token_scores` (the result's, with each token's pinned flag) split a holes fill exactly."""
     ctx = plan.ctx
     if plan.action == "fillSelectionHoles":
-        return _split_holes(plan, result_text, token_scores)
+        edits = _split_holes(plan, result_text, token_scores)
+        if _breaks_code(plan, _applied(plan, edits)):
+            raise ActionError(BREAKS_CODE_FILL)
+        return edits
     if plan.action in ("rewriteSelection", "regenerateUnsure"):
         text = normalize_newlines(result_text, ctx.newline)
         if not text.strip():
@@ -516,8 +538,11 @@ def finish_action(
         if not writes_code(text, ctx.lang) and writes_code(plan.original_text, ctx.lang):
             raise ActionError(NO_CODE)
         new = _keep_outer_ws(text, plan.original_text)
-        if _breaks_code(ctx, plan.original_text, new):  # the next candidate, else this error, is the answer
+        if _breaks_code(plan, new):  # the next candidate, else this error, is the answer
             raise ActionError(BREAKS_CODE)
+        lost = [] if plan.instruction else _lost_functions(plan, new)
+        if lost:  # `def mul` written as `def div`: the calls elsewhere would break
+            raise ActionError(f"the model's rewrite renames or drops {', '.join(lost)}; nothing was changed")
         return [(plan.start, plan.end, new)]
     # fillHole / completeFunction
     if plan.action == "completeFunction":
@@ -533,21 +558,49 @@ def finish_action(
     if not writes_code(text, ctx.lang):
         raise ActionError(NO_CODE)
     if plan.lead or plan.trail:  # the lead ends with the first line's indentation: the fill starts after it
-        return [(plan.start, plan.end, _closer_lead(plan, text) + text.lstrip(" \t") + plan.trail)]
-    if plan.action == "fillHole":
+        text = _closer_lead(plan, text) + text.lstrip(" \t") + plan.trail
+    elif plan.action == "fillHole":
         if ctx.prefix.endswith((" ", "\t")) and not plan.original_text[:1].isspace():
             text = text.lstrip(" \t")  # the hole sits after its line's indentation: so does the fill
         text = fit_whitespace(text, plan.original_text, ctx.newline, ctx.indent)
+    if _breaks_code(plan, text):  # `..` for a `pass`, an `else:` with no `if`
+        raise ActionError(BREAKS_CODE_FILL)
     return [(plan.start, plan.end, text)]
 
 
-def _breaks_code(ctx: FillContext, old: str, new: str) -> bool:
-    """Whether the code around a selection parses with `old` in it and not with `new` (a stray `}` in Python):
-    a rewrite must not break code that worked. Code broken already says nothing either way."""
-    if ctx.lang is None:
+def _breaks_code(plan: ActionPlan, new: str) -> bool:
+    """Whether the document parses around the plan's span with the text it had there and not with `new`
+    (a stray `}` in Python, `..` for a `pass`): an action must not break code that worked. Code broken
+    already says nothing either way."""
+    if plan.ctx.lang is None:
         return False
-    errors = error_counter(ctx.prefix, ctx.suffix, ctx.lang)
-    return errors(old) == 0 and errors(new) > 0
+    errors = error_counter(*plan.around, plan.ctx.lang)
+    return errors(plan.original_text) == 0 and errors(new) > 0
+
+
+def _lost_functions(plan: ActionPlan, new: str) -> list[str]:
+    """The functions defined in the plan's span that `new` no longer defines there (by name): a rewrite
+    keeps what the rest of the code calls, unless an instruction asked otherwise."""
+    if plan.ctx.lang is None:
+        return []
+    before, after = plan.around
+
+    def names(middle: str) -> list[str]:
+        return function_names(
+            Source(before + middle + after, plan.ctx.lang), len(before), len(before) + len(middle)
+        )
+
+    kept = set(names(new))
+    return [name for name in dict.fromkeys(names(plan.original_text)) if name not in kept]
+
+
+def _applied(plan: ActionPlan, edits: list[tuple[int, int, str]]) -> str:
+    """The plan's span with `edits` (document offsets inside it, in order) applied."""
+    out, at = [], plan.start
+    for start, end, text in edits:
+        out += [plan.original_text[at - plan.start : start - plan.start], text]
+        at = end
+    return "".join(out) + plan.original_text[at - plan.start :]
 
 
 def _closer_lead(plan: ActionPlan, text: str) -> str:

@@ -28,6 +28,27 @@ def _smallest_containing(source: Source, offset: int, types: set[str]):
     return None
 
 
+def function_names(source: Source, start: int, end: int) -> list[str]:
+    """The names of the functions defined whole inside [start, end), in order (those with a `name`: not an
+    arrow function's)."""
+    tree = source.tree
+    if tree is None:
+        return []
+    lo, hi = source.byte(start), source.byte(end)
+    names: list[str] = []
+    stack = [tree.root_node]
+    while stack:
+        node = stack.pop()
+        if node.end_byte <= lo or node.start_byte >= hi:
+            continue
+        if node.is_named and node.type in FUNCTION_TYPES and lo <= node.start_byte and node.end_byte <= hi:
+            name = node.child_by_field_name("name")
+            if name is not None:
+                names.append(source.data[name.start_byte : name.end_byte].decode("utf-8", "replace"))
+        stack.extend(reversed(node.children))
+    return names
+
+
 @dataclass
 class Span:
     start: int

@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.tcp and args.stdio:
         return fail("--tcp and --stdio exclude each other")
+    if args.token_file and not args.tcp:
+        return fail("--token-file goes with --tcp (stdio needs no token)")
     address = None
     if args.tcp:
         try:

@@ -84,13 +84,14 @@ def run(args: argparse.Namespace) -> int:
 def print_gate(report: dict) -> None:
     """Shown, acceptance of those shown, characters saved and reward, as shown and with the gate."""
     rule = f"{report['measure']} >= {report['threshold']}"
+    print(
+        "the confidence gate, on the suggestions with an outcome (those still without one are left out "
+        "below; reward: +0.75 per accept, whole or partial, -0.25 per shown reject):"
+    )
     for label, row in (("as shown", report["as_shown"]), (f"gated ({rule})", report["gated"])):
         rate = "-" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.1%}"
         print(
-            f"{label}: shown {row['shown']}, accepted {row['accepted']} ({rate} of shown), "
+            f"  {label}: shown {row['shown']}, accepted {row['accepted']} ({rate} of shown), "
             f"characters saved {row['accepted_chars']}, reward {row['reward']:.2f}"
         )
-    print(
-        f"the gate hid {report['hidden']} suggestions (never seen: no outcome); reward: +0.75 per accept "
-        "(whole or partial), -0.25 per shown reject; suggestions still without an outcome are left out"
-    )
+    print(f"  the gate hid {report['hidden']} suggestions (never seen, so no outcome)")

@@ -31,7 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--python-share", type=float, default=0.4, help="share of Python in the sample when --corpus is given"
     )
-    parser.add_argument("roots", nargs="*", help="directories of .py files (default: stdlib + site-packages)")
+    parser.add_argument(
+        "roots",
+        nargs="*",
+        help="directories of Python files, the Python share of the sample; other languages come from --corpus "
+        "(default: stdlib + site-packages)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,6 +101,8 @@ def test_inline_completion_accepted_in_neovim(tmp_path, checkpoint):
     assert out["tab_mapped"]  # <Tab> is an expr mapping: accept when shown, a plain Tab otherwise
     assert out["accepted_word"] is True and out["accepted"] is True
     assert out["marks_after"] == 0
+    # the statusline after a fill: its latency and steps, "1 step" in the singular
+    assert re.fullmatch(r"dfim \d+ms (1 step|([02-9]|\d\d+) steps)", out["statusline"]), out["statusline"]
 
     # The buffer changed by exactly the item: its range replaced by its insertText, on the cursor's line.
     item = out["item"]

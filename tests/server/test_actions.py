@@ -456,6 +456,45 @@ def test_complete_function_in_python_inside_an_open_call_and_after_a_dict_litera
     assert complete_function(doc, cursor, "python", "return d") == "def f():\n    d = {}\n    return d\n"
 
 
+def test_fills_that_break_code_that_parsed_are_refused():
+    # a new user's trial: `..` for a `pass`, and an `else:` with no `if` at a function body's level
+    text = "def area(w, h):\n    pass\n\nprint(area(2, 3))\n"
+    at = text.index("pass")
+    for action in ("fillHole", "completeFunction"):
+        plan = actions.plan_action(action, text, "python", at, at)
+        with pytest.raises(actions.ActionError, match="does not parse here"):
+            actions.finish_action(plan, "..")
+        ((s, e, new),) = actions.finish_action(plan, "return w * h")
+        assert "return w * h" in text[:s] + new + text[e:]
+    text = "def f(x):\n    pass\n\ndef g():\n    ...\n"
+    plan = actions.plan_action("fillSelectionHoles", text, "python", 0, len(text))
+    with pytest.raises(actions.ActionError, match="does not parse here"):
+        actions.finish_action(plan, "def f(x):\n    return x\n\ndef g():\n    else:\n")
+    assert actions.finish_action(plan, "def f(x):\n    return x\n\ndef g():\n    return 2\n")
+
+
+def test_a_rewrite_keeps_the_names_of_the_functions_it_holds():
+    # a new user's trial: two functions selected, the second came back as `def div(a, b)`
+    text = "def add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a * b\n\nprint(add(1, 2), mul(3, 4))\n"
+    end = text.index("print")
+    for action in ("rewriteSelection", "regenerateUnsure"):
+        plan = actions.plan_action(action, text, "python", 0, end)
+        renamed = "def add(a, b):\n    return a + b\n\ndef div(a, b):\n    return a / b\n\n"
+        with pytest.raises(actions.ActionError, match="renames or drops mul"):
+            actions.finish_action(plan, renamed)
+        kept = "def add(a, b):\n    return b + a\n\ndef mul(a, b):\n    return b * a\n\n"
+        ((s, e, new),) = actions.finish_action(plan, kept)
+        assert text[:s] + new + text[e:] == kept + "print(add(1, 2), mul(3, 4))\n"
+    # in Rust too; an added helper is fine
+    text = "fn cube(x: i32) -> i32 {\n    x * x * x\n}\n"
+    plan = actions.plan_action("rewriteSelection", text, "rust", 0, len(text))
+    with pytest.raises(actions.ActionError, match="renames or drops cube"):
+        actions.finish_action(plan, "fn walk(x: i32) -> i32 {\n    x * x * x\n}\n")
+    assert actions.finish_action(
+        plan, "fn sq(x: i32) -> i32 {\n    x * x\n}\n\nfn cube(x: i32) -> i32 {\n    sq(x) * x\n}\n"
+    )
+
+
 def test_a_rewrite_that_breaks_code_that_parsed_is_refused():
     text = "def stddev(values):\n    m = sum(values) / len(values)\n    return m\n"
     start = text.index("    m =")

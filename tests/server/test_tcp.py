@@ -88,6 +88,8 @@ def tcp_server(tmp_path):
         env=env,
     )
     line = proc.stderr.readline().decode()
+    assert "--model /no/such/model: no such folder" in line  # said at once; the server starts anyway
+    line = proc.stderr.readline().decode()
     match = re.search(r"listening on (\S+):(\d+); the token is in (.+)$", line.strip())
     assert match, line
     yield proc, match.group(1), int(match.group(2)), token_file

@@ -78,7 +78,8 @@ function M.statusline()
     return 'dfim !'
   end
   if type(s.lastLatencyMs) == 'number' then
-    return string.format('dfim %dms %s steps', math.floor(s.lastLatencyMs + 0.5), tostring(s.lastSteps or '?'))
+    local steps = s.lastSteps == 1 and '1 step' or (tostring(s.lastSteps or '?') .. ' steps')
+    return string.format('dfim %dms %s', math.floor(s.lastLatencyMs + 0.5), steps)
   end
   return 'dfim'
 end
