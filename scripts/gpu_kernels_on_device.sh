@@ -25,6 +25,7 @@
 # explore   moe_tests moe_sweep profile_step_fp8                                 5 min: the down product's tiles
 # confirm_fp8 moe_sweep bench_fp8_triton server_fp8 server                      5 min: then confirm_bf16
 # confirm_bf16 bench_gpu profile_step_fp8                                        5 min
+# verify_fp8 moe_tests server_fp8                                                2 min: the FP8 checks
 # confirm_ar gemv_tests profile_ar server_fp8 bench_gpu                         8 min: after the AR work
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
 # server    server profile_fill                                                    4 min
@@ -146,6 +147,7 @@ case ${1:-check} in
   explore) jobs=(moe_tests moe_sweep profile_step_fp8) ;;
   confirm_fp8) jobs=(moe_sweep bench_fp8_triton server_fp8 server) ;;
   confirm_bf16) jobs=(bench_gpu profile_step_fp8) ;;
+  verify_fp8) jobs=(moe_tests server_fp8) ;;
   confirm_ar) jobs=(gemv_tests profile_ar server_fp8 bench_gpu) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
   server) jobs=(server profile_fill) ;;
