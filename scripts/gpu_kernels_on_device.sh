@@ -26,6 +26,7 @@
 # confirm_fp8 moe_sweep bench_fp8_triton server_fp8 server                      5 min: then confirm_bf16
 # confirm_bf16 bench_gpu profile_step_fp8                                        5 min
 # verify_fp8 moe_tests server_fp8                                                2 min: the FP8 checks
+# dense_fp8 dense_products_fp8                                                   1 min: FP8 dense products?
 # confirm_ar gemv_tests profile_ar server_fp8 bench_gpu                         8 min: after the AR work
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
 # server    server profile_fill                                                    4 min
@@ -102,6 +103,10 @@ job() {
     dense_products)  # a pass's dense products at 256 rows: cuBLAS against Triton's tuned GEMM templates
       run dense_products 300 python3 scripts/bench_dense_gpu.py --out "$OUT/bench_dense_gpu.txt"
       grep -E "rows|->" "$OUT/bench_dense_gpu.txt" ;;
+    dense_products_fp8)  # the same products in FP8 (W8A8: quantize + cuBLASLt's row-scaled FP8 GEMM)
+      run dense_products_fp8 200 python3 scripts/bench_dense_gpu.py --fp8 --rows 64,256 \
+        --out "$OUT/bench_dense_gpu_fp8.txt"
+      grep -E "rows|->" "$OUT/bench_dense_gpu_fp8.txt" ;;
     server) server_run bench_gpu_server ;;
     server_fp8) server_run bench_gpu_server_fp8 --experts fp8 ;;
     profile_fill|profile_fill_fp8)  # a typing fill at the engine against its passes alone; its host reads
@@ -148,6 +153,7 @@ case ${1:-check} in
   confirm_fp8) jobs=(moe_sweep bench_fp8_triton server_fp8 server) ;;
   confirm_bf16) jobs=(bench_gpu profile_step_fp8) ;;
   verify_fp8) jobs=(moe_tests server_fp8) ;;
+  dense_fp8) jobs=(dense_products_fp8) ;;
   confirm_ar) jobs=(gemv_tests profile_ar server_fp8 bench_gpu) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
   server) jobs=(server profile_fill) ;;
