@@ -24,6 +24,22 @@ def expert_tile(active_ptr, offs_ptr, w_ptr, w_e, n_cols, BLOCK_N: tl.constexpr)
 
 
 @triton.jit
+def pair_block(token_ptr, row0, end, BLOCK_M: tl.constexpr):
+    """An expert's pairs [row0, row0 + BLOCK_M) in sorted order (of its [start, end)): their positions,
+    which are real, and their tokens."""
+    rows = row0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < end
+    return rows, row_ok, tl.load(token_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+
+
+@triton.jit
+def gelu_times(gate, up):
+    """gelu(gate) * up, gelu's tanh approximation (ops.gelu); tanh(z) = 2 sigmoid(2z) - 1."""
+    inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+    return 0.5 * gate * (2.0 * tl.sigmoid(2.0 * inner)) * up
+
+
+@triton.jit
 def saturate(v, dtype: tl.constexpr):
     """v rounded to `dtype`; float16 saturates at +-65504 instead of overflowing to inf (a NaN stays NaN)."""
     if dtype == tl.float16:
@@ -85,9 +101,7 @@ def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h_ptr,
         active_ptr, offs_ptr, w_ptr, w_e, n_inter, BLOCK_N
     )
     for row0 in range(start, end, BLOCK_M):
-        rows = row0 + tl.arange(0, BLOCK_M)
-        row_ok = rows < end
-        tokens = tl.load(token_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        rows, row_ok, tokens = pair_block(token_ptr, row0, end, BLOCK_M)
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, n_hidden, BLOCK_K):
@@ -119,9 +133,7 @@ def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h_ptr,
             token_scale = tl.load(x_scale_ptr + tokens, mask=row_ok, other=0.0)[:, None]
             gate = gate * token_scale
             up = up * token_scale
-        # gelu, tanh approximation (ops.gelu); tanh(z) = 2 sigmoid(2z) - 1
-        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-        act = 0.5 * gate * (2.0 * tl.sigmoid(2.0 * inner)) * up
+        act = gelu_times(gate, up)
         dest = h_ptr + rows[:, None].to(tl.int64) * h_stride + cols[None, :]
         if FP8_ACT:
             q, group_scale = to_e4m3(act, col_ok, ROUND)
@@ -281,9 +293,7 @@ def gate_up_act_w8a8(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h
     gate_scale = tl.load(scale_ptr + expert * 2 * n_inter + cols, mask=col_ok, other=0.0)
     up_scale = tl.load(scale_ptr + expert * 2 * n_inter + n_inter + cols, mask=col_ok, other=0.0)
     for row0 in range(start, end, BLOCK_M):
-        rows = row0 + tl.arange(0, BLOCK_M)
-        row_ok = rows < end
-        tokens = tl.load(token_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        rows, row_ok, tokens = pair_block(token_ptr, row0, end, BLOCK_M)
         gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k0 in range(0, n_hidden, BLOCK_K):
@@ -302,8 +312,7 @@ def gate_up_act_w8a8(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h
         token_scale = tl.load(x_scale_ptr + tokens, mask=row_ok, other=0.0)[None, :]
         gate = gate * gate_scale[:, None] * token_scale
         up = up * up_scale[:, None] * token_scale
-        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)  # gelu as in `gate_up_act`
-        act = tl.trans(0.5 * gate * (2.0 * tl.sigmoid(2.0 * inner)) * up)  # [pairs, columns]
+        act = tl.trans(gelu_times(gate, up))  # [pairs, columns]
         q, group_scale = to_e4m3(act, col_ok, ROUND)
         tl.store(h_ptr + rows[:, None].to(tl.int64) * h_stride + cols[None, :], q,
                  mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
