@@ -92,6 +92,11 @@ def judge(confidence: FillConfidence | None, enabled: bool, measure: str, thresh
     )
 
 
+def hidden_reason(verdict: Verdict, threshold: float) -> str:
+    """One line for a status bar: why the gate hid a suggestion (a hidden one always has a score)."""
+    return f"unsure: {verdict.measure} {verdict.score:.3f} < {threshold:g}"
+
+
 class LastFill:
     """Wraps an inline request's fill function and keeps the last result: the fill whose candidates
     `fill_until_shown` ranked (it stops at the first fill that leaves something to show)."""
@@ -182,6 +187,9 @@ def screen(
     enabled = options.enabled and not ls.status.status.is_random and not invoked
     verdict = judge(confidence, enabled, options.measure, options.threshold)
     ls.gate_log.note(uri, verdict)
+    hidden = None if verdict.show else hidden_reason(verdict, options.threshold)
+    if ls.status.status.last_hidden != hidden:  # the status bar says when the server chose silence
+        ls.status.update(last_hidden=hidden)
     if verdict.show:
         return candidates, verdict
     doc = ls.docs.get(uri)

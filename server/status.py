@@ -2,7 +2,9 @@
 
 Params (camelCase JSON): `state` ("loading" | "ready" | "busy" | "error"), `message` (one line for a
 person), `model`, `device`, `isRandom` (an untrained test checkpoint), `lastLatencyMs`, `lastSteps`,
-`lastStopReason`. Sent on every state change and after every fill.
+`lastStopReason`, and `lastHidden`: why the confidence gate hid the last inline suggestion (`unsure:
+min_probability 0.39 < 0.47`), null once one is shown, so a status bar can say the server answered and chose
+silence. Sent on every state change, after every fill and when `lastHidden` changes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Status:
     last_latency_ms: float | None = None
     last_steps: int | None = None
     last_stop_reason: str | None = None
+    last_hidden: str | None = None  # why the gate hid the last inline suggestion; None once one is shown
 
     def to_json(self) -> dict:
         out = {}

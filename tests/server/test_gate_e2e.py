@@ -47,6 +47,8 @@ async def test_a_strict_gate_hides_what_the_gate_off_shows(tmp_path):
         assert stats.gate.hidden == 1 and stats.gate.last.shown is False
         score = stats.gate.last.gateScore
         assert 0.0 < score < 1.0 and stats.gate.last.confidence.tokens >= 1
+        # the status says the server answered and chose silence, and why (a status bar shows it)
+        assert stats.status.lastHidden == f"unsure: min_probability {score:.3f} < 1"  # the default measure
 
         s.configure({"inline": {"gate": {"enabled": False}}})
         await asyncio.sleep(0.2)
@@ -56,6 +58,7 @@ async def test_a_strict_gate_hides_what_the_gate_off_shows(tmp_path):
         # answered from the result cache, judged again with the fill's own confidence
         assert after.cache_hits == stats.cache_hits + 1 and after.fills == stats.fills
         assert after.gate.hidden == 1 and after.gate.last.shown is True
+        assert after.status.lastHidden is None
         assert after.gate.last.gateScore == score
 
         s.configure({"inline": {"gate": {"enabled": True, "threshold": 0.0}}})  # on, but lenient

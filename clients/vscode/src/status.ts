@@ -13,6 +13,7 @@ export interface ServerStatus {
   lastLatencyMs?: number | null;
   lastSteps?: number | null;
   lastStopReason?: string | null;
+  lastHidden?: string | null; // why the confidence gate hid the last inline suggestion; null once one shows
 }
 
 /** What the client itself knows: the server process may be missing or stopped before any status arrives. */
@@ -28,6 +29,10 @@ export function formatLatency(ms: number | null | undefined): string {
   if (ms === null || ms === undefined || !Number.isFinite(ms)) return "";
   if (ms < 1000) return `${Math.round(ms)} ms`;
   return `${(ms / 1000).toFixed(1)} s`;
+}
+
+function stepsText(n: number): string {
+  return `${n} step${n === 1 ? "" : "s"}`;
 }
 
 export function formatStatus(
@@ -52,7 +57,10 @@ export function formatStatus(
   if (latency) {
     const steps = s.lastSteps ?? undefined;
     const why = s.lastStopReason ? `, stopped: ${s.lastStopReason}` : "";
-    lines.push(`last fill: ${latency}${steps !== undefined ? `, ${steps} steps` : ""}${why}`);
+    lines.push(`last fill: ${latency}${steps !== undefined ? `, ${stepsText(steps)}` : ""}${why}`);
+  }
+  if (s.lastHidden) {
+    lines.push(`last suggestion hidden by the confidence gate (${s.lastHidden}); Alt+\\ asks for it anyway`);
   }
   if (s.message) lines.push(s.message);
   lines.push(enabled ? "inline completions: on (click to turn off)" : "inline completions: off (click to turn on)");
@@ -73,10 +81,10 @@ export function formatStatus(
       break;
     case "ready":
     default: {
-      const last = [latency, s.lastSteps !== null && s.lastSteps !== undefined ? `${s.lastSteps} steps` : ""]
+      const last = [latency, s.lastSteps !== null && s.lastSteps !== undefined ? stepsText(s.lastSteps) : ""]
         .filter(Boolean)
         .join(" · ");
-      text = `$(sparkle) dfim${last ? ` ${last}` : ""}`;
+      text = `$(sparkle) dfim${last ? ` ${last}` : ""}${s.lastHidden ? " · hidden" : ""}`;
       if (s.isRandom) severity = "warning";
     }
   }

@@ -61,7 +61,8 @@ function M.client_for(bufnr)
   return client
 end
 
---- One line for a statusline: `dfim 84ms 6 steps`, `dfim …` while busy, `dfim !` on error.
+--- One line for a statusline: `dfim 84ms 6 steps`, `dfim …` while busy, `dfim !` on error; `hidden` after it
+--- when the confidence gate hid the last suggestion (the server answered and chose silence; <M-]> asks anyway).
 function M.statusline()
   local s = M.status
   if not M.client_id then
@@ -79,7 +80,8 @@ function M.statusline()
   end
   if type(s.lastLatencyMs) == 'number' then
     local steps = s.lastSteps == 1 and '1 step' or (tostring(s.lastSteps or '?') .. ' steps')
-    return string.format('dfim %dms %s', math.floor(s.lastLatencyMs + 0.5), steps)
+    local hidden = type(s.lastHidden) == 'string' and ' hidden' or ''
+    return string.format('dfim %dms %s%s', math.floor(s.lastLatencyMs + 0.5), steps, hidden)
   end
   return 'dfim'
 end
@@ -494,6 +496,9 @@ function M.format_stats(stats)
   if type(s.lastLatencyMs) == 'number' then
     table.insert(lines, string.format('%-24s %.0f ms, %s steps, %s', 'last fill', s.lastLatencyMs,
       tostring(s.lastSteps), tostring(s.lastStopReason)))
+  end
+  if type(s.lastHidden) == 'string' then
+    table.insert(lines, string.format('%-24s %s (<M-]> asks anyway)', 'last suggestion hidden', s.lastHidden))
   end
   table.insert(lines, 'acceptance rate and latency percentiles: `dfim stats` in a shell')
   return lines

@@ -18,6 +18,14 @@ test("ready shows the last latency and steps", () => {
   assert.match(v.tooltip, /last fill: 84 ms, 6 steps, stopped: stable/);
 });
 
+test("a suggestion the gate hid says so, and why, until one is shown", () => {
+  const hidden = { state: "ready", lastLatencyMs: 84.2, lastSteps: 1, lastHidden: "unsure: min_probability 0.390 < 0.47" };
+  const v = formatStatus(hidden, true);
+  assert.equal(v.text, "$(sparkle) dfim 84 ms · 1 step · hidden");
+  assert.match(v.tooltip, /hidden by the confidence gate \(unsure: min_probability 0.390 < 0.47\); Alt\+\\ asks/);
+  assert.equal(formatStatus({ ...hidden, lastHidden: null }, true).text, "$(sparkle) dfim 84 ms · 1 step");
+});
+
 test("ready before any fill is just the name", () => {
   assert.equal(formatStatus({ state: "ready" }, true).text, "$(sparkle) dfim");
 });
