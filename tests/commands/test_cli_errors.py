@@ -502,7 +502,9 @@ def test_serve_refuses_bad_tcp_and_log_file(files: dict[str, Path]) -> None:
         cli("serve", "--log-file", tmp / "absent" / "log.txt", cwd=tmp), "dfim serve", "--log-file", "No such"
     )
     assert_refused(cli("serve", "--log-file", tmp, cwd=tmp), "dfim serve", "--log-file", "directory")
-    assert_refused(cli("serve", "--token-file", tmp / "t.tok", cwd=tmp), "dfim serve", "--token-file", "--tcp")
+    assert_refused(
+        cli("serve", "--token-file", tmp / "t.tok", cwd=tmp), "dfim serve", "--token-file", "--tcp"
+    )
     # a model that is not there is named at once on stderr, with the shipped names; the server still starts
     # (it reports the model to the editor, whose settings may name another) and exits 0 when its input closes
     for model, needles in (("bogus", ("--model bogus", "dfim-base")), (tmp / "nope", ("no such folder",))):
