@@ -11,6 +11,7 @@ version-stamped `WorkspaceEdit`.
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -20,9 +21,12 @@ from dfim.engine.layout import (
     BRACE_LANGUAGES,
     CLOSER_OF,
     CLOSERS,
+    MATCH,
+    OPENERS,
     code_of_line,
     opener_indent,
     opens_braceless,
+    scan_brackets,
     statement_indent,
     unclosed_on_line,
 )
@@ -35,9 +39,9 @@ from dfim.server.holes import (
     hole_at,
     last_code_before_line,
 )
-from dfim.server.languages import Source
+from dfim.server.languages import Source, error_count
 from dfim.server.lines import indent_width, line_end, line_start, newline_of, next_line_start, open_brackets
-from dfim.server.post_context import error_counter, post_context
+from dfim.server.post_context import parse_window, post_context
 from dfim.server.postprocess import clean, hole_chain
 from dfim.server.rules import code_of, fit_whitespace, limit_scope, normalize_newlines, writes_code
 from dfim.server.windows import guess_tokens
@@ -154,9 +158,9 @@ class ActionPlan:
 NO_CODE = "the model wrote only comments or a docstring here, no code; nothing was changed"
 BREAKS_CODE = "the model's rewrite does not parse where the selection did; nothing was changed"
 BREAKS_CODE_FILL = "the model's code does not parse here, where the code around it did; nothing was changed"
-# The document around an action's span that its result is parsed with (`post_context.parse_window` cuts
-# these further, from a top-level line)
-AROUND_BEFORE, AROUND_AFTER = 16_000, 8_000
+# The document kept around an action's span, to parse its result in the top-level statement it edits
+# (`_window`): a class longer than this before the span is not judged
+AROUND_BEFORE, AROUND_AFTER = 64_000, 16_000
 SLACK_TOKENS = 8  # room a rewrite gets beyond the selection's own length (it may grow a little)
 
 
@@ -538,6 +542,8 @@ def finish_action(
         if not writes_code(text, ctx.lang) and writes_code(plan.original_text, ctx.lang):
             raise ActionError(NO_CODE)
         new = _keep_outer_ws(text, plan.original_text)
+        if new == plan.original_text:  # the next candidate may differ; else a note, not a silent edit
+            raise NothingToChange("the model's rewrite is the selection as it was; nothing was changed")
         if _breaks_code(plan, new):  # the next candidate, else this error, is the answer
             raise ActionError(BREAKS_CODE)
         lost = [] if plan.instruction else _lost_functions(plan, new)
@@ -569,13 +575,68 @@ def finish_action(
 
 
 def _breaks_code(plan: ActionPlan, new: str) -> bool:
-    """Whether the document parses around the plan's span with the text it had there and not with `new`
-    (a stray `}` in Python, `..` for a `pass`): an action must not break code that worked. Code broken
-    already says nothing either way."""
-    if plan.ctx.lang is None:
+    """Whether `new` in place of the plan's span makes the code around it worse than the old text did: more
+    syntax errors touching it in tree-sitter's parse (a stray `}`, `..` for a `pass`; counted near the edit,
+    so a half-typed line elsewhere neither turns the check off nor counts against the edit), Python that no longer compiles where it did (an unindented
+    block, an unexpected indent: tree-sitter tolerates both), or, for a rewrite, brackets left open or
+    closed that the selection balanced (the parse closes blocks still open at its window's end, so a
+    rewrite that drops a function's last `}` parses)."""
+    lang = plan.ctx.lang
+    if lang is None:
         return False
-    errors = error_counter(*plan.around, plan.ctx.lang)
-    return errors(plan.original_text) == 0 and errors(new) > 0
+    rewrite = plan.action in ("rewriteSelection", "regenerateUnsure")
+    if rewrite and _bracket_balance(new) != _bracket_balance(plan.original_text):
+        return True
+    window = _window(plan)
+    if window is None:  # a statement longer than the document kept around the span: not judged
+        return False
+    before, after = window
+
+    def errors(middle: str) -> int:  # those that touch the edit: not a half-typed line elsewhere
+        return error_count(before + middle + after, lang, (len(before), len(before) + len(middle)))
+
+    def compiles(middle: str) -> bool:
+        try:
+            ast.parse(before + middle + after)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return False
+        return True
+
+    if errors(new) > errors(plan.original_text):
+        return True
+    return lang == "python" and compiles(plan.original_text) and not compiles(new)
+
+
+# A line that starts a top-level statement: at column 0, and not a closer (a brace language's function ends
+# with its `}` there)
+_TOP_LEVEL = re.compile(r"^[^\s)\]}]", re.M)
+
+
+def _window(plan: ActionPlan) -> tuple[str, str] | None:
+    """The code around the plan's span that its result is parsed in: the top-level statement the span is in
+    (a window cut inside a class would be all errors, one cut inside a block would not compile), from its
+    first line at column 0 to the next; a little past the span (`parse_window`'s) without a next one. None
+    where the statement starts before the document kept around the span (`AROUND_BEFORE`)."""
+    before, after = plan.around
+    starts = [m.start() for m in _TOP_LEVEL.finditer(before)]
+    if not starts and len(before) == AROUND_BEFORE:
+        return None
+    line_break = after.find("\n")
+    end = _TOP_LEVEL.search(after, line_break + 1) if line_break >= 0 else None
+    return before[starts[-1] :] if starts else before, after[: end.start()] if end else parse_window(
+        "", after
+    )[1]
+
+
+def _bracket_balance(text: str) -> dict[str, int]:
+    """Each bracket pair's openers minus its closers in `text`, outside strings and comments."""
+    balance = dict.fromkeys(OPENERS, 0)
+    for _, c in scan_brackets(text, skip_comments=True):
+        if c in OPENERS:
+            balance[c] += 1
+        else:
+            balance[MATCH[c]] -= 1
+    return balance
 
 
 def _lost_functions(plan: ActionPlan, new: str) -> list[str]:

@@ -120,17 +120,25 @@ class Source:
         return self.char(node.start_byte), self.char(node.end_byte)
 
 
-def error_count(text: str, lang: str | None) -> int:
-    """ERROR and MISSING nodes in `text`'s syntax tree (0 for languages without a grammar)."""
+def error_count(text: str, lang: str | None, span: tuple[int, int] | None = None) -> int:
+    """ERROR and MISSING nodes in `text`'s syntax tree (0 for languages without a grammar); with `span`
+    (character offsets [start, end]) only those that touch it: an edit's own errors, not those of a line
+    typed halfway elsewhere or of a window cut inside a block."""
     if lang not in GRAMMARS:
         return 0
-    tree = get_parser(lang).parse(text.encode("utf-8", "surrogatepass"))
+    data = text.encode("utf-8", "surrogatepass")
+    tree = get_parser(lang).parse(data)
     if not tree.root_node.has_error:
         return 0
+    lo, hi = (
+        (0, len(data)) if span is None else (len(text[: span[0]].encode()), len(text[: span[1]].encode()))
+    )
     count = 0
     stack = [tree.root_node]
     while stack:
         node = stack.pop()
+        if node.end_byte < lo or node.start_byte > hi:
+            continue
         if node.is_error or node.is_missing:
             count += 1
         if node.has_error:

@@ -108,6 +108,27 @@ def drop_copy_of_line_above(text: str, ctx: PostContext) -> str | None:
     return None if _one_line_copy(text, ctx.repeat_above) else text
 
 
+def drop_repeat_of_line_above(text: str, ctx: PostContext) -> str | None:
+    """A several-line fill on a blank line whose first lines write the line of code above it again
+    (`rows.append(row)` once more after `rows.append(row)`): those lines go; with nothing else left, the
+    fill shows nothing."""
+    above = ctx.repeat_above
+    if len(above) <= 3:
+        return text
+    lines = text.split("\n")
+    first = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
+    end = first
+    while end < len(lines) and lines[end].strip() == above:
+        end += 1
+    if end == first:
+        return text
+    kept = lines[:first] + lines[end:]
+    if first == 0 and kept:  # the fill began on the cursor's line, after its indentation: so does the rest
+        kept[0] = kept[0].lstrip(" \t")
+    rest = "\n".join(kept)
+    return rest if rest.strip() else None
+
+
 def drop_copy_of_line_below(text: str, ctx: PostContext) -> str | None:
     """A one-line fill that writes the next line of code."""
     return None if _one_line_copy(text, ctx.following.strip()) else text
@@ -146,6 +167,7 @@ def inline_chain(ctx: PostContext, max_lines: int = 40) -> Chain:
     if not line:
         rules += [
             Rule("cut_loop", cut_loop_unless_it_breaks),
+            Rule("drop_repeat_of_line_above", drop_repeat_of_line_above),
             Rule("cut_to_parsing_lines", lambda t, c: cut_to_parsing_lines(t, c, max_lines)),
         ]
     rules.append(Rule("remove_suffix_overlap", lambda t, c: remove_suffix_overlap(t, c.suffix)))

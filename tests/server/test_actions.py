@@ -456,6 +456,27 @@ def test_complete_function_in_python_inside_an_open_call_and_after_a_dict_litera
     assert complete_function(doc, cursor, "python", "return d") == "def f():\n    d = {}\n    return d\n"
 
 
+def test_what_tree_sitter_tolerates_is_still_refused():
+    # a new user's second trial: Python's own parser, a rewrite's brackets, and a half-typed line elsewhere
+    text = "def load(path):\n    lines = read(path)\n    if lines:\n        return lines\n    return []\n"
+    start = text.index("    if")
+    plan = actions.plan_action("rewriteSelection", text, "python", start, text.index("    return []"))
+    with pytest.raises(actions.ActionError, match="does not parse"):  # an unindented block
+        actions.finish_action(plan, "    if lines:\n    return lines\n")
+    text = "def f(x):\n    pass\n"
+    plan = actions.plan_action("fillSelectionHoles", text, "python", 0, len(text))
+    with pytest.raises(actions.ActionError, match="does not parse"):  # an unexpected indent
+        actions.finish_action(plan, "def f(x):\n    y = x\n     return y\n")
+    go = "package main\n\nfunc main() {\n\tfmt.Println(1)\n}\n\nfunc g() {}\n"
+    plan = actions.plan_action("rewriteSelection", go, "go", go.index("func main"), go.index("\nfunc g"))
+    with pytest.raises(actions.ActionError, match="does not parse"):  # the function's `}` dropped
+        actions.finish_action(plan, "func main() {\n\tfmt.Println(2)\n")
+    c = "int f(int x) {\n    return x;\n}\n\nint main() {\n    f(1\n}\n"  # `f(1` half-typed below
+    plan = actions.plan_action("rewriteSelection", c, "c", 0, c.index("\n\nint main"))
+    with pytest.raises(actions.ActionError, match="does not parse"):
+        actions.finish_action(plan, "int f(int x) {\n    int n = = 0;\n    return x;\n}")
+
+
 def test_fills_that_break_code_that_parsed_are_refused():
     # a new user's trial: `..` for a `pass`, and an `else:` with no `if` at a function body's level
     text = "def area(w, h):\n    pass\n\nprint(area(2, 3))\n"
@@ -471,6 +492,13 @@ def test_fills_that_break_code_that_parsed_are_refused():
     with pytest.raises(actions.ActionError, match="does not parse here"):
         actions.finish_action(plan, "def f(x):\n    return x\n\ndef g():\n    else:\n")
     assert actions.finish_action(plan, "def f(x):\n    return x\n\ndef g():\n    return 2\n")
+
+
+def test_a_rewrite_that_changes_nothing_says_so():
+    text = "def mul(a, b):\n    return a * b\n"
+    plan = actions.plan_action("rewriteSelection", text, "python", 0, len(text))
+    with pytest.raises(actions.NothingToChange, match="as it was"):
+        actions.finish_action(plan, text)
 
 
 def test_a_rewrite_keeps_the_names_of_the_functions_it_holds():
@@ -503,6 +531,10 @@ def test_a_rewrite_that_breaks_code_that_parsed_is_refused():
         actions.finish_action(plan, "    m = mean(values)\n}\n    return m\n")  # a stray brace
     ((s, e, new),) = actions.finish_action(plan, "    return sum(values) / len(values)\n")
     assert text[:s] + new + text[e:] == "def stddev(values):\n    return sum(values) / len(values)\n"
-    broken = "def f(:\n    x = 1\n"  # broken already: a rewrite is not judged by it
+    # broken already (a half-typed line elsewhere, the normal state while editing): a rewrite is judged by
+    # whether it adds errors, so the check still holds
+    broken = "def f(:\n    x = 1\n"
     plan = actions.plan_action("rewriteSelection", broken, "python", broken.index("    x"), len(broken))
-    assert actions.finish_action(plan, "    x = (\n")
+    assert actions.finish_action(plan, "    x = 2\n")
+    with pytest.raises(actions.ActionError, match="does not parse"):
+        actions.finish_action(plan, "    x = (\n")

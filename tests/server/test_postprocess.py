@@ -324,3 +324,13 @@ def test_an_inner_blocks_closer_is_not_taken_for_the_suffixs():
     assert postprocess.clean(raw, ctx) == raw
     # the suffix's own closer at its indentation is still dropped
     assert postprocess.clean("\n        g(x);\n    }", ctx) == "\n        g(x);"
+
+
+def test_a_several_line_fill_does_not_write_the_line_above_again():
+    # a new user's trial: *Complete the function body* after `rows.append(row)` wrote it once more
+    src = "def load(rows, items):\n    for row in items:\n        rows.append(row)\n        |\n    return rows\n"
+    ctx = ctx_for(src)
+    assert ctx.mode != "line"
+    assert postprocess.clean("rows.append(row)\n        n += 1", ctx) == "n += 1"
+    assert postprocess.clean("rows.append(row)\n        rows.append(row)", ctx) is None
+    assert postprocess.clean("print(row)", ctx) == "print(row)"  # anything else stays
