@@ -21,12 +21,9 @@ from dfim.engine.layout import (
     BRACE_LANGUAGES,
     CLOSER_OF,
     CLOSERS,
-    MATCH,
-    OPENERS,
     code_of_line,
     opener_indent,
     opens_braceless,
-    scan_brackets,
     statement_indent,
     unclosed_on_line,
 )
@@ -39,7 +36,7 @@ from dfim.server.holes import (
     hole_at,
     last_code_before_line,
 )
-from dfim.server.languages import Source, error_count
+from dfim.server.languages import Source, bracket_balance, error_count
 from dfim.server.lines import indent_width, line_end, line_start, newline_of, next_line_start, open_brackets
 from dfim.server.post_context import parse_window, post_context
 from dfim.server.postprocess import clean, hole_chain
@@ -584,9 +581,6 @@ def _breaks_code(plan: ActionPlan, new: str) -> bool:
     lang = plan.ctx.lang
     if lang is None:
         return False
-    rewrite = plan.action in ("rewriteSelection", "regenerateUnsure")
-    if rewrite and _bracket_balance(new) != _bracket_balance(plan.original_text):
-        return True
     window = _window(plan)
     if window is None:  # a statement longer than the document kept around the span: not judged
         return False
@@ -594,6 +588,13 @@ def _breaks_code(plan: ActionPlan, new: str) -> bool:
 
     def errors(middle: str) -> int:  # those that touch the edit: not a half-typed line elsewhere
         return error_count(before + middle + after, lang, (len(before), len(before) + len(middle)))
+
+    def brackets(middle: str) -> dict[str, int]:
+        return bracket_balance(before + middle + after, lang, (len(before), len(before) + len(middle)))
+
+    rewrite = plan.action in ("rewriteSelection", "regenerateUnsure")
+    if rewrite and brackets(new) != brackets(plan.original_text):
+        return True
 
     def compiles(middle: str) -> bool:
         try:
@@ -626,17 +627,6 @@ def _window(plan: ActionPlan) -> tuple[str, str] | None:
     return before[starts[-1] :] if starts else before, after[: end.start()] if end else parse_window(
         "", after
     )[1]
-
-
-def _bracket_balance(text: str) -> dict[str, int]:
-    """Each bracket pair's openers minus its closers in `text`, outside strings and comments."""
-    balance = dict.fromkeys(OPENERS, 0)
-    for _, c in scan_brackets(text, skip_comments=True):
-        if c in OPENERS:
-            balance[c] += 1
-        else:
-            balance[MATCH[c]] -= 1
-    return balance
 
 
 def _lost_functions(plan: ActionPlan, new: str) -> list[str]:

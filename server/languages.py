@@ -120,6 +120,37 @@ class Source:
         return self.char(node.start_byte), self.char(node.end_byte)
 
 
+def _byte_span(text: str, span: tuple[int, int]) -> tuple[int, int]:
+    """Character offsets [start, end] of `text` as byte offsets of its UTF-8 (lone surrogates kept, as
+    the parser reads it)."""
+    start, end = span
+    return len(text[:start].encode("utf-8", "surrogatepass")), len(
+        text[:end].encode("utf-8", "surrogatepass")
+    )
+
+
+def bracket_balance(text: str, lang: str, span: tuple[int, int]) -> dict[str, int]:
+    """Each bracket pair's openers minus its closers among the syntax tree's bracket tokens inside `span`
+    (character offsets [start, end)): none in strings or comments, whatever the language writes them as,
+    and none the parser only assumed (MISSING)."""
+    data = text.encode("utf-8", "surrogatepass")
+    lo, hi = _byte_span(text, span)
+    balance = {"(": 0, "[": 0, "{": 0}
+    closer_of = {")": "(", "]": "[", "}": "{"}
+    stack = [get_parser(lang).parse(data).root_node]
+    while stack:
+        node = stack.pop()
+        if node.end_byte <= lo or node.start_byte >= hi:
+            continue
+        if node.child_count == 0 and not node.is_missing and lo <= node.start_byte:
+            if node.type in balance:
+                balance[node.type] += 1
+            elif node.type in closer_of:
+                balance[closer_of[node.type]] -= 1
+        stack.extend(node.children)
+    return balance
+
+
 def error_count(text: str, lang: str | None, span: tuple[int, int] | None = None) -> int:
     """ERROR and MISSING nodes in `text`'s syntax tree (0 for languages without a grammar); with `span`
     (character offsets [start, end]) only those that touch it: an edit's own errors, not those of a line
@@ -130,9 +161,7 @@ def error_count(text: str, lang: str | None, span: tuple[int, int] | None = None
     tree = get_parser(lang).parse(data)
     if not tree.root_node.has_error:
         return 0
-    lo, hi = (
-        (0, len(data)) if span is None else (len(text[: span[0]].encode()), len(text[: span[1]].encode()))
-    )
+    lo, hi = (0, len(data)) if span is None else _byte_span(text, span)
     count = 0
     stack = [tree.root_node]
     while stack:

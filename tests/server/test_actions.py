@@ -477,6 +477,33 @@ def test_what_tree_sitter_tolerates_is_still_refused():
         actions.finish_action(plan, "int f(int x) {\n    int n = = 0;\n    return x;\n}")
 
 
+def test_the_bracket_check_reads_brackets_as_the_language_does():
+    # a review: `//`, a docstring, a block comment and a Rust attribute hid or made brackets to a text scan
+    cases = [  # (language, document, the selection, its rewrite)
+        ("python", "def f(a, b, c):\n    y = a // (b +\n         c)\n    return y\n",
+         "    y = a // (b +\n         c)\n", "    y = a // (b + c)\n"),
+        ("python", 'def f():\n    """Do it (see\n    below)."""\n    return 1\n',
+         '    """Do it (see\n    below)."""\n', '    """Do it."""\n'),
+        ("c", "int f(void) {\n    /* (old\n    */ return 1;\n}\n", "    /* (old\n    */ return 1;\n", "    return 1;\n"),
+        ("rust", "#[cfg(any(\n    unix,\n    windows))]\nfn f() {}\n", "#[cfg(any(\n    unix,\n    windows))]\n",
+         "#[cfg(any(unix, windows))]\n"),
+    ]  # fmt: skip
+    for lang, text, selected, rewrite in cases:
+        start = text.index(selected)
+        plan = actions.plan_action("rewriteSelection", text, lang, start, start + len(selected))
+        assert actions.finish_action(plan, rewrite), (lang, rewrite)
+
+
+def test_a_lone_surrogate_in_a_broken_document_does_not_crash_an_action():
+    text = "def f():\n    s = '\ud83d'\n    t = (\n    return s + 1\n"
+    start = text.index("return s + 1")
+    plan = actions.plan_action("rewriteSelection", text, "python", start, start + 12)
+    try:
+        actions.finish_action(plan, "return s + 2")
+    except actions.ActionError:
+        pass  # refusing is fine; an exception of another kind is not
+
+
 def test_fills_that_break_code_that_parsed_are_refused():
     # a new user's trial: `..` for a `pass`, and an `else:` with no `if` at a function body's level
     text = "def area(w, h):\n    pass\n\nprint(area(2, 3))\n"
