@@ -572,29 +572,24 @@ def finish_action(
 
 
 def _breaks_code(plan: ActionPlan, new: str) -> bool:
-    """Whether `new` in place of the plan's span makes the code around it worse than the old text did: more
-    syntax errors touching it in tree-sitter's parse (a stray `}`, `..` for a `pass`; counted near the edit,
-    so a half-typed line elsewhere neither turns the check off nor counts against the edit), Python that no longer compiles where it did (an unindented
-    block, an unexpected indent: tree-sitter tolerates both), or, for a rewrite, brackets left open or
-    closed that the selection balanced (the parse closes blocks still open at its window's end, so a
-    rewrite that drops a function's last `}` parses)."""
+    """Whether `new` in place of the plan's span makes the code around it worse than the old text did, in the
+    top-level statement it edits (`_window`): more syntax errors touching the edit in tree-sitter's parse (a
+    stray `}`, `..` for a `pass`; a half-typed line elsewhere neither turns the check off nor counts against
+    the edit), for a rewrite brackets that no longer balance as the selection's did (the parse would close a
+    dropped `}` at its window's end), or Python that no longer compiles where it did (an unindented block,
+    an unexpected indent: tree-sitter tolerates both)."""
     lang = plan.ctx.lang
-    if lang is None:
-        return False
-    window = _window(plan)
-    if window is None:  # a statement longer than the document kept around the span: not judged
+    window = _window(plan) if lang is not None else None
+    if window is None:  # no grammar, or a statement longer than the document kept around the span
         return False
     before, after = window
+    old = plan.original_text
 
-    def errors(middle: str) -> int:  # those that touch the edit: not a half-typed line elsewhere
+    def errors(middle: str) -> int:
         return error_count(before + middle + after, lang, (len(before), len(before) + len(middle)))
 
     def brackets(middle: str) -> dict[str, int]:
         return bracket_balance(before + middle + after, lang, (len(before), len(before) + len(middle)))
-
-    rewrite = plan.action in ("rewriteSelection", "regenerateUnsure")
-    if rewrite and brackets(new) != brackets(plan.original_text):
-        return True
 
     def compiles(middle: str) -> bool:
         try:
@@ -603,9 +598,10 @@ def _breaks_code(plan: ActionPlan, new: str) -> bool:
             return False
         return True
 
-    if errors(new) > errors(plan.original_text):
+    rewrite = plan.action in ("rewriteSelection", "regenerateUnsure")
+    if errors(new) > errors(old) or (rewrite and brackets(new) != brackets(old)):
         return True
-    return lang == "python" and compiles(plan.original_text) and not compiles(new)
+    return lang == "python" and compiles(old) and not compiles(new)
 
 
 # A line that starts a top-level statement: at column 0, and not a closer (a brace language's function ends
@@ -624,9 +620,8 @@ def _window(plan: ActionPlan) -> tuple[str, str] | None:
         return None
     line_break = after.find("\n")
     end = _TOP_LEVEL.search(after, line_break + 1) if line_break >= 0 else None
-    return before[starts[-1] :] if starts else before, after[: end.start()] if end else parse_window(
-        "", after
-    )[1]
+    before = before[starts[-1] :] if starts else before
+    return before, after[: end.start()] if end else parse_window("", after)[1]
 
 
 def _lost_functions(plan: ActionPlan, new: str) -> list[str]:
@@ -634,7 +629,7 @@ def _lost_functions(plan: ActionPlan, new: str) -> list[str]:
     keeps what the rest of the code calls, unless an instruction asked otherwise."""
     if plan.ctx.lang is None:
         return []
-    before, after = plan.around
+    before, after = _window(plan) or plan.around  # the statement it edits is enough to find them
 
     def names(middle: str) -> list[str]:
         return function_names(

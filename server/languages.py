@@ -123,10 +123,8 @@ class Source:
 def _byte_span(text: str, span: tuple[int, int]) -> tuple[int, int]:
     """Character offsets [start, end] of `text` as byte offsets of its UTF-8 (lone surrogates kept, as
     the parser reads it)."""
-    start, end = span
-    return len(text[:start].encode("utf-8", "surrogatepass")), len(
-        text[:end].encode("utf-8", "surrogatepass")
-    )
+    start, end = (len(text[:i].encode("utf-8", "surrogatepass")) for i in span)
+    return start, end
 
 
 def bracket_balance(text: str, lang: str, span: tuple[int, int]) -> dict[str, int]:

@@ -190,7 +190,6 @@ def moe_triton(
     if fp8_act and not scaled:
         raise ValueError("FP8 activations (products in float8_e4m3fn) need FP8 weights with their scales")
     triton, kernels = triton_kernels.require(KERNELS)
-    gate_up_act, down_weighted = kernels.gate_up_act, kernels.down_weighted
     n, k = index.shape
     e, two_i, hidden = gate_up.shape
     inter = two_i // 2
@@ -239,12 +238,13 @@ def moe_triton(
         )  # fmt: skip
     else:
         flags = dict(EXACT=x.dtype == torch.float32, SCALED=scaled, FP8_ACT=fp8_act)
-        gate_up_act[grid_up](
+        # ROUND: only the interpreter runs on the CPU
+        kernels.gate_up_act[grid_up](
             x, gate_up, gate_up_scale.float().contiguous() if scaled else x, tokens, active, offs, h, hidden,
             inter, x.stride(0), *gate_up.stride(), h.stride(0), x if x_scale is None else x_scale, h_scale,
-            **launch, **flags, BLOCK_K=tiles.block_k, ROUND=x.device.type == "cpu",  # only the interpreter runs on the CPU
+            **launch, **flags, BLOCK_K=tiles.block_k, ROUND=x.device.type == "cpu",
         )  # fmt: skip
-        down_weighted[grid_down](
+        kernels.down_weighted[grid_down](
             h, down, down_scale.float().contiguous() if scaled else h, order, weights.reshape(-1).float(), active,
             offs, out, inter, hidden, h.stride(0), *down.stride(), out.stride(0), h_scale, **down_launch, **flags,
             BLOCK_K=tiles.block_n if fp8_act else dt.block_k,  # W8A8: a step reads one group's scales
