@@ -12,6 +12,9 @@ Random bf16 weights, batch 1, a 256-token canvas over a 4,096-token context, as 
   5. each one's last denoising pass's logits against (1)'s (relative error, argmax agreement).
 
 GPU:  source scripts/device_env.sh; python3 scripts/bench_fp8.py --out $OUT/bench_fp8.txt  (about 2 minutes)
+
+`--w8a8-tiles 'promote=0,row_scale=1,down.column_tiles=4'` times the W8A8 experts on tiles other than
+`triton_moe.tiles_for`'s: those fields of its W8A8 tiles replaced (`down.` ones on the down product's).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gpu import BIG, Tee, build_model, fixed_block, med, timed  # noqa: E402
 
+from dfim.engine.model import triton_moe  # noqa: E402
 from dfim.engine.model.config import ModelConfig  # noqa: E402
 from dfim.engine.model.experts import FP8_KERNELS, moe_grouped  # noqa: E402
 from dfim.engine.model.experts_fp8 import FP8_REFERENCES, fp8_kernel_works, use_fp8_experts  # noqa: E402
@@ -36,6 +40,28 @@ from dfim.engine.model.fast import FastDiffusionGemma  # noqa: E402
 # how many of the layer's 256 tokens each FP8 kernel is checked on against its fp32 reference
 # (`FP8_REFERENCES`; the grouped kernel's goes pair by pair); the run fails past 2e-2 against it
 CHECKS = {"grouped_fp8": 16, "triton_fp8": 256, "triton_w8a8": 256}
+
+
+def override_w8a8_tiles(spec: str) -> None:
+    """Make `triton_moe.tiles_for` return its W8A8 tiles with the fields of `spec` ('field=value,...',
+    `down.field` for the down product's own tiles) replaced, for this process."""
+    import dataclasses
+
+    top: dict[str, int] = {}
+    down: dict[str, int] = {}
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        (down if key.startswith("down.") else top)[key.removeprefix("down.")] = int(value)
+    chosen = triton_moe.tiles_for
+
+    def tiles_for(pairs: int, experts: int, fp8: bool = False, fp8_act: bool = False) -> triton_moe.Tiles:
+        tiles = chosen(pairs, experts, fp8=fp8, fp8_act=fp8_act)
+        if not fp8_act:
+            return tiles
+        own = dataclasses.replace(tiles.down or dataclasses.replace(tiles, down=None), **down)
+        return dataclasses.replace(tiles, down=own, **top)
+
+    triton_moe.tiles_for = tiles_for
 
 
 def block_ms(fast: FastDiffusionGemma, context: torch.Tensor, steps: int, reps: int) -> float:
@@ -66,9 +92,12 @@ def main() -> int:
         default="grouped_fp8,triton_fp8,triton_w8a8",
         help="the FP8 experts' kernels to time (experts.FP8_KERNELS), comma-separated",
     )
+    parser.add_argument("--w8a8-tiles", default="", help="fields of the W8A8 tiles to replace (above)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_fp8.txt"))
     args = parser.parse_args()
     log = Tee(args.out)
+    if args.w8a8_tiles:
+        override_w8a8_tiles(args.w8a8_tiles)
     if not torch.cuda.is_available():
         log("needs a CUDA GPU (SM90 for the FP8 grouped GEMM)")
         return 2

@@ -51,21 +51,32 @@ FP8_SWEEP = [
 
 # FP8 activations too (W8A8): the pairs as the products' rows (FP8 tensor cores from 64 of them), and the
 # weights as their rows (`weights_first`: FP8 tensor cores from 64 output columns, whatever the pairs)
+_T = triton_moe.Tiles
 W8A8_SWEEP = [
-    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st, weights_first=wf)
+    _T(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st, weights_first=wf)
     for m, n, k, w, st, wf in [(32, 128, 128, 4, 3, False), (16, 128, 128, 4, 3, True), (32, 128, 128, 4, 3, True)]
 ] + [  # the down product on tiles of its own (its steps divide the activations' 128-column scale groups)
-    triton_moe.Tiles(block_m=m, block_n=128, block_k=128, weights_first=True, down=triton_moe.Tiles(m, n, k, w, st))
-    for m, n, k, w, st in [
-        (16, 64, 128, 4, 3), (32, 64, 128, 4, 4), (32, 64, 128, 4, 2), (32, 64, 64, 4, 3), (32, 64, 64, 4, 4),
-        (32, 32, 128, 4, 3),
+    _T(block_m=m, block_n=128, block_k=128, weights_first=True, down=_T(m, n, k, w, st))
+    for m, n, k, w, st in [(16, 64, 128, 4, 3), (32, 64, 128, 4, 4), (32, 64, 64, 4, 4)]
+] + [  # unpromoted sums, one activation scale a pair, several down tiles a program
+    _T(block_m=m, block_n=128, block_k=128, weights_first=True, promote=promote, row_scale=rows,
+       down=_T(m, dn, 128, 4, st, column_tiles=ct))
+    for m in (16, 32)
+    for promote, rows, dn, ct, st in [
+        (False, False, 64, 1, 3), (True, True, 64, 1, 3), (False, True, 64, 1, 3), (True, False, 64, 4, 3),
+        (False, True, 64, 4, 3), (False, True, 64, 11, 3), (False, True, 128, 2, 3), (False, True, 64, 4, 4),
+        (False, True, 32, 8, 4),
     ]
 ]  # fmt: skip
 
 
 def tiles_name(t: triton_moe.Tiles) -> str:
     down = f" down {tiles_name(t.down)}" if t.down else ""
-    return f"{t.block_m}x{t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}{' wf' if t.weights_first else ''}{down}"
+    extra = "".join(
+        [" wf" if t.weights_first else "", "" if t.promote else " np", " rows" if t.row_scale else "",
+         f" ct{t.column_tiles}" if t.column_tiles > 1 else ""]
+    )  # fmt: skip
+    return f"{t.block_m}x{t.block_n}x{t.block_k} w{t.num_warps} s{t.num_stages}{extra}{down}"
 
 
 def reference(x: Tensor, weights: Tensor, index: Tensor, gate_up: Tensor, down: Tensor) -> Tensor:
@@ -145,6 +156,7 @@ def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--tokens", default="32,64,256")
     parser.add_argument("--fp8", action="store_true", help="also the FP8 kernels (weights in e4m3)")
+    parser.add_argument("--w8a8-only", action="store_true", help="with --sweep: sweep only the W8A8 tiles")
     args = parser.parse_args()
     report = Report()
     say = report.say
@@ -170,7 +182,7 @@ def main() -> None:
         kernels: list[tuple[str, Callable[..., Tensor]]] = [
             (name, f) for name, f in GPU_KERNELS.items() if name != "gathered" or n <= 64
         ]
-        if args.sweep:
+        if args.sweep and not args.w8a8_only:
             kernels += [
                 (f"triton {tiles_name(t)}", functools.partial(triton_moe.moe_triton, tiles=t))
                 for t in SWEEP[1:]
@@ -189,10 +201,10 @@ def main() -> None:
             ]  # fmt: skip
             w8a8_want = {
                 group: moe_w8a8_reference(x, weights, index, fp8, group).float()
-                for group in {triton_moe.tiles_for(n * k, e, fp8=True, fp8_act=True).block_n}
-                | ({t.block_n for t in W8A8_SWEEP} if args.sweep else set())
+                for group in {triton_moe.tiles_for(n * k, e, fp8=True, fp8_act=True).activation_group(i)}
+                | ({t.activation_group(i) for t in W8A8_SWEEP} if args.sweep else set())
             }  # the activations' groups are the tiles' output columns
-            default_group = triton_moe.tiles_for(n * k, e, fp8=True, fp8_act=True).block_n
+            default_group = triton_moe.tiles_for(n * k, e, fp8=True, fp8_act=True).activation_group(i)
             calls += [
                 ("w8a8 triton", functools.partial(FP8_KERNELS["triton_w8a8"], x, weights, index, fp8),
                  w8a8_want[default_group], floor / 2, 2e-2),
@@ -208,10 +220,10 @@ def main() -> None:
                     (f"w8a8 {tiles_name(t)}",
                      functools.partial(triton_moe.moe_triton, x, weights, index, fp8.gate_up, fp8.down, t,
                                        fp8.gate_up_scale, fp8.down_scale, torch.float8_e4m3fn),
-                     w8a8_want[t.block_n], floor / 2, 2e-2)
+                     w8a8_want[t.activation_group(i)], floor / 2, 2e-2)
                     for t in W8A8_SWEEP
                 ]  # fmt: skip
-            if args.sweep:
+            if args.sweep and not args.w8a8_only:
                 calls += [
                     (f"triton_fp8 {tiles_name(t)}",
                      functools.partial(triton_moe.moe_triton, x, weights, index, fp8.gate_up, fp8.down, t,

@@ -26,6 +26,7 @@
 # confirm_fp8 moe_sweep bench_fp8_triton server_fp8 server                      5 min: then confirm_bf16
 # confirm_bf16 bench_gpu profile_step_fp8                                        5 min
 # verify_fp8 moe_tests server_fp8                                                2 min: the FP8 checks
+# w8a8_tiles moe_tests moe_w8a8 bench_fp8_variants                               9 min: unpromoted, row scales
 # dense_fp8 dense_products_fp8                                                   1 min: FP8 dense products?
 # confirm_ar gemv_tests profile_ar server_fp8 bench_gpu                         8 min: after the AR work
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
@@ -86,8 +87,18 @@ job() {
       [[ $1 == bench_fp8_triton ]] && extra=(--kernels triton_fp8,triton_w8a8)
       run "$1" 200 python3 scripts/bench_fp8.py "${extra[@]}" --out "$OUT/$1.txt"
       grep -E "ms/step|argmax" "$OUT/$1.txt" ;;
-    moe|moe_sweep|moe_small)  # one layer's experts at the 26B shape, every kernel, against the floor
+    bench_fp8_variants)  # the 256-token step with W8A8 experts on each tile variant of $W8A8_VARIANTS (';')
+      local i=0 spec
+      IFS=';' read -ra specs <<<"${W8A8_VARIANTS:-}"
+      for spec in "" "${specs[@]}"; do
+        run "bench_fp8_v$i" 150 python3 scripts/bench_fp8.py --kernels triton_w8a8 --w8a8-tiles "$spec" \
+          --out "$OUT/bench_fp8_v$i.txt"
+        echo "variant $i '$spec': $(grep -E "^triton_w8a8 \(" "$OUT/bench_fp8_v$i.txt")"
+        i=$((i + 1))
+      done ;;
+    moe|moe_sweep|moe_small|moe_w8a8)  # one layer's experts at the 26B shape, every kernel, against the floor
       local extra=(--tokens 32,64,256)
+      [[ $1 == moe_w8a8 ]] && extra=(--sweep --w8a8-only --tokens 32,256)
       [[ $1 == moe_sweep ]] && extra=(--sweep --tokens 32,64,256)
       [[ $1 == moe_small ]] && extra=(--sweep --tokens 1,16,64)
       run "$1" 240 python3 scripts/bench_moe_gpu.py --fp8 "${extra[@]}" --out "$OUT/$1.txt"
@@ -153,6 +164,7 @@ case ${1:-check} in
   confirm_fp8) jobs=(moe_sweep bench_fp8_triton server_fp8 server) ;;
   confirm_bf16) jobs=(bench_gpu profile_step_fp8) ;;
   verify_fp8) jobs=(moe_tests server_fp8) ;;
+  w8a8_tiles) jobs=(moe_tests moe_w8a8 bench_fp8_variants) ;;
   dense_fp8) jobs=(dense_products_fp8) ;;
   confirm_ar) jobs=(gemv_tests profile_ar server_fp8 bench_gpu) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;

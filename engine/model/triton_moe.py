@@ -67,6 +67,19 @@ class Tiles:
     # its output wide. W8A8 with the weights first: its block_k divides block_n here, the width of the
     # activations' scale groups; with the pairs first its block_k is ignored (a step is one group)
     down: Tiles | None = None
+    # W8A8 with the weights first only. promote: each reduction step's FP8 sum is added in fp32 (Hopper's
+    # MMA accumulates with fewer bits); off, the MMA accumulates the whole reduction and runs asynchronously
+    promote: bool = True
+    # the experts' activations quantized one scale a pair (a pass of `quantize_rows` between the kernels)
+    # instead of one a pair and block_n columns: the down product then scales once, after its sum
+    row_scale: bool = False
+    # the down product's output tiles a program (set on `down`): its reduction is short, so one loop over
+    # (tile, step) keeps loads in flight across tiles
+    column_tiles: int = 1
+
+    def activation_group(self, inter: int) -> int:
+        """W8A8: the width of the experts' activations' scale groups (`moe_w8a8_reference`'s group)."""
+        return inter if self.row_scale else self.block_n
 
 
 def tiles_for(pairs: int, experts: int, fp8: bool = False, fp8_act: bool = False) -> Tiles:
@@ -212,7 +225,7 @@ def moe_triton(
     groups = triton.cdiv(inter, tiles.block_n)
     h_scale = torch.empty(n * k, groups, dtype=torch.float32, device=x.device) if fp8_act else h
     dt = tiles.down or tiles
-    if fp8_act and tiles.weights_first and tiles.block_n % dt.block_k:
+    if fp8_act and tiles.weights_first and not tiles.row_scale and tiles.block_n % dt.block_k:
         raise ValueError(
             f"the down product's steps of {dt.block_k} must divide the scale groups of {tiles.block_n}"
         )
@@ -226,15 +239,20 @@ def moe_triton(
     out = torch.empty(n * k, hidden, dtype=torch.float32, device=x.device)
     if fp8_act and tiles.weights_first:
         # ROUND: only the interpreter runs on the CPU
+        if tiles.row_scale:  # fp32 (L2-sized): a 16-bit copy would round twice on the way to e4m3
+            h = torch.empty(n * k, inter, dtype=torch.float32, device=x.device)
         kernels.gate_up_act_w8a8[grid_up](
             x, gate_up, gate_up_scale.float().contiguous(), tokens, active, offs, h, hidden, inter, x.stride(0),
             *gate_up.stride(), h.stride(0), x_scale, h_scale, BLOCK_K=tiles.block_k, ROUND=x.device.type == "cpu",
-            **launch,
+            QUANT=not tiles.row_scale, PROMOTE=tiles.promote, **launch,
         )  # fmt: skip
+        if tiles.row_scale:
+            h, h_scale = quantize_rows(h)
+        grid_down = (active.numel(), triton.cdiv(triton.cdiv(hidden, dt.block_n), dt.column_tiles))
         kernels.down_weighted_w8a8[grid_down](
             h, down, down_scale.float().contiguous(), order, weights.reshape(-1).float(), active, offs, out, inter,
             hidden, h.stride(0), *down.stride(), out.stride(0), h_scale, BLOCK_K=dt.block_k, GROUP=tiles.block_n,
-            **down_launch,
+            ROW_SCALE=tiles.row_scale, PROMOTE=tiles.promote, COLUMN_TILES=dt.column_tiles, **down_launch,
         )  # fmt: skip
     else:
         flags = dict(EXACT=x.dtype == torch.float32, SCALED=scaled, FP8_ACT=fp8_act)

@@ -280,13 +280,28 @@ def sort_pairs_by_expert(index_ptr, order_ptr, token_ptr, offs_ptr, active_ptr, 
 
 
 @triton.jit
+def accumulate(a, b, acc, PROMOTE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc + a @ b for e4m3 a and b. PROMOTE: each step's sum is added into acc in fp32, since Hopper's FP8
+    MMA keeps fewer bits in its own accumulator; without it the MMA accumulates the whole reduction itself
+    (Triton's default there), which lets it run asynchronously across steps."""
+    if PROMOTE:
+        acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
 def gate_up_act_w8a8(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h_ptr, n_hidden, n_inter, x_stride,
                      w_e, w_n, w_k, h_stride, x_scale_ptr, h_scale_ptr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROUND: tl.constexpr):  # fmt: skip
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROUND: tl.constexpr, QUANT: tl.constexpr,
+                     PROMOTE: tl.constexpr):  # fmt: skip
     """`gate_up_act`'s W8A8 arithmetic with the weights as the products' first operand: a product's rows are
     BLOCK_N output columns and its columns an expert's BLOCK_M pairs, so from 64 columns a program Hopper's
     warpgroup MMA multiplies both e4m3 tiles as they are, whatever the pairs (with the pairs as rows it
-    needs 64 of them, where an expert has ~16, or Triton widens both operands to float16 first)."""
+    needs 64 of them, where an expert has ~16, or Triton widens both operands to float16 first). QUANT: the
+    activations go out as e4m3 with one scale a (pair, BLOCK_N columns); else in h's dtype, for
+    `quantize_rows` to give one scale a pair."""
     expert, cols, col_ok, start, end, w_expert = expert_tile(
         active_ptr, offs_ptr, w_ptr, w_e, n_inter, BLOCK_N
     )
@@ -306,49 +321,64 @@ def gate_up_act_w8a8(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h
             wu = tl.load(
                 w_expert + (cols[:, None] + n_inter) * w_n + ks[None, :] * w_k, mask=w_mask, other=0.0
             )
-            # each step's FP8 sum is added into fp32: the MMA's own accumulator keeps fewer bits
-            gate = tl.dot(wg, x, gate, max_num_imprecise_acc=BLOCK_K)
-            up = tl.dot(wu, x, up, max_num_imprecise_acc=BLOCK_K)
+            gate = accumulate(wg, x, gate, PROMOTE, BLOCK_K)
+            up = accumulate(wu, x, up, PROMOTE, BLOCK_K)
         token_scale = tl.load(x_scale_ptr + tokens, mask=row_ok, other=0.0)[None, :]
         gate = gate * gate_scale[:, None] * token_scale
         up = up * up_scale[:, None] * token_scale
         act = tl.trans(gelu_times(gate, up))  # [pairs, columns]
-        q, group_scale = to_e4m3(act, col_ok, ROUND)
-        tl.store(h_ptr + rows[:, None].to(tl.int64) * h_stride + cols[None, :], q,
-                 mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
-        groups = tl.cdiv(n_inter, BLOCK_N)
-        tl.store(h_scale_ptr + rows.to(tl.int64) * groups + tl.program_id(1), group_scale, mask=row_ok)
+        dest = h_ptr + rows[:, None].to(tl.int64) * h_stride + cols[None, :]
+        if QUANT:
+            q, group_scale = to_e4m3(act, col_ok, ROUND)
+            tl.store(dest, q, mask=row_ok[:, None] & col_ok[None, :])
+            groups = tl.cdiv(n_inter, BLOCK_N)
+            tl.store(h_scale_ptr + rows.to(tl.int64) * groups + tl.program_id(1), group_scale, mask=row_ok)
+        else:
+            tl.store(dest, saturate(act, h_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
 def down_weighted_w8a8(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, active_ptr, offs_ptr, out_ptr, n_inter,
                        n_hidden, h_stride, w_e, w_n, w_k, out_stride, h_scale_ptr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):  # fmt: skip
-    """`down_weighted`'s W8A8 arithmetic with the weights first (`gate_up_act_w8a8`): the activations have
-    one scale a pair and GROUP columns (gate_up's BLOCK_N), which BLOCK_K divides, so each reduction step's
-    product is scaled by its pairs' scales of one group."""
-    expert, cols, col_ok, start, end, w_expert = expert_tile(
-        active_ptr, offs_ptr, w_ptr, w_e, n_hidden, BLOCK_N
-    )
-    col_scale = tl.load(scale_ptr + expert * n_hidden + cols, mask=col_ok, other=0.0)
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr, ROW_SCALE: tl.constexpr,
+                       PROMOTE: tl.constexpr, COLUMN_TILES: tl.constexpr):  # fmt: skip
+    """`down_weighted`'s W8A8 arithmetic with the weights first (`gate_up_act_w8a8`). ROW_SCALE: the
+    activations have one scale a pair, applied once after the sum; else one a pair and GROUP columns
+    (gate_up's BLOCK_N), which BLOCK_K divides, so each reduction step's product is scaled by its pairs'
+    scales of one group. A program writes COLUMN_TILES tiles of BLOCK_N output columns in one loop over
+    (tile, step): the reduction (the intermediate size) is short, and one loop keeps the loads of the next
+    tile in flight while a tile is finished."""
+    expert, _, _, start, end, w_expert = expert_tile(active_ptr, offs_ptr, w_ptr, w_e, n_hidden, BLOCK_N)
     groups = tl.cdiv(n_inter, GROUP)
+    k_steps = tl.cdiv(n_inter, BLOCK_K)
     for row0 in range(start, end, BLOCK_M):
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < end
+        slots = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        routing = tl.load(weight_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)
+        if ROW_SCALE:
+            routing = routing * tl.load(h_scale_ptr + rows, mask=row_ok, other=0.0)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k0 in range(0, n_inter, BLOCK_K):
+        for step in range(0, COLUMN_TILES * k_steps):
+            cols = (tl.program_id(1) * COLUMN_TILES + step // k_steps) * BLOCK_N + tl.arange(0, BLOCK_N)
+            col_ok = cols < n_hidden
+            k0 = (step % k_steps) * BLOCK_K
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < n_inter
             h = tl.load(h_ptr + rows[None, :].to(tl.int64) * h_stride + ks[:, None],
                         mask=k_ok[:, None] & row_ok[None, :], other=0.0)  # fmt: skip
             w = tl.load(w_expert + cols[:, None] * w_n + ks[None, :] * w_k, mask=col_ok[:, None] & k_ok[None, :],
                         other=0.0)  # fmt: skip
-            step_scale = tl.load(
-                h_scale_ptr + rows.to(tl.int64) * groups + k0 // GROUP, mask=row_ok, other=0.0
-            )
-            acc += tl.dot(w, h) * step_scale[None, :]
-        slots = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-        routing = tl.load(weight_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)
-        acc = acc * col_scale[:, None] * routing[None, :]
-        tl.store(out_ptr + slots[None, :] * out_stride + cols[:, None], acc,
-                 mask=col_ok[:, None] & row_ok[None, :])  # fmt: skip
+            if ROW_SCALE:
+                acc = accumulate(w, h, acc, PROMOTE, BLOCK_K)
+            else:
+                step_scale = tl.load(
+                    h_scale_ptr + rows.to(tl.int64) * groups + k0 // GROUP, mask=row_ok, other=0.0
+                )
+                acc += tl.dot(w, h) * step_scale[None, :]
+            if step % k_steps == k_steps - 1:  # the tile's last step: scale and write it, start the next
+                col_scale = tl.load(scale_ptr + expert * n_hidden + cols, mask=col_ok, other=0.0)
+                acc = acc * col_scale[:, None] * routing[None, :]
+                tl.store(out_ptr + slots[None, :] * out_stride + cols[:, None], acc,
+                         mask=col_ok[:, None] & row_ok[None, :])  # fmt: skip
+                acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)

@@ -74,9 +74,16 @@ CHECK = textwrap.dedent(
             block_m=16, block_n=64, block_k=64, weights_first=True, down=triton_moe.Tiles(block_n=64, block_k=32)
         )
         wide_groups = triton_moe.Tiles(block_m=16, block_n=128, block_k=64, weights_first=True)
+        # one scale a pair, unpromoted sums, the down product two tiles a program (its second one past the
+        # output's 96 columns)
+        by_rows = triton_moe.Tiles(
+            block_m=16, block_n=64, block_k=64, weights_first=True, promote=False, row_scale=True,
+            down=triton_moe.Tiles(block_n=32, block_k=64, column_tiles=2),
+        )  # fmt: skip
         default = triton_moe.tiles_for(n * k, e, fp8=True, fp8_act=True)
-        for tiles in [*pairs_first, own_down, wide_groups, default]:
-            want = experts_fp8.moe_w8a8_reference(x, weights, index, fp8, tiles.block_n).float()
+        for tiles in [*pairs_first, own_down, wide_groups, by_rows, default]:
+            group = 200 if tiles.row_scale else tiles.block_n
+            want = experts_fp8.moe_w8a8_reference(x, weights, index, fp8, group).float()
             args = (fp8.gate_up, fp8.down, tiles, fp8.gate_up_scale, fp8.down_scale, torch.float8_e4m3fn)
             got = triton_moe.moe_triton(x, weights, index, *args).float()
             err = ((got - want).norm() / want.norm()).item()
