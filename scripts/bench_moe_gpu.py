@@ -63,10 +63,13 @@ W8A8_SWEEP = [
        down=_T(m, dn, 128, 4, st, column_tiles=ct))
     for m in (16, 32)
     for promote, rows, dn, ct, st in [
-        (False, False, 64, 1, 3), (True, True, 64, 1, 3), (False, True, 64, 1, 3), (True, False, 64, 4, 3),
-        (False, True, 64, 4, 3), (False, True, 64, 11, 3), (False, True, 128, 2, 3), (False, True, 64, 4, 4),
-        (False, True, 32, 8, 4),
+        (False, False, 64, 1, 3), (True, True, 64, 1, 3), (False, True, 64, 1, 3), (False, True, 64, 11, 3),
     ]
+] + [  # the gate and up product's own tiles, the down product as the default's
+    _T(block_m=32, block_n=n, block_k=k, num_warps=w, num_stages=st, weights_first=True, promote=False,
+       row_scale=True, down=_T(32, 64, 128, 4, 4, column_tiles=4))
+    for n, k, w, st in [(128, 128, 4, 4), (128, 256, 4, 3), (64, 256, 4, 3), (128, 128, 8, 3), (256, 128, 8, 3),
+                        (64, 128, 4, 4), (128, 64, 4, 5)]
 ]  # fmt: skip
 
 

@@ -88,14 +88,17 @@ def tiles_for(pairs: int, experts: int, fp8: bool = False, fp8_act: bool = False
     32 and 64 tokens 0.36 / 0.41 ms a layer with 16 rows, 256 tokens 0.45 ms with 32, 512 tokens 0.49 ms
     with 64). FP8 weights take twice the reduction a step where an expert's pairs are few (a tile of the
     same bytes: 0.203 / 0.231 ms at 32 / 64 tokens against 0.217 / 0.238). FP8 activations too (`fp8_act`,
-    W8A8) put the weights first, 128 output columns a program, with 16 or 32 pairs, and a 256-token canvas's
-    down product takes 64 columns a program (0.193 / 0.213 / 0.243 ms at 32 / 64 / 256 tokens, where the pairs
-    first took 0.213 / 0.235 / 0.268 and W8A16 0.200 / 0.226 / 0.301)."""
+    W8A8) put the weights first, 128 output columns a program, with 16 or 32 pairs, sums the whole reduction
+    in the MMA and quantizes the activations one scale a pair, as vLLM's FP8 experts do; a 256-token canvas's
+    down product takes 64 columns a tile and four tiles a program (0.189 / 0.232 ms at 32 / 256 tokens, where
+    each step's sum promoted to fp32 and a scale a 128-column group took 0.196 / 0.262 in the same run;
+    docs/bench/gpu-w8a8-rows-2026-11-29)."""
     per_expert = pairs / max(experts, 1)
     if fp8_act:
+        w8a8 = dict(block_n=128, block_k=128, weights_first=True, promote=False, row_scale=True)
         if per_expert <= 8:
-            return Tiles(block_m=16, block_n=128, block_k=128, weights_first=True)
-        return Tiles(block_m=32, block_n=128, block_k=128, weights_first=True, down=Tiles(32, 64, 128))
+            return Tiles(block_m=16, **w8a8, down=Tiles(16, 64, 128))
+        return Tiles(block_m=32, **w8a8, down=Tiles(32, 64, 128, num_stages=4, column_tiles=4))
     if per_expert <= 8:
         return Tiles(block_m=16, block_k=256 if fp8 else 128)
     if per_expert <= 24:
@@ -192,8 +195,9 @@ def moe_triton(
     (the widening, not the bytes, then bounds the kernel), every e4m3 value is exact in float16, and its
     mantissa is longer than bfloat16's. Activations beyond float16's +-65504 saturate there.
     `products=torch.float8_e4m3fn` with FP8 weights (W8A8): activations quantized on the fly, x one scale a
-    token row (`quantize_rows`), the experts' activations one a pair and `tiles.block_n` columns (the down
-    product's reduction step then takes that width): the arithmetic of `experts_fp8.moe_w8a8_reference`.
+    token row (`quantize_rows`), the experts' activations one a pair (`tiles.row_scale`, the default) or one
+    a pair and `tiles.block_n` columns (the down product's reduction step then takes that width): the
+    arithmetic of `experts_fp8.moe_w8a8_reference`.
     With `tiles.weights_first` (the default, `tiles_for`) the weights are the products' first operand, so they
     run on Hopper's FP8 tensor cores whatever an expert's pairs; with the pairs first, only from 64 rows."""
     scaled = gate_up_scale is not None and down_scale is not None
