@@ -83,12 +83,13 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"--max-message-mb must be positive, got {args.max_message_mb:g}")
     if not args.client_timeout >= 0:
         return fail(f"--client-timeout must be 0 or more, got {args.client_timeout:g}")
+    from dfim.engine.model.shipped import is_served_url
+
     if args.model:
         # A model that is not there is said at once on stderr (an editor's output panel, or the terminal of
         # someone trying the command), but the server still starts: it reports the model to the editor, whose
         # settings can name another without a restart (`model.path`).
         from dfim.commands.checks import InputError, model_folder
-        from dfim.engine.model.shipped import is_served_url
 
         if not is_served_url(args.model):
             try:
@@ -98,6 +99,18 @@ def run(args: argparse.Namespace) -> int:
                     f"dfim serve: warning: {exc}; the server starts and reports it to the editor",
                     file=sys.stderr,
                 )
+    if args.device == "cuda" and not is_served_url(args.model):
+        # Likewise a GPU that is not there: said before the editor's first request, which would wait for a
+        # load that fails (torch is imported here a second earlier than the server would).
+        import torch
+
+        if not torch.cuda.is_available():
+            build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            print(
+                f"dfim serve: warning: --device cuda, but PyTorch {torch.__version__} ({build}) sees no CUDA GPU; "
+                "the server starts and reports it to the editor (`model.device: cpu` runs on the CPU)",
+                file=sys.stderr,
+            )
     level = logging.DEBUG if args.verbose else logging.WARNING
     try:
         handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)

@@ -512,6 +512,14 @@ def test_serve_refuses_bad_tcp_and_log_file(files: dict[str, Path]) -> None:
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.startswith("dfim serve: warning: --model"), proc.stderr
         assert all(needle in proc.stderr for needle in needles), proc.stderr
+    # so is a GPU that is not there (this suite runs where PyTorch sees none)
+    import torch
+
+    if not torch.cuda.is_available():
+        proc = cli("serve", "--device", "cuda", cwd=tmp)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.startswith("dfim serve: warning: --device cuda"), proc.stderr
+        assert "model.device" in proc.stderr, proc.stderr
 
 
 # ----------------------------------------------------------------------------- dfim data
