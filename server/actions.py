@@ -74,6 +74,44 @@ def available_actions(text: str, lang: str | None, start: int, end: int) -> list
     return found
 
 
+# A selection this many characters per canvas token is too long whatever the tokenizer (none packs more
+# into a token), so it is refused without tokenizing it: code actions are asked on every selection change.
+MAX_CHARS_PER_TOKEN = 32
+
+
+def too_long(
+    action: str,
+    text: str,
+    lang: str | None,
+    start: int,
+    end: int,
+    max_canvas: int,
+    count: Callable[[str], int],
+) -> str | None:
+    """Why the selection [start, end) cannot be one canvas of `action`, by the rule its planner applies
+    (`plan_rewrite`, `plan_fill_selection_holes`); None when it fits, or the action takes no selection. Lets
+    the server show such an action as disabled, with the reason, instead of offering what it then refuses."""
+    if action not in ("rewriteSelection", "regenerateUnsure", "fillSelectionHoles") or end <= start:
+        return None
+    if end - start > MAX_CHARS_PER_TOKEN * max_canvas:
+        return f"the selection is too long for one canvas ({max_canvas} tokens): select less"
+    if action == "fillSelectionHoles":
+        lo, hi = region(text, start, end, 20000, 20000)  # parsed around the selection, as `available_actions`
+        holes = find_holes(Source(text[lo:hi], lang), start - lo, end - lo)
+        start, end = start - lo, end - lo
+        text = text[lo:hi]
+        cuts = [start] + [edge for hole in holes for edge in (hole.start, hole.end)] + [end]
+        pieces = [text[a:b] for a, b in zip(cuts[::2], cuts[1::2], strict=True) if b > a]
+        needed = sum(count(piece) + 1 for piece in pieces) + 1 + 4 * len(holes)
+    else:
+        needed = count(text[start:end]) + SLACK_TOKENS
+    if needed > max_canvas:
+        return (
+            f"the selection is too long for one canvas (about {needed} tokens of {max_canvas}): select less"
+        )
+    return None
+
+
 def function_body_around(source: Source, offset: int) -> tuple[int, int, int, int] | None:
     """The function whose body holds the cursor (its very end included, after the last statement); None
     on the signature, where completing the body makes no sense. Where the blocks or brackets around the

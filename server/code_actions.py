@@ -33,6 +33,7 @@ from dfim.server.actions import (
     available_actions,
     finish_action,
     plan_action,
+    too_long,
     unsure_skeleton,
 )
 from dfim.server.documents import Document, PositionError
@@ -117,6 +118,14 @@ def _resolve_supported(ls) -> bool:
         return False
 
 
+def _disabled_supported(ls) -> bool:
+    """Whether the client shows an action's `disabled` reason (LSP 3.16); others never see such actions."""
+    try:
+        return bool(ls.client_capabilities.text_document.code_action.disabled_support)
+    except AttributeError:
+        return False
+
+
 def register(ls) -> None:
     options = types.CodeActionOptions(code_action_kinds=[KIND], resolve_provider=True)
 
@@ -132,13 +141,20 @@ def register(ls) -> None:
             start, end = doc.range_offsets(params.range, ls.docs.encoding)
         except PositionError as exc:
             raise JsonRpcInvalidParams(f"range: {exc}") from None
-        names = available_actions(doc.text, language_for(doc.language_id, doc.uri), start, end)
-        resolve = _resolve_supported(ls)
+        lang = language_for(doc.language_id, doc.uri)
+        names = available_actions(doc.text, lang, start, end)
+        resolve, show_disabled = _resolve_supported(ls), _disabled_supported(ls)
+        max_canvas = min(ls.options.sampling.max_canvas, getattr(ls.host.engine, "canvas_limit", 256))
         out = []
         for name in names:
+            why = too_long(name, doc.text, lang, start, end, max_canvas, ls.host.count_tokens)
+            if why is not None and not show_disabled:
+                continue  # offered, it would only be refused
             data = ActionData(uri=doc.uri, action=name, range=params.range, version=doc.version).to_client(ls)
             action = types.CodeAction(title=TITLES[name], kind=KIND, data=data)
-            if not resolve:  # clients without resolve run the command; it sends workspace/applyEdit
+            if why is not None:
+                action.disabled = types.CodeActionDisabled(reason=f"dfim: {why}")
+            elif not resolve:  # clients without resolve run the command; it sends workspace/applyEdit
                 action.command = types.Command(title=TITLES[name], command=RUN_COMMAND, arguments=[data])
             out.append(action)
         return out

@@ -33,6 +33,7 @@ def client_capabilities(
                 if resolve
                 else None,
                 data_support=True,
+                disabled_support=True,
             ),
             inline_completion=types.InlineCompletionClientCapabilities(),
         ),

@@ -296,6 +296,34 @@ def test_a_selection_larger_than_a_canvas_is_refused_not_cut():
         actions.plan_action("fillSelectionHoles", holes, "python", 0, len(holes))
 
 
+def test_too_long_says_what_the_planner_would_refuse():
+    """The code action handler shows an action as disabled where its planner would refuse the selection
+    as too long: the two must agree, at every size around the canvas's edge."""
+    from dfim.server.windows import guess_tokens
+
+    def refused(name: str, text: str, start: int, end: int) -> bool:
+        try:
+            actions.plan_action(name, text, "python", start, end, max_canvas=128, count_tokens=guess_tokens)
+        except actions.ActionError as exc:
+            return "too long" in str(exc)
+        return False
+
+    for lines in range(1, 30, 2):
+        body = "".join(f"    v{i} = xs[{i}] * {i}\n" for i in range(lines))
+        text = "def f(xs):\n" + body
+        start = text.index("    v0")
+        for name in ("rewriteSelection", "regenerateUnsure"):
+            why = actions.too_long(name, text, "python", start, len(text), 128, guess_tokens)
+            assert (why is not None) == refused(name, text, start, len(text)), (name, lines, why)
+        holes = "".join(f"def f{i}(x):\n    v = {i}\n    pass\n\n" for i in range(lines))
+        why = actions.too_long("fillSelectionHoles", holes, "python", 0, len(holes), 128, guess_tokens)
+        assert (why is not None) == refused("fillSelectionHoles", holes, 0, len(holes)), (lines, why)
+    # an action that takes no selection is never too long
+    assert actions.too_long("fillHole", text, "python", 0, len(text), 128, guess_tokens) is None
+    huge = "x = 1\n" * 100_000  # refused without tokenizing it
+    assert "too long" in actions.too_long("rewriteSelection", huge, "python", 0, len(huge), 128, len)
+
+
 def test_rewriting_a_whole_function_fits_signature_and_body_in_one_canvas():
     text = "def mean_and_spread(values):\n" + "".join(f"    a{i} = values[{i}] + {i}\n" for i in range(8))
     count = len  # one token per character: the selection is ~190 tokens

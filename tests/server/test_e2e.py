@@ -237,6 +237,21 @@ async def code_actions(session, uri, rng):
     )
 
 
+async def test_a_selection_too_long_for_a_canvas_is_offered_disabled_with_the_reason(session):
+    uri = "file:///work/long.py"
+    text = "def f(xs):\n" + "".join(f"    v{i} = xs[{i}] * {i} + {i * i}\n" for i in range(200))
+    session.open(uri, text)
+    whole = types.Range(start=types.Position(0, 0), end=types.Position(201, 0))
+    offered = {a.data["action"]: a for a in await code_actions(session, uri, whole)}
+    for name in ("rewriteSelection", "regenerateUnsure"):
+        assert offered[name].disabled is not None, name
+        assert "too long for one canvas" in offered[name].disabled.reason
+        assert offered[name].command is None and offered[name].edit is None
+    short = types.Range(start=types.Position(1, 4), end=types.Position(1, 9))
+    disabled = [(a.data["action"], a.disabled) for a in await code_actions(session, uri, short) if a.disabled]
+    assert disabled == []
+
+
 async def test_each_code_action_produces_a_clean_versioned_edit(session):
     uri = "file:///work/actions.py"
     text = "def f(x):\n    pass\n\n\ndef g(y):\n    ...\n"
