@@ -379,12 +379,16 @@ class Engine:
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         fast = None if self._fast_backend is None else self._fast_backend.fast.describe()
         sampler = triton_sampler.describe(self.device.type)
+        head = getattr(self.model, "head_packed", None)
         return {
             "device": str(self.device),
             "dtype": dtype,
             "fast": self.fast,
             "fast_path": fast,
             "sampler": sampler,
+            # the CPU's products of a few rows: "int8" (an int8 checkpoint, where those are the faster),
+            # "fp16" (fbgemm's copies) or "fp32"
+            "cpu_products": (head.kind if head is not None else "fp32") if self.device.type == "cpu" else None,
         }
 
     def _score_likelihood(

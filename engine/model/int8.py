@@ -11,15 +11,21 @@ the same), dequantizing to the load dtype, and `DiffusionGemma.prepare_cpu_infer
 for fbgemm's int8 GEMM (`pack_int8`): re-quantizing `q * s` per channel gives back exactly `q`, so the
 products run on the stored integers.
 
-Why int8 on the CPU: at this size a product reads its weights once per pass, and on the 2-core AVX2 dev
-machine fbgemm's int8 GEMM (activations quantized per tensor on the fly) is 2-4x faster than the fp32 or
-fp16-weight products for every shape the network has, from one row (a drafted token) to 512 (encoding).
+Why int8 on the CPU: at this size a product reads its weights once per pass, and on some machines the int8
+GEMMs are 2-4x faster than the fp32 or fp16-weight products. On others `torch._int_mm`, the several-row
+route, has no fast kernel: on a 2-core AMD EPYC (AVX2, no VNNI) with torch 2.13 it took 574 ms for a
+[512, 512] x [512, 1536] product that fp32 does in 19 ms. So `int8_products_fast` times it once against the
+fallback, fbgemm's fp16 copies, and the int8 products are used only where they win (decision 135).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import os
 import shutil
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +33,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 INT8_METHOD = "dfim_int8"
 QMAX = 127  # symmetric: -128 is never used, so -q is always representable
@@ -163,3 +171,49 @@ def linear_int8(x: Tensor, weight: Int8Weight) -> Tensor:
     xq = torch.round(flat / x_scale).to(torch.int8)
     out = torch._int_mm(xq, weight.transposed).float().mul_(x_scale).mul_(weight.scale)
     return out.view(*x.shape[:-1], -1)
+
+
+@functools.cache
+def int8_products_fast() -> bool:
+    """Whether `linear_int8` beats the products an int8 model otherwise runs (fbgemm's fp16 copy, as a 16-bit
+    model's) on this machine, timed once per process on a canvas-sized product: 32 rows x [512 -> 1024],
+    the best of three each. `DFIM_INT8_PRODUCTS=on|off` decides instead (tests of the int8 kernels)."""
+    setting = os.environ.get("DFIM_INT8_PRODUCTS", "auto").strip().lower()
+    if setting in ("on", "off"):
+        return setting == "on"
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 512, generator=g)
+    q, scale = quantize_per_channel(torch.randn(1024, 512, generator=g))
+    weight = q.float() * scale
+    int8 = pack_int8(weight)
+    if int8 is None:
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            fp16 = torch.ops.quantized.linear_prepack_fp16(weight, None)
+    except (AttributeError, NotImplementedError, RuntimeError):
+        fp16 = None
+
+    def best(product) -> float:
+        product()  # the first call may allocate or dispatch
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            product()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    with torch.no_grad():
+        int8_s = best(lambda: linear_int8(x, int8))
+        other_s = best(lambda: torch.nn.functional.linear(x, weight))
+        if fp16 is not None:
+            other_s = min(other_s, best(lambda: torch.ops.quantized.linear_dynamic_fp16(x, fp16)))
+    fast = int8_s < other_s
+    log.info(
+        "int8 products %s: %.2f ms against %.2f ms for the fallback (32 x 512 -> 1024)",
+        "used" if fast else "not used, slower here",
+        int8_s * 1e3,
+        other_s * 1e3,
+    )
+    return fast

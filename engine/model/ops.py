@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dfim.engine.model import triton_norm
-from dfim.engine.model.int8 import linear_int8, pack_int8
+from dfim.engine.model.int8 import int8_products_fast, linear_int8, pack_int8
 
 
 class RMSNorm(nn.Module):
@@ -129,11 +129,12 @@ def pack_fp16(weight: Tensor, *also_watched: Tensor, exact: bool = True) -> Pack
 
 def pack_weight(weight: Tensor, *also_watched: Tensor, int8: bool = False) -> Packed | None:
     """`weight`'s copy for `linear`: fbgemm int8 for a model loaded from an int8 checkpoint (its weights are
-    int8 values times per-channel scales, so the copy holds exactly the stored integers), else fp16
-    (`pack_fp16`). None where the kernel is missing or the weight does not fit, as `pack_fp16`."""
+    int8 values times per-channel scales, so the copy holds exactly the stored integers) where the int8
+    products are the faster here (`int8_products_fast`), else fp16 (`pack_fp16`; an int8 model's values fit
+    it within fp16's rounding). None where the kernel is missing or the weight does not fit, as `pack_fp16`."""
     watched = (weight, *also_watched)
-    if not int8:
-        return pack_fp16(weight, *also_watched)
+    if not int8 or not int8_products_fast():
+        return pack_fp16(weight, *also_watched, exact=not int8)
     if any(t.is_inference() for t in watched):
         return None
     op = pack_int8(weight)

@@ -21,7 +21,13 @@ from dfim.engine.model.checkpoint import (
     parameter_bytes,
     write_random_checkpoint,
 )
-from dfim.engine.model.int8 import INT8_METHOD, convert_checkpoint, pack_int8, quantize_per_channel
+from dfim.engine.model.int8 import (
+    INT8_METHOD,
+    convert_checkpoint,
+    int8_products_fast,
+    pack_int8,
+    quantize_per_channel,
+)
 from dfim.engine.model.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -34,6 +40,16 @@ SOURCE = ROOT / "fixtures" / "int8" / "real_code.py.txt"
 needs_int8_kernels = pytest.mark.skipif(
     torch.backends.quantized.engine not in ("x86", "fbgemm"), reason="no fbgemm int8 GEMM (not x86)"
 )
+
+
+@pytest.fixture(autouse=True)
+def int8_products(monkeypatch: pytest.MonkeyPatch):
+    """The int8 products on, whatever this machine's speed of them (`int8_products_fast`): these tests are
+    about their numbers. `test_where_int8_products_are_slower_an_int8_model_runs_fp16_copies` turns them off."""
+    monkeypatch.setenv("DFIM_INT8_PRODUCTS", "on")
+    int8_products_fast.cache_clear()
+    yield
+    int8_products_fast.cache_clear()
 
 
 @pytest.fixture(scope="module")
@@ -252,3 +268,28 @@ def test_an_int8_config_without_int8_weights_is_refused(tmp_path: Path) -> None:
     (source / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="only 8-bit"):
         load_model(source)
+
+
+@needs_int8_kernels
+def test_where_int8_products_are_slower_an_int8_model_runs_fp16_copies(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On a machine where torch._int_mm has no fast kernel (decision 135) an int8 checkpoint's products run
+    on fp16 copies of the same stored values: logits as close to fp32 products as the int8 ones, or closer."""
+    target = bigger_int8_checkpoint(tmp_path)
+    monkeypatch.setenv("DFIM_INT8_PRODUCTS", "off")
+    int8_products_fast.cache_clear()
+    model, _ = load_model(target)
+    fp32_products, _ = load_model(target)
+    fp32_products.int8_weights = False
+    model.prepare_cpu_inference()
+    fp32_products.prepare_cpu_inference()
+    assert model.int8_weights and model.decoder.layers[1].self_attn.qkv_packed.kind == "fp16"
+    ids = list(range(5, 205))
+    want = canvas_logits(fp32_products, ids, list(range(300, 332)))
+    got = canvas_logits(model, ids, list(range(300, 332)))
+    assert ((got - want).norm() / want.norm()).item() < 1e-2
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    monkeypatch.setenv("DFIM_INT8_PRODUCTS", "auto")  # and the probe answers on its own, either way
+    int8_products_fast.cache_clear()
+    assert int8_products_fast() in (True, False)
