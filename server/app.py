@@ -61,6 +61,7 @@ class DfimServer(LanguageServer):
         self.docs = DocumentStore()
         self.extra = ExtraContext()  # other files' chunks and imported definitions (context.extra)
         self.options = Options()
+        self.startup_options = self.options  # the settings of initializationOptions (`apply_settings`)
         self.options.model.path, self.options.model.device = model, device
         self.host = EngineHost()
         self.status = StatusReporter(self.protocol.notify)
@@ -140,10 +141,13 @@ class DfimServer(LanguageServer):
 
     # ---- settings --------------------------------------------------------------------------------------
 
-    def apply_settings(self, raw, source: str) -> list[str]:
-        """Merge client settings; bad values are reported and the previous values kept."""
+    def apply_settings(self, raw, source: str, whole: bool = False) -> list[str]:
+        """Merge client settings; bad values are reported and the previous values kept. `whole`: `raw` is the
+        client's whole dfim section (what workspace/configuration and didChangeConfiguration carry), merged
+        onto the settings the server started with, so a key the user removed goes back to that value."""
         previous = self.options
-        self.options, errors = merge_options(previous, raw)
+        base = self.startup_options if whole else previous
+        self.options, errors = merge_options(base, raw, keep=previous)
         self.cache.size = self.gate_memory.size = self.options.inline.cache_size
         telemetry = self.options.telemetry
         self.tracker.telemetry = Telemetry(
@@ -241,7 +245,7 @@ class DfimServer(LanguageServer):
             log.warning("workspace/configuration failed: %s", exc)
             return
         if result and result[0] is not None:
-            self.show_errors(self.apply_settings(result[0], "workspace/configuration"))
+            self.show_errors(self.apply_settings(result[0], "workspace/configuration", whole=True))
 
     def note_fallback(self) -> None:
         """After a fill: say so in the status when out-of-GPU-memory moved the model to the CPU."""
@@ -319,6 +323,7 @@ def _register_lifecycle(ls: DfimServer) -> None:
         )
         options = init_options_section(params.initialization_options)
         ls.pending_errors += ls.apply_settings(options, "initializationOptions")
+        ls.startup_options = ls.options  # what a client's whole settings are merged onto, later
 
     @ls.feature(types.INITIALIZED)
     async def initialized(ls: DfimServer, params: types.InitializedParams) -> None:
@@ -336,7 +341,7 @@ def _register_lifecycle(ls: DfimServer) -> None:
         else:
             settings = dfim_section(params.settings)
             if settings is not None:
-                ls.show_errors(ls.apply_settings(settings, "didChangeConfiguration"))
+                ls.show_errors(ls.apply_settings(settings, "didChangeConfiguration", whole=True))
         ls.ensure_model()
 
     @ls.feature(types.TEXT_DOCUMENT_DID_OPEN)

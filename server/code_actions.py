@@ -87,8 +87,11 @@ class ActionData:
             raise JsonRpcInvalidParams(f"the action's version must be an integer, got {quoted(version)}")
         try:
             rng = ls.protocol._converter.structure(raw.get("range"), types.Range)
-        except Exception as exc:
-            raise JsonRpcInvalidParams(f"bad range {raw.get('range')!r}: {exc}") from None
+        except Exception:  # cattrs' own message names its exception groups, not what was wrong
+            raise JsonRpcInvalidParams(
+                "the action's range must be an LSP Range ({start: {line, character}, end: {line, character}}"
+                f", non-negative integers), got {quoted(raw.get('range'))}"
+            ) from None
         return cls(uri=uri, action=action, range=rng, version=version, instruction=instruction)
 
 
@@ -161,9 +164,8 @@ def register(ls) -> None:
 
     @ls.feature(types.CODE_ACTION_RESOLVE)
     async def resolve_code_action(ls, action: types.CodeAction):
-        name = action.data.get("action") if isinstance(action.data, dict) else None
-        if not isinstance(name, str) or name not in TITLES:  # not ours (a list is not even hashable)
-            return action
+        # every action this server offers carries its data: anything else is InvalidParams, never an action
+        # handed back without an edit (which a client applies as nothing, silently)
         action.edit = await run_action(ls, ActionData.from_client(ls, action.data))
         return action
 
@@ -179,15 +181,18 @@ def register(ls) -> None:
 
 
 def _direct_command(name: str):
-    """`dfim.<action>` with typed arguments [uri, range, instruction?]: pygls structures uri and range (a wrong
-    type is InvalidParams before this runs; it passes an optional trailing argument only as *rest); the edit
-    is computed and applied."""
+    """`dfim.<action>` with arguments [uri, range, instruction?], checked as an action's data is (a message
+    that says which argument is wrong, where pygls's typed structuring names cattrs' exception groups); the
+    edit is computed and applied."""
 
-    async def direct(ls, uri: str, range: types.Range, *rest: Any):
-        instruction = rest[0] if rest else None
-        if len(rest) > 1 or not (instruction is None or isinstance(instruction, str)):
-            raise JsonRpcInvalidParams(f"dfim.{name} takes [uri, range, instruction?]")
-        data = ActionData(uri=uri, action=name, range=range, instruction=instruction)
+    async def direct(ls, *args: Any):
+        if not 2 <= len(args) <= 3:
+            raise JsonRpcInvalidParams(
+                f"dfim.{name} takes [uri, range, instruction?], got {len(args)} arguments"
+            )
+        uri, rng, instruction = (*args, None)[:3]
+        raw = {"uri": uri, "action": name, "range": rng, "instruction": instruction}
+        data = ActionData.from_client(ls, raw)
         return await _apply(ls, await run_action(ls, data), TITLES[name])
 
     return direct

@@ -217,16 +217,19 @@ def _check_value(name: str, value, kind, meta) -> tuple[object, str | None]:
     return value, None
 
 
-def merge_options(previous, raw, prefix: str = "dfim") -> tuple[object, list[str]]:
+def merge_options(previous, raw, prefix: str = "dfim", keep=None) -> tuple[object, list[str]]:
     """A copy of `previous` (an options dataclass) with `raw`'s valid values applied, and the errors found.
+    A bad value leaves `keep`'s value in its place (default: `previous`'s): a client's whole settings merged
+    onto the defaults still keep the value in use where the new one is bad.
 
     Unknown keys are errors too (a misspelt key would otherwise be silently ignored); None values mean
     "leave as is" (clients send null for unset settings)."""
     errors: list[str] = []
+    keep = previous if keep is None else keep
     if raw is None or raw == []:  # Lua clients encode an empty table as [] (no settings)
         return previous, errors
     if not isinstance(raw, dict):
-        return previous, [f"{prefix} settings must be an object, got {quoted(raw)}"]
+        return keep, [f"{prefix} settings must be an object, got {quoted(raw)}"]
     hints = typing.get_type_hints(type(previous))
     fields = {f.name: f for f in dataclasses.fields(previous)}
     changes = {}
@@ -241,13 +244,14 @@ def merge_options(previous, raw, prefix: str = "dfim") -> tuple[object, list[str
         current = getattr(previous, name)
         label = f"{prefix}.{camel(name)}"
         if dataclasses.is_dataclass(current):
-            merged, sub_errors = merge_options(current, value, label)
+            merged, sub_errors = merge_options(current, value, label, getattr(keep, name))
             changes[name] = merged
             errors.extend(sub_errors)
             continue
         converted, error = _check_value(label, value, kind, fields[name].metadata)
         if error:
             errors.append(error)
+            changes[name] = getattr(keep, name)
         else:
             changes[name] = converted
     return dataclasses.replace(previous, **changes), errors

@@ -157,7 +157,12 @@ class Engine:
         `compile`: torch.compile the fast path's layers (`Engine.fast_compile`). `dtype`: the weights' dtype
         (default: bf16 on a GPU, fp32 on the CPU; checks that compare two backends ask for fp32)."""
         folder = resolve_checkpoint(path)
-        dev = check_device(device)
+        try:
+            dev = check_device(device)
+        except EngineError as exc:
+            if not folder.is_dir():  # both wrong: say both, or fixing one only brings up the other
+                raise EngineError(f"{folder_not_found(folder)}; and {exc}") from None
+            raise
         automatic = limit_threads(threads)
         if not folder.is_dir():
             raise folder_not_found(folder)
@@ -388,7 +393,9 @@ class Engine:
             "sampler": sampler,
             # the CPU's products of a few rows: "int8" (an int8 checkpoint, where those are the faster),
             # "fp16" (fbgemm's copies) or "fp32"
-            "cpu_products": (head.kind if head is not None else "fp32") if self.device.type == "cpu" else None,
+            "cpu_products": (head.kind if head is not None else "fp32")
+            if self.device.type == "cpu"
+            else None,
         }
 
     def _score_likelihood(

@@ -439,6 +439,25 @@ async def test_bad_settings_show_an_error_and_keep_the_previous_value(session):
     assert result is None or result.items
 
 
+async def test_a_setting_left_out_of_the_clients_settings_goes_back_to_its_default(session):
+    """didChangeConfiguration carries the client's whole dfim section: a key the user removed is reset,
+    not kept from an earlier change (Neovim sends only the keys its user set)."""
+    uri = "file:///work/reset.py"
+    session.open(uri, PY)
+    session.configure({"languages": ["go"]})
+    await asyncio.sleep(0.1)
+    before = await session.stats()
+    served = before.fills + before.cache_hits
+    assert await session.inline(uri, 1, 11) is None
+    after = await session.stats()
+    assert after.fills + after.cache_hits == served  # Python is off: neither a fill nor the cache
+    session.configure({})
+    await asyncio.sleep(0.1)
+    await session.inline(uri, 1, 11)
+    after = await session.stats()
+    assert after.fills + after.cache_hits > served  # Python is back: the default languages
+
+
 async def test_a_request_whose_params_do_not_validate_is_answered_with_an_error(session):
     uri = "file:///work/invalid.py"
     session.open(uri, PY)
@@ -479,15 +498,20 @@ async def test_an_actions_data_of_the_wrong_types_is_invalid_params_not_an_inter
             )
         ),
     ]
-    for action in (["fillHole"], {"name": "fillHole"}):  # not an action of ours: returned as it came
-        resolved = await client.code_action_resolve_async(
-            types.CodeAction(title="t", data={"action": action, "uri": uri, "range": here})
+    for action in (["fillHole"], {"name": "fillHole"}, "bogus"):  # not an action of ours (unhashable too)
+        requests.append(
+            client.code_action_resolve_async(
+                types.CodeAction(title="t", data={"action": action, "uri": uri, "range": here})
+            )
         )
-        assert resolved.edit is None and resolved.data["action"] == action
+    requests.append(client.code_action_resolve_async(types.CodeAction(title="t", data="garbage")))
+    requests.append(client.code_action_resolve_async(types.CodeAction(title="t")))  # no data at all
     for command, arguments in [
         ("dfim.runAction", [{"uri": uri, "range": here}]),
         ("dfim.runAction", [{"uri": uri, "range": here, "action": ["fillHole"]}]),
         ("dfim.fillHole", [{"uri": uri}, here]),
+        ("dfim.fillHole", [uri, "notarange"]),
+        ("dfim.fillHole", [uri]),
     ]:
         params = types.ExecuteCommandParams(command=command, arguments=arguments)
         requests.append(client.workspace_execute_command_async(params))
@@ -495,6 +519,7 @@ async def test_an_actions_data_of_the_wrong_types_is_invalid_params_not_an_inter
         with pytest.raises(JsonRpcException) as info:
             await asyncio.wait_for(request, 10)
         assert info.value.code == -32602, info.value  # InvalidParams, not InternalError
+        assert "sub-exception" not in str(info.value)  # says what was wrong, not cattrs' grouping
     assert session.messages[count:] == []
     result = await session.inline(uri, 1, 11)  # still serving
     assert result is None or result.items

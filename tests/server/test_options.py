@@ -70,3 +70,15 @@ def test_a_telemetry_dir_no_os_can_open_is_refused_and_the_previous_one_kept():
     assert options.merge_options(before, {"telemetry": {"dataDir": "/tmp/\udc80"}})[1] == []
     # a long non-object is quoted short in the popup
     assert len(options.merge_options(before, "x" * 100000)[1][0]) < 100
+
+
+def test_a_whole_settings_tree_merges_onto_the_base_and_a_bad_value_keeps_the_one_in_use():
+    base = options.Options()
+    in_use, errors = options.merge_options(base, {"languages": ["go"], "sampling": {"maxSteps": 4}})
+    assert errors == [] and in_use.languages == ["go"]
+    # the client's whole tree again, without `languages` and with a bad maxSteps: languages goes back to
+    # the base's, maxSteps stays at the value in use (not the base's 8), and the error says so
+    merged, errors = options.merge_options(base, {"sampling": {"maxSteps": -1}}, keep=in_use)
+    assert merged.languages == base.languages
+    assert merged.sampling.max_steps == 4 and len(errors) == 1 and "maxSteps" in errors[0]
+    assert options.merge_options(base, "nonsense", keep=in_use)[0] is in_use

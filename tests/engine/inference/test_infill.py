@@ -308,3 +308,16 @@ def test_likelihood_rank_picks_the_candidate_the_encoder_lm_prefers(engine):
 def test_an_unknown_rank_is_an_engine_error(engine):
     with pytest.raises(EngineError, match="rank must be one of"):
         fill(engine, prefix="x = ", suffix="\n", settings=replace(FAST, rank="loudest"))
+
+
+def test_a_missing_folder_and_a_missing_gpu_are_both_named(tmp_path: Path) -> None:
+    """Fixing one of two wrong settings must not only bring up the other: a load names both."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    with pytest.raises(EngineError) as info:
+        Engine.load(str(tmp_path / "absent"), device="cuda")
+    assert "checkpoint folder not found" in str(info.value) and "CUDA is not available" in str(info.value)
+    with pytest.raises(CheckpointError, match="checkpoint folder not found"):
+        Engine.load(str(tmp_path / "absent"))
