@@ -33,7 +33,7 @@ from dfim.server.inline_plan import (
 )
 from dfim.server.model_wait import wait_for_model
 from dfim.server.options import Options
-from dfim.server.postprocess import rank_candidates
+from dfim.server.postprocess import rank_candidates, without_breaking
 
 if TYPE_CHECKING:
     from dfim.server.documents import Document
@@ -158,6 +158,8 @@ async def fill_for_inline(
     if invoked:
         outcome = await add_distinct(fills, plan, outcome, cancelled)
     ranked, steps, attempts = outcome
+    if invoked:
+        ranked = without_breaking(ranked, plan.post)
     # The quality gate's input (dfim.server.gate): the same for a request's fill and a speculated one, so
     # a suggestion after an accept passes the same gate as any other.
     confidence = gate.confidence_of(

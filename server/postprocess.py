@@ -246,6 +246,18 @@ def clean(raw: str, ctx: FillContext | PostContext) -> str | None:
     return state.text
 
 
+def without_breaking(candidates: list[str], ctx: FillContext | PostContext) -> list[str]:
+    """`candidates` (ranked) less those that bring syntax errors where they go, when one at least does not:
+    alternatives the user cycles through (an unclosed string, a stray `)`) are not worth a look once a clean
+    one is there. All of them where every one breaks something (the first is the model's best guess)."""
+    ctx = as_post(ctx)
+    if len(candidates) < 2 or ctx.lang is None:
+        return candidates
+    base = ctx.errors("")
+    clean = [c for c in candidates if ctx.errors(c) <= base]
+    return clean or candidates
+
+
 def rank_candidates(candidates: list[str], ctx: FillContext | PostContext) -> list[str]:
     """Cleaned, deduplicated candidates; those that parse without new syntax errors first, model order kept
     otherwise."""

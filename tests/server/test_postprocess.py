@@ -208,6 +208,16 @@ def test_rank_prefers_candidates_that_parse():
     assert ranked == ["x + 1", "x +* 1"]
 
 
+def test_alternatives_that_break_the_code_are_dropped_once_one_does_not():
+    ctx = ctx_for("def f(x):\n    return |\n")
+    ranked = postprocess.rank_candidates(["x +* 1", "x + 1", "x - 1"], ctx)
+    assert ranked == ["x + 1", "x - 1", "x +* 1"]
+    assert postprocess.without_breaking(ranked, ctx) == ["x + 1", "x - 1"]
+    broken = postprocess.rank_candidates(["x +* 1", "x */ 2"], ctx)
+    assert len(broken) == 2
+    assert postprocess.without_breaking(broken, ctx) == broken  # none is clean: the model's best still shows
+
+
 def test_a_fill_inside_a_word_does_not_write_the_line_again():
     text, cursor = split("values = [1]\nBUCK|ETS = len(values)\n")
     ctx = context.build_context(text, cursor, "python")
