@@ -112,6 +112,10 @@ def remove_suffix_overlap(completion: str, suffix: str) -> str:
         stripped = completion.rstrip()
         if stripped.endswith(rest):
             return stripped[: len(stripped) - len(rest)].rstrip(" \t") if stripped != rest else ""
+    if "\n" not in completion and rest in ("{", "[", "(") and completion.rstrip().endswith(rest):
+        # a one-line fill that ends by opening what the line opens right after it (`User | undefined {`
+        # before the cursor's `{`) would open it twice: an opener, unlike a closer, is never the fill's own
+        return completion.rstrip()[:-1].rstrip(" \t")
     # the completion ends with a long-enough prefix of the suffix (e.g. the suffix's next statement); not
     # a one-line fill that ends its line, which cannot run into the next one: a table's row may well end
     # as the row below begins (`NONA,  NONA,`)

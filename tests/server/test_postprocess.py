@@ -19,6 +19,14 @@ def test_suffix_overlap_and_duplicated_closers_are_removed():
     assert postprocess.clean("y = x + 1\n    return y", ctx) == "y = x + 1"
 
 
+def test_an_opener_right_after_the_cursor_is_not_opened_twice():
+    ctx = ctx_for("function find(id: number): User |{\n  return undefined;\n}\n", "typescript")
+    assert postprocess.clean("| undefined {", ctx) == "| undefined"
+    ctx = ctx_for("func f() {\n\tif ready |{\n\t\tgo()\n\t}\n}\n", "go")
+    assert postprocess.clean("&& ok {", ctx) == "&& ok"
+    assert postprocess.clean("&& ok", ctx) == "&& ok"  # nothing doubled: untouched
+
+
 def test_a_lone_colon_or_semicolon_after_the_cursor_is_not_doubled():
     assert postprocess.clean("0:", ctx_for("if x > |:\n    pass\n")) == "0"
     assert postprocess.clean("w * 2;", ctx_for("int a = |;\n", "c")) == "w * 2"
