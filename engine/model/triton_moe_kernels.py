@@ -88,6 +88,21 @@ def quantize_rows(x_ptr, q_ptr, scale_ptr, n_cols, x_stride, BLOCK: tl.constexpr
 
 
 @triton.jit
+def store_activations(act, h_ptr, h_scale_ptr, h_stride, rows, row_ok, cols, col_ok, n_inter,
+                      BLOCK_N: tl.constexpr, QUANT: tl.constexpr, ROUND: tl.constexpr):  # fmt: skip
+    """The experts' activations act [pairs, BLOCK_N columns] into h: QUANT, as e4m3 with one scale a (pair,
+    this program's columns) in h_scale [pairs, cdiv(n_inter, BLOCK_N)]; else in h's dtype."""
+    dest = h_ptr + rows[:, None].to(tl.int64) * h_stride + cols[None, :]
+    if QUANT:
+        q, group_scale = to_e4m3(act, col_ok, ROUND)
+        tl.store(dest, q, mask=row_ok[:, None] & col_ok[None, :])
+        groups = tl.cdiv(n_inter, BLOCK_N)
+        tl.store(h_scale_ptr + rows.to(tl.int64) * groups + tl.program_id(1), group_scale, mask=row_ok)
+    else:
+        tl.store(dest, saturate(act, h_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
 def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h_ptr, n_hidden, n_inter, x_stride,
                 w_e, w_n, w_k, h_stride, x_scale_ptr, h_scale_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, EXACT: tl.constexpr, SCALED: tl.constexpr, FP8_ACT: tl.constexpr,
@@ -133,15 +148,8 @@ def gate_up_act(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h_ptr,
             token_scale = tl.load(x_scale_ptr + tokens, mask=row_ok, other=0.0)[:, None]
             gate = gate * token_scale
             up = up * token_scale
-        act = gelu_times(gate, up)
-        dest = h_ptr + rows[:, None].to(tl.int64) * h_stride + cols[None, :]
-        if FP8_ACT:
-            q, group_scale = to_e4m3(act, col_ok, ROUND)
-            tl.store(dest, q, mask=row_ok[:, None] & col_ok[None, :])
-            groups = tl.cdiv(n_inter, BLOCK_N)
-            tl.store(h_scale_ptr + rows.to(tl.int64) * groups + tl.program_id(1), group_scale, mask=row_ok)
-        else:
-            tl.store(dest, saturate(act, h_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+        store_activations(gelu_times(gate, up), h_ptr, h_scale_ptr, h_stride, rows, row_ok, cols, col_ok, n_inter,
+                          BLOCK_N, FP8_ACT, ROUND)  # fmt: skip
 
 
 @triton.jit
@@ -327,14 +335,8 @@ def gate_up_act_w8a8(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h
         gate = gate * gate_scale[:, None] * token_scale
         up = up * up_scale[:, None] * token_scale
         act = tl.trans(gelu_times(gate, up))  # [pairs, columns]
-        dest = h_ptr + rows[:, None].to(tl.int64) * h_stride + cols[None, :]
-        if QUANT:
-            q, group_scale = to_e4m3(act, col_ok, ROUND)
-            tl.store(dest, q, mask=row_ok[:, None] & col_ok[None, :])
-            groups = tl.cdiv(n_inter, BLOCK_N)
-            tl.store(h_scale_ptr + rows.to(tl.int64) * groups + tl.program_id(1), group_scale, mask=row_ok)
-        else:
-            tl.store(dest, saturate(act, h_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+        store_activations(act, h_ptr, h_scale_ptr, h_stride, rows, row_ok, cols, col_ok, n_inter, BLOCK_N, QUANT,
+                          ROUND)  # fmt: skip
 
 
 @triton.jit
