@@ -93,6 +93,7 @@ class DfimServer(LanguageServer):
         self.pending_errors: list[str] = []
         self._load_task: asyncio.Task | None = None
         self._loaded = ("", "")
+        self._in_use: tuple[str, str] | None = None  # (path, device) of the model the host holds now
 
     # ---- transport -------------------------------------------------------------------------------------
 
@@ -199,6 +200,11 @@ class DfimServer(LanguageServer):
         wanted = (self.options.model.path, self.options.model.device)
         if wanted == self._loaded and (self.host.ready or self.host.loading or self.host.error):
             return
+        if wanted == self._in_use and self.host.ready and not self.host.loading:
+            # back to the model still serving after a load that failed (its settings undone): nothing to load
+            self._loaded, self.host.error = wanted, None
+            self.status.update(state="ready", message="")
+            return
         self._loaded = wanted
         self.cache.clear()
         self._load_task = asyncio.ensure_future(self._load(*wanted))
@@ -223,6 +229,7 @@ class DfimServer(LanguageServer):
             )
         elif self.host.ready:
             engine = self.host.engine
+            self._in_use = (path, device)
             self.status.update(
                 state="ready",
                 message="",

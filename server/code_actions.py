@@ -148,9 +148,16 @@ def register(ls) -> None:
         names = available_actions(doc.text, lang, start, end)
         resolve, show_disabled = _resolve_supported(ls), _disabled_supported(ls)
         max_canvas = min(ls.options.sampling.max_canvas, getattr(ls.host.engine, "canvas_limit", 256))
+        counted: dict[str, int] = {}  # the selection's rewrite and regeneration count the same text
+
+        def count(text: str) -> int:
+            if text not in counted:
+                counted[text] = ls.host.count_tokens(text)
+            return counted[text]
+
         out = []
         for name in names:
-            why = too_long(name, doc.text, lang, start, end, max_canvas, ls.host.count_tokens)
+            why = too_long(name, doc.text, lang, start, end, max_canvas, count)
             if why is not None and not show_disabled:
                 continue  # offered, it would only be refused
             data = ActionData(uri=doc.uri, action=name, range=params.range, version=doc.version).to_client(ls)

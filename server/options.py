@@ -223,7 +223,8 @@ def merge_options(previous, raw, prefix: str = "dfim", keep=None) -> tuple[objec
     onto the defaults still keep the value in use where the new one is bad.
 
     Unknown keys are errors too (a misspelt key would otherwise be silently ignored); None values mean
-    "leave as is" (clients send null for unset settings)."""
+    "leave as is" (clients send null for unset settings): `previous`'s value, which for a client's whole
+    settings merged onto the starting ones (`DfimServer.apply_settings`) is the starting value."""
     errors: list[str] = []
     keep = previous if keep is None else keep
     if raw is None or raw == []:  # Lua clients encode an empty table as [] (no settings)

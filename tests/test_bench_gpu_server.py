@@ -34,7 +34,14 @@ def test_every_phase_runs_through_the_real_server(tmp_path: Path) -> None:
     assert "block fill round trip: p50" in report and "48 steps (max_steps)" in report
     # where fills ran, from dfim/stats: the plain network on the CPU in fp32
     path = json.loads(report.split("engine path: ", 1)[1].splitlines()[0])
-    assert path == {"device": "cpu", "dtype": "float32", "fast": False, "fast_path": None, "sampler": "torch"}
+    assert path == {
+        "device": "cpu",
+        "dtype": "float32",
+        "fast": False,
+        "fast_path": None,
+        "sampler": "torch",
+        "cpu_products": "fp32",
+    }
     assert '"failed": 0' in report and report.rstrip().splitlines()[-1].startswith("OK after")
 
 

@@ -133,14 +133,11 @@ def pack_weight(weight: Tensor, *also_watched: Tensor, int8: bool = False) -> Pa
     products are the faster here (`int8_products_fast`), else fp16 (`pack_fp16`; an int8 model's values fit
     it within fp16's rounding). None where the kernel is missing or the weight does not fit, as `pack_fp16`."""
     watched = (weight, *also_watched)
-    if not int8 or not int8_products_fast():
-        return pack_fp16(weight, *also_watched, exact=not int8)
-    if any(t.is_inference() for t in watched):
-        return None
-    op = pack_int8(weight)
-    if op is None:
-        return None
-    return Packed(op, weight.data_ptr(), watched, tuple(t._version for t in watched), kind="int8")
+    if int8 and int8_products_fast() and not any(t.is_inference() for t in watched):
+        op = pack_int8(weight)
+        if op is not None:
+            return Packed(op, weight.data_ptr(), watched, tuple(t._version for t in watched), kind="int8")
+    return pack_fp16(weight, *also_watched, exact=not int8)
 
 
 def linear(x: Tensor, weight: Tensor, packed: Packed | None = None) -> Tensor:

@@ -79,7 +79,7 @@ class Tiles:
 
     def activation_group(self, inter: int) -> int:
         """W8A8: the width of the experts' activations' scale groups (`moe_w8a8_reference`'s group)."""
-        return inter if self.row_scale else self.block_n
+        return inter if self.row_scale and self.weights_first else self.block_n
 
 
 def tiles_for(pairs: int, experts: int, fp8: bool = False, fp8_act: bool = False) -> Tiles:
@@ -229,6 +229,10 @@ def moe_triton(
     groups = triton.cdiv(inter, tiles.block_n)
     h_scale = torch.empty(n * k, groups, dtype=torch.float32, device=x.device) if fp8_act else h
     dt = tiles.down or tiles
+    if not (fp8_act and tiles.weights_first) and (
+        tiles.row_scale or not tiles.promote or dt.column_tiles > 1
+    ):
+        raise ValueError("row_scale, promote=False and column_tiles are for W8A8 with the weights first")
     if fp8_act and tiles.weights_first and not tiles.row_scale and tiles.block_n % dt.block_k:
         raise ValueError(
             f"the down product's steps of {dt.block_k} must divide the scale groups of {tiles.block_n}"

@@ -631,9 +631,14 @@ async def test_a_model_path_that_fails_keeps_the_loaded_model_and_is_reported_on
         assert "still using" in status.message
         count = len(s.messages)
         s.configure({"model": {"path": str(tmp_path / "no-such-model")}, "sampling": {"maxSteps": 3}})
+        await asyncio.sleep(0.2)
+        statuses = len(s.statuses)
+        # the path left out: the starting one again, the model still serving, which is not loaded again
         s.configure({"sampling": {"maxSteps": 2}})
         await asyncio.sleep(0.5)
         assert s.messages[count:] == []  # not shown again for every later change
+        assert all(x.state != "loading" for x in s.statuses[statuses:])
+        assert s.statuses[-1].state == "ready" and "still using" not in s.statuses[-1].message
         s.open("file:///work/keep.py", PY)
         result = await s.inline("file:///work/keep.py", 1, 11)  # the model loaded before still answers
         assert result is None or result.items

@@ -231,5 +231,6 @@ def test_path_info_is_the_engine_s_and_none_without_one(tmp_path) -> None:
         "fast": False,
         "fast_path": None,
         "sampler": "torch",
+        "cpu_products": "fp32",  # a random fp32 checkpoint: no fp16 copies (they would round its weights)
     }
     host.shutdown()

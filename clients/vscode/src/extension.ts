@@ -95,6 +95,10 @@ function buildClient(): LanguageClient {
         const result = await next(document, position, context, token);
         const items = Array.isArray(result) ? result : result?.items;
         const first = items?.[0];
+        if (!first && context.triggerKind === vscode.InlineCompletionTriggerKind.Invoke && !token.isCancellationRequested) {
+          // asked for (Alt+\), and nothing came: say so where the eye is, for a moment
+          vscode.window.setStatusBarMessage("dfim: no suggestion here", 2500);
+        }
         if (first && typeof first.insertText === "string") {
           const start = first.range?.start ?? position;
           send(

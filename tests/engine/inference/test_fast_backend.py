@@ -257,6 +257,7 @@ def test_path_info_says_where_fills_denoise(tmp_path):
         "fast": False,
         "fast_path": None,
         "sampler": "torch",
+        "cpu_products": "fp32",  # a random fp32 checkpoint: no fp16 copies (they would round its weights)
     }
     assert fast.path_info()["fast_path"] is None  # built by the first fill
     fast.fill(FillRequest(prefix="x = ", suffix="\n", max_tokens=8, settings=SamplerSettings(max_steps=2)))

@@ -293,3 +293,22 @@ def test_where_int8_products_are_slower_an_int8_model_runs_fp16_copies(
     monkeypatch.setenv("DFIM_INT8_PRODUCTS", "auto")  # and the probe answers on its own, either way
     int8_products_fast.cache_clear()
     assert int8_products_fast() in (True, False)
+
+
+def test_the_probe_reads_the_usual_spellings_and_never_picks_a_route_that_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dfim.engine.model import int8
+
+    for value, want in (("1", True), ("yes", True), ("ON", True), ("0", False), ("no", False), ("off", False)):
+        monkeypatch.setenv("DFIM_INT8_PRODUCTS", value)
+        int8_products_fast.cache_clear()
+        assert int8_products_fast() is want, value
+    monkeypatch.setenv("DFIM_INT8_PRODUCTS", "auto")
+
+    def broken(x, weight):
+        raise RuntimeError("no int8 kernel on this build")
+
+    monkeypatch.setattr(int8, "linear_int8", broken)
+    int8_products_fast.cache_clear()
+    assert int8_products_fast() is False

@@ -139,7 +139,13 @@ end
 local pending = {} -- bufnr -> {client, id}
 M.pending = pending -- for tests: empty once every answer came back
 
+--- An asked-for suggestion that did not come: said in the command line, not in the message history.
+function M.say_empty()
+  vim.api.nvim_echo({ { 'dfim: no suggestion here', 'Comment' } }, false, {})
+end
+
 --- Ask the server now. `invoked` marks a manual trigger (InlineCompletionTriggerKind.Invoked = 1).
+--- on_done(got, err, why): why is 'empty' when the server answered with nothing to show.
 function M.request(bufnr, invoked, on_done)
   bufnr = bufnr or vim.api.nvim_get_current_buf()
   local client = get_client(bufnr)
@@ -173,8 +179,15 @@ function M.request(bufnr, invoked, on_done)
       or vim.api.nvim_buf_get_changedtick(bufnr) ~= tick
       or r ~= row
       or c ~= col
-    if err or stale or not result then
+    if err or stale then
       if on_done then on_done(false, err) end
+      return
+    end
+    if not result then
+      if invoked then
+        M.clear(bufnr) -- asked for, and nothing here: an older suggestion is not the answer either
+      end
+      if on_done then on_done(false, nil, 'empty') end
       return
     end
     local items = {}
@@ -186,7 +199,7 @@ function M.request(bufnr, invoked, on_done)
     end
     if #items == 0 then
       M.clear(bufnr)
-      if on_done then on_done(false) end
+      if on_done then on_done(false, nil, 'empty') end
       return
     end
     local old = M.states[bufnr]
@@ -320,8 +333,11 @@ function M.cycle(delta, bufnr, on_done)
     return
   end
   local was = st and st.items[st.index]
-  M.request(bufnr, true, function(got, err)
+  M.request(bufnr, true, function(got, err, why)
     local now = M.states[bufnr]
+    if why == 'empty' and not was then
+      M.say_empty()
+    end
     if got and now and was then
       local at -- where the suggestion that was on screen is among the alternatives
       for i, cand in ipairs(now.items) do

@@ -461,7 +461,11 @@ end
 
 --- Ask for a completion at the cursor now (ghost text mode), e.g. from a mapping or a test.
 function M.trigger(on_done)
-  ghost.request(nil, true, on_done)
+  ghost.request(nil, true, on_done or function(_, _, why)
+    if why == 'empty' then
+      ghost.say_empty()
+    end
+  end)
 end
 
 function M.toggle()
