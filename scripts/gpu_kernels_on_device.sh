@@ -28,6 +28,7 @@
 # verify_fp8 moe_tests server_fp8                                                2 min: the FP8 checks
 # w8a8_tiles moe_tests moe_w8a8 bench_fp8_variants                               3 min: unpromoted, row scales
 # confirm_rows moe_tests moe_w8a8 bench_fp8_triton server_fp8 profile_step_fp8  6 min: after w8a8_tiles
+# verify_rows moe_tests check bench_fp8_triton server_fp8                     5 min: the session's last code
 # dense_fp8 dense_products_fp8                                                   1 min: FP8 dense products?
 # confirm_ar gemv_tests profile_ar server_fp8 bench_gpu                         8 min: after the AR work
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
@@ -167,6 +168,7 @@ case ${1:-check} in
   verify_fp8) jobs=(moe_tests server_fp8) ;;
   w8a8_tiles) jobs=(moe_tests moe_w8a8 bench_fp8_variants) ;;
   confirm_rows) jobs=(moe_tests moe_w8a8 bench_fp8_triton server_fp8 profile_step_fp8) ;;
+  verify_rows) jobs=(moe_tests check bench_fp8_triton server_fp8) ;;
   dense_fp8) jobs=(dense_products_fp8) ;;
   confirm_ar) jobs=(gemv_tests profile_ar server_fp8 bench_gpu) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
