@@ -76,7 +76,7 @@ job() {
         -k "cuda"
       tail -2 "$OUT/sampler_tests.log" ;;
     check)  # the fp32 check: layer by layer against PyTorch's ops, the engine on both backends
-      run check_fast_gpu 200 python3 scripts/check_fast_gpu.py --skip-hf --out "$OUT/check_fast_gpu.txt"
+      run check_fast_gpu 420 python3 scripts/check_fast_gpu.py --skip-hf --out "$OUT/check_fast_gpu.txt"
       tail -3 "$OUT/check_fast_gpu.log" ;;
     bench_gpu|bench_gpu_nocompile|bench_gpu_nohf)  # a 256-token step, AR decode, transformers' generate
       local extra=()
