@@ -300,7 +300,14 @@ def test_the_probe_reads_the_usual_spellings_and_never_picks_a_route_that_fails(
 ) -> None:
     from dfim.engine.model import int8
 
-    for value, want in (("1", True), ("yes", True), ("ON", True), ("0", False), ("no", False), ("off", False)):
+    for value, want in (
+        ("1", True),
+        ("yes", True),
+        ("ON", True),
+        ("0", False),
+        ("no", False),
+        ("off", False),
+    ):
         monkeypatch.setenv("DFIM_INT8_PRODUCTS", value)
         int8_products_fast.cache_clear()
         assert int8_products_fast() is want, value
