@@ -20,6 +20,7 @@ from dfim.server.post_context import PostContext, post_context
 from dfim.server.rules import (
     balance_brackets,
     cut_loop,
+    cut_repeat_of_line_start,
     cut_repeated_line_end,
     cut_stutter,
     cut_to_parsing_lines,
@@ -170,6 +171,10 @@ def inline_chain(ctx: PostContext, max_lines: int = 40) -> Chain:
             Rule("drop_repeat_of_line_above", drop_repeat_of_line_above),
             Rule("cut_to_parsing_lines", lambda t, c: cut_to_parsing_lines(t, c, max_lines)),
         ]
+    if line and not ctx.opens_line:
+        rules.append(
+            Rule("cut_repeat_of_line_start", lambda t, c: cut_repeat_of_line_start(t, c.before_on_line))
+        )
     rules.append(Rule("remove_suffix_overlap", lambda t, c: remove_suffix_overlap(t, c.suffix)))
     if line:
         rules.append(Rule("drop_duplicate_quote", lambda t, c: drop_duplicate_quote(t, c.rest_of_line)))

@@ -133,6 +133,23 @@ def remove_suffix_overlap(completion: str, suffix: str) -> str:
     return completion
 
 
+def cut_repeat_of_line_start(completion: str, before_on_line: str, min_chars: int = 8) -> str:
+    """A small model sometimes writes the cursor's line again from a point before the cursor: after
+    `runes[i], runes[j] = ` it writes `runes[i], runes[j] = runes[j], runes[i]`, after `User | undefined `
+    it writes `| undefined`. Drop such a head: the longest tail of the text before the cursor, from a word's
+    start, of `min_chars` or more characters besides spaces, that the completion starts with."""
+    line = before_on_line
+    for i in range(len(line)):
+        tail = line[i:].rstrip()
+        if len(tail.replace(" ", "")) < min_chars:
+            break
+        if line[i] in " \t" or (i and is_word_char(line[i - 1]) and is_word_char(line[i])):
+            continue  # a space, or inside a word: not where a repeat begins
+        if completion.startswith(tail) and len(completion) > len(tail):
+            return completion[len(tail) :].lstrip(" \t")
+    return completion
+
+
 def cut_repeated_line_end(completion: str, rest_of_line: str) -> str:
     """Inside a word (`BUCK▮ETS = len(values)`) the model tends to write the line again: `S = len(values)`
     would give `BUCKS = len(values)ETS = len(values)`. Cut a tail of the completion that repeats the end of

@@ -19,6 +19,21 @@ def test_suffix_overlap_and_duplicated_closers_are_removed():
     assert postprocess.clean("y = x + 1\n    return y", ctx) == "y = x + 1"
 
 
+def test_a_fill_that_writes_the_line_again_from_before_the_cursor_loses_that_head():
+    ctx = ctx_for(
+        "func f() {\n\tfor i, j := 0, 1; i < j; i, j = i+1, j-1 {\n\t\trunes[i], runes[j] = |\n\t}\n}\n", "go"
+    )
+    assert postprocess.clean("runes[i], runes[j] = runes[j], runes[i]", ctx) == "runes[j], runes[i]"
+    text = "function find(id: number): User | undefined {\n  return undefined;\n}\n"
+    ts = context.build_context(text, text.index("{"), "typescript")  # (the type's `|` is no cursor mark)
+    assert postprocess.clean("| undefined {", ts) is None  # nothing left worth showing
+    assert postprocess.clean("| null", ts) == "| null"
+    ctx = ctx_for("total = price * quantity + |\n")
+    assert postprocess.clean("tax", ctx) == "tax"
+    assert postprocess.clean("quantity + tax", ctx) == "tax"
+    assert postprocess.clean("x + tax", ctx) == "x + tax"  # a repeat too short to tell from real code
+
+
 def test_an_opener_right_after_the_cursor_is_not_opened_twice():
     ctx = ctx_for("function find(id: number): User |{\n  return undefined;\n}\n", "typescript")
     assert postprocess.clean("| undefined {", ctx) == "| undefined"
@@ -241,6 +256,7 @@ def test_the_chain_holds_only_the_rules_that_apply_in_todays_order():
         "drop_broken_characters",
         "limit_scope",
         "cut_stutter",
+        "cut_repeat_of_line_start",
         "remove_suffix_overlap",
         "drop_duplicate_quote",
         "balance_brackets",
@@ -262,6 +278,7 @@ def test_the_chain_holds_only_the_rules_that_apply_in_todays_order():
     several = names("def f(xs):\n    |\n")
     assert several.index("cut_stutter") < several.index("cut_loop") < several.index("cut_to_parsing_lines")
     assert "drop_duplicate_quote" not in several and "drop_start_of_what_follows" not in several
+    assert "cut_repeat_of_line_start" not in several  # a line of its own repeats nothing before it
     assert names("def f(x):\n    y = x\n    |return y\n")[-2:] == ["fit_new_line_indent", "open_line_above"]
     ctx = context.build_context("a = 1\r\nb = \r\n", 11, "python")
     assert "normalize_newlines" in postprocess.inline_chain(post_context(ctx)).names
