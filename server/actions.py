@@ -98,11 +98,8 @@ def too_long(
     if action == "fillSelectionHoles":
         lo, hi = region(text, start, end, 20000, 20000)  # parsed around the selection, as `available_actions`
         holes = find_holes(Source(text[lo:hi], lang), start - lo, end - lo)
-        start, end = start - lo, end - lo
-        text = text[lo:hi]
-        cuts = [start] + [edge for hole in holes for edge in (hole.start, hole.end)] + [end]
-        pieces = [text[a:b] for a, b in zip(cuts[::2], cuts[1::2], strict=True) if b > a]
-        needed = sum(count(piece) + 1 for piece in pieces) + 1 + 4 * len(holes)
+        pinned = _pinned_around(text[lo:hi], start - lo, end - lo, holes)
+        needed = _pinned_tokens(pinned, count) + MIN_HOLE_TOKENS * len(holes)
     else:
         needed = count(text[start:end]) + SLACK_TOKENS
     if needed > max_canvas:
@@ -197,6 +194,7 @@ BREAKS_CODE_FILL = "the model's code does not parse here, where the code around 
 # (`_window`): a class longer than this before the span is not judged
 AROUND_BEFORE, AROUND_AFTER = 64_000, 16_000
 SLACK_TOKENS = 8  # room a rewrite gets beyond the selection's own length (it may grow a little)
+MIN_HOLE_TOKENS = 4  # the least room a hole of a selection gets in its canvas
 
 
 class ActionError(ValueError):
@@ -371,14 +369,9 @@ def _selection_context(inp: ActionInput) -> FillContext:
     return ctx
 
 
-def plan_fill_selection_holes(inp: ActionInput) -> ActionPlan:
-    """Every hole in the selection in one canvas, the text between them pinned."""
-    ctx = _selection_context(inp)
-    text, start, end = inp.text, inp.start, inp.end
-    holes = find_holes(inp.source, start, end)
-    if not holes:
-        raise ActionError("no holes (pass, ..., TODO) in the selection")
-    pinned: list[str | None] = []  # the text between holes, in order (None marks a hole)
+def _pinned_around(text: str, start: int, end: int, holes) -> list[str | None]:
+    """The selection [start, end) as the text between its holes, in order, None marking each hole."""
+    pinned: list[str | None] = []
     cursor = start
     for hole in holes:
         if hole.start > cursor:
@@ -387,12 +380,28 @@ def plan_fill_selection_holes(inp: ActionInput) -> ActionPlan:
         cursor = hole.end
     if end > cursor:
         pinned.append(text[cursor:end])
-    # each piece is tokenized on its own (a token more at a seam), and the canvas ends with EOS
-    pinned_tokens = sum(inp.count(p) + 1 for p in pinned if p is not None) + 1
+    return pinned
+
+
+def _pinned_tokens(pinned: list[str | None], count: Callable[[str], int]) -> int:
+    """The canvas tokens the pinned pieces take: each tokenized on its own (a token more at a seam), and the
+    canvas ends with EOS."""
+    return sum(count(p) + 1 for p in pinned if p is not None) + 1
+
+
+def plan_fill_selection_holes(inp: ActionInput) -> ActionPlan:
+    """Every hole in the selection in one canvas, the text between them pinned."""
+    ctx = _selection_context(inp)
+    text, start, end = inp.text, inp.start, inp.end
+    holes = find_holes(inp.source, start, end)
+    if not holes:
+        raise ActionError("no holes (pass, ..., TODO) in the selection")
+    pinned = _pinned_around(text, start, end, holes)
+    pinned_tokens = _pinned_tokens(pinned, inp.count)
     width = min(32, (inp.max_canvas - pinned_tokens) // len(holes))
-    if width < 4:
+    if width < MIN_HOLE_TOKENS:
         raise ActionError(
-            f"the selection is too long for one canvas (about {pinned_tokens + 4 * len(holes)} tokens "
+            f"the selection is too long for one canvas (about {pinned_tokens + MIN_HOLE_TOKENS * len(holes)} tokens "
             f"with room for its {len(holes)} holes; the canvas holds {inp.max_canvas}): select less"
         )
     return ActionPlan(

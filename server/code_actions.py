@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import threading
 import uuid
@@ -121,6 +122,11 @@ def _resolve_supported(ls) -> bool:
         return False
 
 
+def _max_canvas(ls) -> int:
+    """The canvas an action may use: the setting, but never more than the model was built for."""
+    return min(ls.options.sampling.max_canvas, getattr(ls.host.engine, "canvas_limit", 256))
+
+
 def _disabled_supported(ls) -> bool:
     """Whether the client shows an action's `disabled` reason (LSP 3.16); others never see such actions."""
     try:
@@ -147,14 +153,8 @@ def register(ls) -> None:
         lang = language_for(doc.language_id, doc.uri)
         names = available_actions(doc.text, lang, start, end)
         resolve, show_disabled = _resolve_supported(ls), _disabled_supported(ls)
-        max_canvas = min(ls.options.sampling.max_canvas, getattr(ls.host.engine, "canvas_limit", 256))
-        counted: dict[str, int] = {}  # the selection's rewrite and regeneration count the same text
-
-        def count(text: str) -> int:
-            if text not in counted:
-                counted[text] = ls.host.count_tokens(text)
-            return counted[text]
-
+        max_canvas = _max_canvas(ls)
+        count = functools.cache(ls.host.count_tokens)  # rewrite and regeneration count the same selection
         out = []
         for name in names:
             why = too_long(name, doc.text, lang, start, end, max_canvas, count)
@@ -243,8 +243,7 @@ async def run_action(ls, data: ActionData) -> types.WorkspaceEdit:
     prefix_tokens, suffix_tokens = ls.host.context_budget(
         options.context.prefix_tokens, options.context.suffix_tokens
     )
-    # the canvas an action may use: the setting, but never more than the model was built for
-    max_canvas = min(options.sampling.max_canvas, getattr(ls.host.engine, "canvas_limit", 256))
+    max_canvas = _max_canvas(ls)
     try:
         plan = plan_action(
             action,

@@ -258,9 +258,16 @@ def without_breaking(candidates: list[str], ctx: FillContext | PostContext) -> l
     ctx = as_post(ctx)
     if len(candidates) < 2 or ctx.lang is None:
         return candidates
-    base = ctx.errors("")
-    clean = [c for c in candidates if ctx.errors(c) <= base]
+    clean = [c for c, new in zip(candidates, _new_errors(candidates, ctx), strict=True) if new == 0]
     return clean or candidates
+
+
+def _new_errors(candidates: list[str], ctx: PostContext) -> list[int]:
+    """The syntax errors each candidate brings where it goes, beyond those already there. The rules' counter:
+    parsed in a window around the fill and remembered per text, so a candidate the rules already parsed costs
+    nothing here (a whole-document parse per candidate cost ~2 ms each)."""
+    base = ctx.errors("")
+    return [max(0, ctx.errors(c) - base) for c in candidates]
 
 
 def rank_candidates(candidates: list[str], ctx: FillContext | PostContext) -> list[str]:
@@ -280,9 +287,5 @@ def rank_candidates(candidates: list[str], ctx: FillContext | PostContext) -> li
             cleaned.append(state.text)
     if len(cleaned) < 2 or ctx.lang is None:
         return cleaned
-    # The rules' counter: parsed in a window around the fill and remembered per text, so a candidate the
-    # rules already parsed costs nothing here (a whole-document parse per candidate cost ~2 ms each).
-    base = ctx.errors("")
-    scored = [(max(0, ctx.errors(c) - base), i) for i, c in enumerate(cleaned)]
-    scored.sort()
+    scored = sorted((new, i) for i, new in enumerate(_new_errors(cleaned, ctx)))
     return [cleaned[i] for _, i in scored]

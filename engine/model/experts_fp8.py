@@ -195,8 +195,9 @@ def moe_w8a8_reference(
 
     n, k = index.shape
     inter = experts.down.shape[2]
-    tiles = triton_moe.tiles_for(n * k, experts.gate_up.shape[0], fp8=True, fp8_act=True)
-    group = group or tiles.activation_group(inter)
+    group = group or triton_moe.tiles_for(
+        n * k, experts.gate_up.shape[0], fp8=True, fp8_act=True
+    ).activation_group(inter)
     xd = dequantize_rows(*quantize_rows(x))
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for expert in index.unique().tolist():

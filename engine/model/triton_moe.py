@@ -225,19 +225,23 @@ def moe_triton(
         x = x.contiguous()
     order, tokens, offs, active = sort_pairs(index, e)
     tiles = tiles or tiles_for(n * k, e, fp8=scaled, fp8_act=fp8_act)
-    h = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)
-    groups = triton.cdiv(inter, tiles.block_n)
-    h_scale = torch.empty(n * k, groups, dtype=torch.float32, device=x.device) if fp8_act else h
     dt = tiles.down or tiles
-    if not (fp8_act and tiles.weights_first) and (
-        tiles.row_scale or not tiles.promote or dt.column_tiles > 1
-    ):
+    weights_first = fp8_act and tiles.weights_first
+    if not weights_first and (tiles.row_scale or not tiles.promote or dt.column_tiles > 1):
         raise ValueError("row_scale, promote=False and column_tiles are for W8A8 with the weights first")
-    if fp8_act and tiles.weights_first and not tiles.row_scale and tiles.block_n % dt.block_k:
+    if weights_first and not tiles.row_scale and tiles.block_n % dt.block_k:
         raise ValueError(
             f"the down product's steps of {dt.block_k} must divide the scale groups of {tiles.block_n}"
         )
-    grid_up, grid_down = (active.numel(), groups), (active.numel(), triton.cdiv(hidden, dt.block_n))
+    row_scale = weights_first and tiles.row_scale
+    # row scales: the activations go out in fp32 (L2-sized) for `quantize_rows`, since a 16-bit copy would
+    # round twice on the way to e4m3
+    h = torch.empty(n * k, inter, dtype=torch.float32 if row_scale else x.dtype, device=x.device)
+    groups = triton.cdiv(inter, tiles.block_n)
+    grouped = fp8_act and not row_scale  # one scale a pair and group, written by the gate/up kernel
+    h_scale = torch.empty(n * k, groups, dtype=torch.float32, device=x.device) if grouped else h
+    grid_up = (active.numel(), groups)
+    grid_down = (active.numel(), triton.cdiv(triton.cdiv(hidden, dt.block_n), dt.column_tiles))
     launch = dict(
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages
     )
@@ -245,22 +249,19 @@ def moe_triton(
         BLOCK_M=dt.block_m, BLOCK_N=dt.block_n, num_warps=dt.num_warps, num_stages=dt.num_stages
     )
     out = torch.empty(n * k, hidden, dtype=torch.float32, device=x.device)
-    if fp8_act and tiles.weights_first:
+    if weights_first:
         # ROUND: only the interpreter runs on the CPU
-        if tiles.row_scale:  # fp32 (L2-sized): a 16-bit copy would round twice on the way to e4m3
-            h = torch.empty(n * k, inter, dtype=torch.float32, device=x.device)
         kernels.gate_up_act_w8a8[grid_up](
             x, gate_up, gate_up_scale.float().contiguous(), tokens, active, offs, h, hidden, inter, x.stride(0),
             *gate_up.stride(), h.stride(0), x_scale, h_scale, BLOCK_K=tiles.block_k, ROUND=x.device.type == "cpu",
-            QUANT=not tiles.row_scale, PROMOTE=tiles.promote, **launch,
+            QUANT=not row_scale, PROMOTE=tiles.promote, **launch,
         )  # fmt: skip
-        if tiles.row_scale:
+        if row_scale:
             h, h_scale = quantize_rows(h)
-        grid_down = (active.numel(), triton.cdiv(triton.cdiv(hidden, dt.block_n), dt.column_tiles))
         kernels.down_weighted_w8a8[grid_down](
             h, down, down_scale.float().contiguous(), order, weights.reshape(-1).float(), active, offs, out, inter,
             hidden, h.stride(0), *down.stride(), out.stride(0), h_scale, BLOCK_K=dt.block_k, GROUP=tiles.block_n,
-            ROW_SCALE=tiles.row_scale, PROMOTE=tiles.promote, COLUMN_TILES=dt.column_tiles, **down_launch,
+            ROW_SCALE=row_scale, PROMOTE=tiles.promote, COLUMN_TILES=dt.column_tiles, **down_launch,
         )  # fmt: skip
     else:
         flags = dict(EXACT=x.dtype == torch.float32, SCALED=scaled, FP8_ACT=fp8_act)
