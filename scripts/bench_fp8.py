@@ -15,6 +15,8 @@ GPU:  source scripts/device_env.sh; python3 scripts/bench_fp8.py --out $OUT/benc
 
 `--w8a8-tiles 'promote=0,row_scale=1,down.column_tiles=4'` times the W8A8 experts on tiles other than
 `triton_moe.tiles_for`'s: those fields of its W8A8 tiles replaced (`down.` ones on the down product's).
+`--bf16-tiles 'weights_first=1,block_n=128'` does the same for the bf16 experts, and `--kernels ''` times
+those alone.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ from dfim.engine.model.fast import FastDiffusionGemma  # noqa: E402
 CHECKS = {"grouped_fp8": 16, "triton_fp8": 256, "triton_w8a8": 256}
 
 
-def override_w8a8_tiles(spec: str) -> None:
-    """Make `triton_moe.tiles_for` return its W8A8 tiles with the fields of `spec` ('field=value,...',
-    `down.field` for the down product's own tiles) replaced, for this process."""
+def override_tiles(spec: str, w8a8: bool) -> None:
+    """Make `triton_moe.tiles_for` return its W8A8 tiles (`w8a8`), or its tiles for 16-bit weights, with the
+    fields of `spec` ('field=value,...', `down.field` for the down product's own tiles) replaced, for this
+    process."""
     import dataclasses
 
     top: dict[str, int] = {}
@@ -56,7 +59,7 @@ def override_w8a8_tiles(spec: str) -> None:
 
     def tiles_for(pairs: int, experts: int, fp8: bool = False, fp8_act: bool = False) -> triton_moe.Tiles:
         tiles = chosen(pairs, experts, fp8=fp8, fp8_act=fp8_act)
-        if not fp8_act:
+        if not (fp8_act if w8a8 else not fp8):  # not the tiles asked for
             return tiles
         own = dataclasses.replace(tiles.down or dataclasses.replace(tiles, down=None), **down)
         return dataclasses.replace(tiles, down=own, **top)
@@ -93,11 +96,14 @@ def main() -> int:
         help="the FP8 experts' kernels to time (experts.FP8_KERNELS), comma-separated",
     )
     parser.add_argument("--w8a8-tiles", default="", help="fields of the W8A8 tiles to replace (above)")
+    parser.add_argument("--bf16-tiles", default="", help="fields of the bf16 experts' tiles to replace")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_fp8.txt"))
     args = parser.parse_args()
     log = Tee(args.out)
     if args.w8a8_tiles:
-        override_w8a8_tiles(args.w8a8_tiles)
+        override_tiles(args.w8a8_tiles, w8a8=True)
+    if args.bf16_tiles:
+        override_tiles(args.bf16_tiles, w8a8=False)
     if not torch.cuda.is_available():
         log("needs a CUDA GPU (SM90 for the FP8 grouped GEMM)")
         return 2
@@ -110,7 +116,7 @@ def main() -> int:
     context = torch.randint(16, config.vocab_size, (1, args.context), generator=g).to(device)
     max_len = args.context + 2 * config.canvas_length + 512
     results: dict[str, float] = {}
-    kernels = args.kernels.split(",")
+    kernels = [name for name in args.kernels.split(",") if name]  # none: the bf16 step alone
     unknown = [name for name in kernels if name not in CHECKS]
     if unknown:
         log(f"unknown FP8 kernels {unknown}: choose from {sorted(CHECKS)}")
@@ -132,6 +138,9 @@ def main() -> int:
         )
 
     time_block("bf16", fast)
+    if not kernels:
+        log("summary: " + ", ".join(f"{key} {value:.4g}" for key, value in results.items()))
+        return 0
     want_logits = last_logits(fast, context)
     del fast
     gc.collect()

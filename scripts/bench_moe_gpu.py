@@ -38,6 +38,17 @@ SWEEP = [
         (64, 64, 64, 4, 3), (64, 64, 128, 8, 3), (32, 32, 128, 4, 4), (32, 64, 128, 4, 4),
     ]
 ]  # fmt: skip
+# the weights as the products' rows (`weights_first`: the warpgroup MMA whatever the pairs), the down product
+# several output tiles a program
+SWEEP += [
+    triton_moe.Tiles(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=st, weights_first=True,
+                     down=triton_moe.Tiles(m, dn, dk, w, dst, column_tiles=ct))
+    for m, n, k, w, st, dn, dk, dst, ct in [
+        (16, 128, 64, 4, 4, 64, 64, 4, 1), (32, 128, 64, 4, 4, 64, 64, 4, 1), (32, 128, 64, 4, 4, 64, 64, 4, 4),
+        (32, 128, 128, 4, 3, 64, 128, 3, 4), (32, 64, 128, 4, 4, 64, 64, 4, 4), (32, 256, 64, 8, 3, 128, 64, 3, 2),
+        (64, 128, 64, 4, 4, 64, 64, 4, 4),
+    ]
+]  # fmt: skip
 
 # FP8 weights: half the bytes a tile, so longer reductions a step are tried too
 FP8_SWEEP = [

@@ -32,6 +32,9 @@
 # dense_fp8 dense_products_fp8                                                   1 min: FP8 dense products?
 # confirm_ar gemv_tests profile_ar server_fp8 bench_gpu                         8 min: after the AR work
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
+# bf16_first kernel_tests moe_bf16                                                5 min: bf16 experts, weights first
+# glue_step bench_fp8_triton bench_bf16_variants                                 6 min: then confirm_glue
+# confirm_glue check bench_gpu server_fp8                                        8 min
 # server    server profile_fill                                                    4 min
 set -uo pipefail
 source scripts/device_env.sh
@@ -98,6 +101,18 @@ job() {
         echo "variant $i '$spec': $(grep -E "^triton_w8a8 \(" "$OUT/bench_fp8_v$i.txt")"
         i=$((i + 1))
       done ;;
+    bench_bf16_variants)  # the 256-token step with bf16 experts on each tile variant of $BF16_VARIANTS (';')
+      local i=0 spec
+      IFS=';' read -ra specs <<<"${BF16_VARIANTS:-}"
+      for spec in "" "${specs[@]}"; do
+        run "bench_bf16_v$i" 150 python3 scripts/bench_fp8.py --kernels '' --bf16-tiles "$spec" \
+          --out "$OUT/bench_bf16_v$i.txt"
+        echo "variant $i '$spec': $(grep -E "^bf16 \(" "$OUT/bench_bf16_v$i.txt")"
+        i=$((i + 1))
+      done ;;
+    moe_bf16)  # one layer's bf16 experts: the tile sweep, weights-first tiles included
+      run moe_bf16 240 python3 scripts/bench_moe_gpu.py --sweep --tokens 32,256 --out "$OUT/moe_bf16.txt"
+      grep -E "tokens:|best|wf" "$OUT/moe_bf16.txt" ;;
     moe|moe_sweep|moe_small|moe_w8a8)  # one layer's experts at the 26B shape, every kernel, against the floor
       local extra=(--tokens 32,64,256)
       [[ $1 == moe_w8a8 ]] && extra=(--sweep --w8a8-only --tokens 32,256)
@@ -172,6 +187,9 @@ case ${1:-check} in
   dense_fp8) jobs=(dense_products_fp8) ;;
   confirm_ar) jobs=(gemv_tests profile_ar server_fp8 bench_gpu) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
+  bf16_first) jobs=(kernel_tests moe_bf16) ;;
+  glue_step) jobs=(bench_fp8_triton bench_bf16_variants) ;;
+  confirm_glue) jobs=(check bench_gpu server_fp8) ;;
   server) jobs=(server profile_fill) ;;
   *) echo "unknown mode ${1}: see the table at the top of $0"; exit 2 ;;
 esac

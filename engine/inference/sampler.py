@@ -80,9 +80,10 @@ def denoise_step(state: DenoiseState, chain: Chain, logits: Tensor) -> None:
     before = {name: getattr(state, name) for name in _ROW_FIELDS} if some_done else None
     state.step += 1
     state.steps += (~done).long()
-    state.logits = logits.float().clone()
+    state.take_logits(logits)
     for step in chain.logit_steps:
         step.apply(state)
+    state.keep_logits()
     state.derive()
     for step in chain.token_steps:
         step.apply(state)

@@ -2,10 +2,11 @@
 keeps its own memory, forgotten by `reset` at the start of every canvas). `build_chain(settings)` builds
 the chain a request runs:
 
-    mask_logits -> temperature | sample -> pins -> order_window -> entropy_bound -> renoise
+    temperature -> mask_logits | sample -> pins -> order_window -> entropy_bound -> renoise
     -> self_conditioning -> stable_and_confident -> eos_confident -> max_steps
 
-Steps before the bar edit the logits in place; then the state derives the distribution from them
+Steps before the bar edit the logits (through `DenoiseState.editable_logits` or `scale_logits`: the
+denoiser's tensor is borrowed); then the state derives the distribution from them
 (`DenoiseState.derive`: probabilities, argmax and entropy, pins forced, each computed once when first
 read), and the steps after the bar read those and decide. A step a setting turns off is left out.
 
@@ -36,8 +37,9 @@ NEG_INF = float("-inf")
 
 class Step:
     """One rule of the chain. `apply` runs once per denoising step; `reset` forgets what the step kept
-    from an earlier canvas. A step with `edits_logits` changes `state.logits` in place and runs before
-    the chain derives the distribution; every other step must leave the logits alone."""
+    from an earlier canvas. A step with `edits_logits` changes `state.logits` (through `editable_logits` or
+    `scale_logits`) and runs before the chain derives the distribution; every other step must leave the
+    logits alone."""
 
     name = "step"
     edits_logits = False
@@ -80,8 +82,8 @@ def mask_logits(x: Tensor, rules: Constraints, start: int = 0) -> None:
     """In place, on logits `x` [B, n, V] for canvas positions start .. start + n (positions past the
     canvas have no per-position rule): tokens that must never appear get -inf: banned ids everywhere,
     EOS/pad inside inner holes, and everything outside a position's allowed set (token healing)."""
-    if rules.banned is not None:
-        x.masked_fill_(rules.banned, NEG_INF)
+    if rules.banned_ids is not None:
+        x.index_fill_(-1, rules.banned_ids, NEG_INF)
     if start == 0 and x.shape[1] == rules.length:
         positions = rules.no_end_positions  # the whole canvas (every denoising step): found once
     else:
@@ -99,8 +101,7 @@ class MaskLogits(Step):
     name, edits_logits = "mask_logits", True
 
     def apply(self, state: DenoiseState) -> None:
-        assert state.logits is not None
-        mask_logits(state.logits, state.rules)
+        mask_logits(state.editable_logits(), state.rules)
 
 
 def temperature_at(step: int, max_steps: int, t_min: float, t_max: float) -> float:
@@ -116,9 +117,8 @@ class Temperature(Step):
         self.t_min, self.t_max, self.max_steps = t_min, t_max, max_steps
 
     def apply(self, state: DenoiseState) -> None:
-        assert state.logits is not None
         state.temperature = max(temperature_at(state.step, self.max_steps, self.t_min, self.t_max), 1e-6)
-        state.logits.div_(state.temperature)
+        state.scale_logits(state.temperature)
 
 
 # --- choosing tokens ----------------------------------------------------------------------------
@@ -365,9 +365,10 @@ def build_chain(settings: SamplerSettings) -> Chain:
     """The chain a request's settings ask for, with fresh memories. Without early stopping the two stop
     rules are left out (the stable rule's memory is only read to stop); a window of 0 and self-conditioning
     off leave their steps out (every position eligible, nothing fed back)."""
+    # the temperature first: it copies the denoiser's logits as it scales them (one pass), and -inf / t is -inf
     steps: list[Step] = [
-        MaskLogits(),
         Temperature(settings.t_min, settings.t_max, settings.max_steps),
+        MaskLogits(),
         Sample(),
         Pins(),
     ]

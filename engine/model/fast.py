@@ -413,8 +413,7 @@ class FastDiffusionGemma:
         if self_cond_logits is None:
             probs.zero_()  # zero soft embeddings: exactly the reference's first step
         else:
-            soft = self_cond_logits.softmax(dim=-1, dtype=torch.float32).to(self.dtype)
-            probs.copy_(soft.reshape(1, tokens, -1))
+            self.model.self_conditioning_probs(self_cond_logits.reshape(1, tokens, -1), out=probs)
         hi, lo_hi = self._diffusion_window(tokens)
         out = self.logits_out[:, :tokens]
         self._run(("denoise", hi, rows, length), lambda: self._decoder_logits(hi, lo_hi, rows, length, out))

@@ -425,6 +425,16 @@ def fused_norm_mismatches(device: torch.device | str, width: int = 2816, head_di
                 worst = float((got_cap - want_cap).abs().max()) / 30.0
                 if got_cap.dtype != torch.float32 or got_cap.shape != want_cap.shape or not worst <= 1e-5:
                     found.append(f"softcap{what} {dtype}: {worst:.2e} of the cap")
+            logits32 = logits.float()
+            logits32[0, 1, ::3] = -float("inf")  # masked tokens: probability 0
+            probs = triton_norm.softmax_into(logits32, torch.empty_like(logits))
+            want_p = torch.softmax(logits32, dim=-1)
+            # relative to each probability (they are far below 1), down to the dtype's smallest normal value
+            # (float16's subnormals below 6e-5 keep fewer bits)
+            rel = (probs.float() - want_p).abs() / want_p.clamp(min=torch.finfo(dtype).tiny)
+            worst = float(rel.max())
+            if probs.dtype != dtype or not worst <= 2 * tol or bool((probs[0, 1, ::3] != 0).any()):
+                found.append(f"softmax_into {dtype}: {worst:.2e}")
             gate_up = rand(1, 7, 2 * width, dtype=dtype, scale=1.5)
             gate, up = gate_up.chunk(2, dim=-1)
             compare(f"gelu_mul {dtype}", triton_norm.gelu_mul(gate_up), ops.gelu(gate) * up, tol)

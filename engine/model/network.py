@@ -309,11 +309,19 @@ class DiffusionGemma(nn.Module):
         if self_cond_logits is None:
             soft = torch.zeros_like(x)
         else:
-            weight = decoder.embed_tokens.weight
-            soft = self.soft_embeddings(
-                self_cond_logits.softmax(dim=-1, dtype=torch.float32).to(weight.dtype)
-            )
+            soft = self.soft_embeddings(self.self_conditioning_probs(self_cond_logits))
         return decoder.self_conditioning(x, soft)
+
+    def self_conditioning_probs(self, self_cond_logits: Tensor, out: Tensor | None = None) -> Tensor:
+        """softmax(logits [B, L, V]) in fp32, rounded to the weight dtype (into `out` when given): the
+        probabilities `soft_embeddings` reads. GPU inference writes them in one fused pass."""
+        dtype = self.decoder.embed_tokens.weight.dtype
+        if self_cond_logits.dtype == torch.float32 and triton_norm.applies(self_cond_logits, chunked=True):
+            if out is None:
+                out = torch.empty(self_cond_logits.shape, dtype=dtype, device=self_cond_logits.device)
+            return triton_norm.softmax_into(self_cond_logits, out)
+        probs = self_cond_logits.softmax(dim=-1, dtype=torch.float32).to(dtype)
+        return probs if out is None else out.copy_(probs)
 
     def soft_embeddings(self, probs: Tensor) -> Tensor:
         """The self-conditioning's input: probabilities [B, L, V] (in the weight dtype) @ E * sqrt(H), the

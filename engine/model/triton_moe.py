@@ -60,8 +60,8 @@ class Tiles:
     block_k: int = 64  # reduction columns per step
     num_warps: int = 4
     num_stages: int = 3  # loads in flight: the kernels are bound by reading the weights
-    # W8A8 only: the weights are the products' first operand (`gate_up_act_w8a8`), block_n their rows, so
-    # from 64 columns Hopper's FP8 warpgroup MMA runs whatever an expert's pairs
+    # W8A8 or 16-bit weights: the weights are the products' first operand (`gate_up_act_first`), block_n
+    # their rows, so from 64 columns Hopper's warpgroup MMA runs whatever an expert's pairs
     weights_first: bool = False
     # the down product's own tiles (None: these); its reduction is short (the experts' intermediate size),
     # its output wide. W8A8 with the weights first: its block_k divides block_n here, the width of the
@@ -73,8 +73,8 @@ class Tiles:
     # the experts' activations quantized one scale a pair (a pass of `quantize_rows` between the kernels)
     # instead of one a pair and block_n columns: the down product then scales once, after its sum
     row_scale: bool = False
-    # the down product's output tiles a program (set on `down`): its reduction is short, so one loop over
-    # (tile, step) keeps loads in flight across tiles
+    # with the weights first: the down product's output tiles a program (set on `down`); its reduction is
+    # short, so one loop over (tile, step) keeps loads in flight across tiles
     column_tiles: int = 1
 
     def activation_group(self, inter: int) -> int:
@@ -224,12 +224,17 @@ def moe_triton(
     if x.stride(-1) != 1:
         x = x.contiguous()
     order, tokens, offs, active = sort_pairs(index, e)
+    sixteen_bit = not scaled and x.dtype in (torch.float16, torch.bfloat16)
     tiles = tiles or tiles_for(n * k, e, fp8=scaled, fp8_act=fp8_act)
     dt = tiles.down or tiles
-    weights_first = fp8_act and tiles.weights_first
-    if not weights_first and (tiles.row_scale or not tiles.promote or dt.column_tiles > 1):
-        raise ValueError("row_scale, promote=False and column_tiles are for W8A8 with the weights first")
-    if weights_first and not tiles.row_scale and tiles.block_n % dt.block_k:
+    weights_first = tiles.weights_first
+    if weights_first and not (fp8_act or sixteen_bit):
+        raise ValueError(f"the weights go first for W8A8 or 16-bit weights, not {gate_up.dtype} x {x.dtype}")
+    if not weights_first and dt.column_tiles > 1:
+        raise ValueError("column_tiles are for the weights first")
+    if not (weights_first and fp8_act) and (tiles.row_scale or not tiles.promote):
+        raise ValueError("row_scale and promote=False are for W8A8 with the weights first")
+    if weights_first and fp8_act and not tiles.row_scale and tiles.block_n % dt.block_k:
         raise ValueError(
             f"the down product's steps of {dt.block_k} must divide the scale groups of {tiles.block_n}"
         )
@@ -250,18 +255,21 @@ def moe_triton(
     )
     out = torch.empty(n * k, hidden, dtype=torch.float32, device=x.device)
     if weights_first:
+        gu_scale = gate_up_scale.float().contiguous() if fp8_act else x  # unused pointers without FP8
+        d_scale = down_scale.float().contiguous() if fp8_act else x
+        promote = fp8_act and tiles.promote
         # ROUND: only the interpreter runs on the CPU
-        kernels.gate_up_act_w8a8[grid_up](
-            x, gate_up, gate_up_scale.float().contiguous(), tokens, active, offs, h, hidden, inter, x.stride(0),
-            *gate_up.stride(), h.stride(0), x_scale, h_scale, BLOCK_K=tiles.block_k, ROUND=x.device.type == "cpu",
-            QUANT=not row_scale, PROMOTE=tiles.promote, **launch,
+        kernels.gate_up_act_first[grid_up](
+            x, gate_up, gu_scale, tokens, active, offs, h, hidden, inter, x.stride(0), *gate_up.stride(),
+            h.stride(0), x if x_scale is None else x_scale, h_scale, BLOCK_K=tiles.block_k,
+            ROUND=x.device.type == "cpu", QUANT=grouped, PROMOTE=promote, FP8=fp8_act, **launch,
         )  # fmt: skip
         if row_scale:
             h, h_scale = quantize_rows(h)
-        kernels.down_weighted_w8a8[grid_down](
-            h, down, down_scale.float().contiguous(), order, weights.reshape(-1).float(), active, offs, out, inter,
-            hidden, h.stride(0), *down.stride(), out.stride(0), h_scale, BLOCK_K=dt.block_k, GROUP=tiles.block_n,
-            ROW_SCALE=row_scale, PROMOTE=tiles.promote, COLUMN_TILES=dt.column_tiles, **down_launch,
+        kernels.down_weighted_first[grid_down](
+            h, down, d_scale, order, weights.reshape(-1).float(), active, offs, out, inter, hidden, h.stride(0),
+            *down.stride(), out.stride(0), h_scale, BLOCK_K=dt.block_k, GROUP=tiles.block_n, ROW_SCALE=row_scale,
+            PROMOTE=promote, COLUMN_TILES=dt.column_tiles, FP8=fp8_act, **down_launch,
         )  # fmt: skip
     else:
         flags = dict(EXACT=x.dtype == torch.float32, SCALED=scaled, FP8_ACT=fp8_act)

@@ -300,21 +300,23 @@ def accumulate(a, b, acc, PROMOTE: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def gate_up_act_w8a8(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h_ptr, n_hidden, n_inter, x_stride,
-                     w_e, w_n, w_k, h_stride, x_scale_ptr, h_scale_ptr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROUND: tl.constexpr, QUANT: tl.constexpr,
-                     PROMOTE: tl.constexpr):  # fmt: skip
-    """`gate_up_act`'s W8A8 arithmetic with the weights as the products' first operand: a product's rows are
-    BLOCK_N output columns and its columns an expert's BLOCK_M pairs, so from 64 columns a program Hopper's
-    warpgroup MMA multiplies both e4m3 tiles as they are, whatever the pairs (with the pairs as rows it
-    needs 64 of them, where an expert has ~16, or Triton widens both operands to float16 first). QUANT: the
-    activations go out as e4m3 with one scale a (pair, BLOCK_N columns); else in h's dtype, for
-    `quantize_rows` to give one scale a pair."""
+def gate_up_act_first(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h_ptr, n_hidden, n_inter, x_stride,
+                      w_e, w_n, w_k, h_stride, x_scale_ptr, h_scale_ptr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROUND: tl.constexpr, QUANT: tl.constexpr,
+                      PROMOTE: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
+    """`gate_up_act` with the weights as the products' first operand: a product's rows are BLOCK_N output
+    columns and its columns an expert's BLOCK_M pairs, so from 64 columns a program Hopper's warpgroup MMA
+    runs whatever the pairs (with the pairs as rows it needs 64 of them, where an expert has ~16).
+    FP8 (W8A8): both tiles e4m3 as they are (else Triton widens both to float16 first), x with a scale a
+    token row, the weights one an output channel; QUANT: the activations go out as e4m3 with one scale a
+    (pair, BLOCK_N columns), else in h's dtype (fp32, for `quantize_rows` to give one scale a pair). Without
+    FP8 the weights and x are 16-bit, the activations go out in h's dtype and nothing is scaled."""
     expert, cols, col_ok, start, end, w_expert = expert_tile(
         active_ptr, offs_ptr, w_ptr, w_e, n_inter, BLOCK_N
     )
-    gate_scale = tl.load(scale_ptr + expert * 2 * n_inter + cols, mask=col_ok, other=0.0)
-    up_scale = tl.load(scale_ptr + expert * 2 * n_inter + n_inter + cols, mask=col_ok, other=0.0)
+    if FP8:
+        gate_scale = tl.load(scale_ptr + expert * 2 * n_inter + cols, mask=col_ok, other=0.0)
+        up_scale = tl.load(scale_ptr + expert * 2 * n_inter + n_inter + cols, mask=col_ok, other=0.0)
     for row0 in range(start, end, BLOCK_M):
         rows, row_ok, tokens = pair_block(token_ptr, row0, end, BLOCK_M)
         gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -331,25 +333,26 @@ def gate_up_act_w8a8(x_ptr, w_ptr, scale_ptr, token_ptr, active_ptr, offs_ptr, h
             )
             gate = accumulate(wg, x, gate, PROMOTE, BLOCK_K)
             up = accumulate(wu, x, up, PROMOTE, BLOCK_K)
-        token_scale = tl.load(x_scale_ptr + tokens, mask=row_ok, other=0.0)[None, :]
-        gate = gate * gate_scale[:, None] * token_scale
-        up = up * up_scale[:, None] * token_scale
+        if FP8:
+            token_scale = tl.load(x_scale_ptr + tokens, mask=row_ok, other=0.0)[None, :]
+            gate = gate * gate_scale[:, None] * token_scale
+            up = up * up_scale[:, None] * token_scale
         act = tl.trans(gelu_times(gate, up))  # [pairs, columns]
         store_activations(act, h_ptr, h_scale_ptr, h_stride, rows, row_ok, cols, col_ok, n_inter, BLOCK_N, QUANT,
                           ROUND)  # fmt: skip
 
 
 @triton.jit
-def down_weighted_w8a8(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, active_ptr, offs_ptr, out_ptr, n_inter,
-                       n_hidden, h_stride, w_e, w_n, w_k, out_stride, h_scale_ptr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr, ROW_SCALE: tl.constexpr,
-                       PROMOTE: tl.constexpr, COLUMN_TILES: tl.constexpr):  # fmt: skip
-    """`down_weighted`'s W8A8 arithmetic with the weights first (`gate_up_act_w8a8`). ROW_SCALE: the
+def down_weighted_first(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, active_ptr, offs_ptr, out_ptr, n_inter,
+                        n_hidden, h_stride, w_e, w_n, w_k, out_stride, h_scale_ptr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr, ROW_SCALE: tl.constexpr,
+                        PROMOTE: tl.constexpr, COLUMN_TILES: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
+    """`down_weighted` with the weights first (`gate_up_act_first`). FP8 (W8A8): with ROW_SCALE the
     activations have one scale a pair, applied once after the sum; else one a pair and GROUP columns
     (gate_up's BLOCK_N), which BLOCK_K divides, so each reduction step's product is scaled by its pairs'
-    scales of one group. A program writes COLUMN_TILES tiles of BLOCK_N output columns in one loop over
-    (tile, step): the reduction (the intermediate size) is short, and one loop keeps the loads of the next
-    tile in flight while a tile is finished."""
+    scales of one group; the weights' output channels are scaled at the end. A program writes COLUMN_TILES
+    tiles of BLOCK_N output columns in one loop over (tile, step): the reduction (the intermediate size) is
+    short, and one loop keeps the loads of the next tile in flight while a tile is finished."""
     expert, _, _, start, end, w_expert = expert_tile(active_ptr, offs_ptr, w_ptr, w_e, n_hidden, BLOCK_N)
     groups = tl.cdiv(n_inter, GROUP)
     k_steps = tl.cdiv(n_inter, BLOCK_K)
@@ -358,7 +361,7 @@ def down_weighted_w8a8(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, active_ptr
         row_ok = rows < end
         slots = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)
         routing = tl.load(weight_ptr + slots, mask=row_ok, other=0.0).to(tl.float32)
-        if ROW_SCALE:
+        if FP8 and ROW_SCALE:
             routing = routing * tl.load(h_scale_ptr + rows, mask=row_ok, other=0.0)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for step in range(0, COLUMN_TILES * k_steps):
@@ -371,7 +374,7 @@ def down_weighted_w8a8(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, active_ptr
                         mask=k_ok[:, None] & row_ok[None, :], other=0.0)  # fmt: skip
             w = tl.load(w_expert + cols[:, None] * w_n + ks[None, :] * w_k, mask=col_ok[:, None] & k_ok[None, :],
                         other=0.0)  # fmt: skip
-            if ROW_SCALE:
+            if ROW_SCALE or not FP8:
                 acc = accumulate(w, h, acc, PROMOTE, BLOCK_K)
             else:
                 step_scale = tl.load(
@@ -379,8 +382,9 @@ def down_weighted_w8a8(h_ptr, w_ptr, scale_ptr, slot_ptr, weight_ptr, active_ptr
                 )
                 acc += tl.dot(w, h) * step_scale[None, :]
             if step % k_steps == k_steps - 1:  # the tile's last step: scale and write it, start the next
-                col_scale = tl.load(scale_ptr + expert * n_hidden + cols, mask=col_ok, other=0.0)
-                acc = acc * col_scale[:, None] * routing[None, :]
+                if FP8:
+                    acc = acc * tl.load(scale_ptr + expert * n_hidden + cols, mask=col_ok, other=0.0)[:, None]
+                acc = acc * routing[None, :]
                 tl.store(out_ptr + slots[None, :] * out_stride + cols[:, None], acc,
                          mask=col_ok[:, None] & row_ok[None, :])  # fmt: skip
                 acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)

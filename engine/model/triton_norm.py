@@ -9,8 +9,9 @@ hundred rows. In eager mode with CUDA graphs (the server's default on a GPU) tho
 A layer's other norms go with what surrounds them: `residual_norm` adds a normed branch to the residual
 (two kernels become one), `feed_forward_residual` the dense and experts' branches (about ten become one),
 `head_norm_rope` norms and rotates every q/k/v head of a fused projection (about sixteen become one),
-`feed_forward_inputs` writes the three norms the feed-forward reads (five become one), and
-`gelu_mul` is a gated MLP's activation over one fused gate/up product.
+`feed_forward_inputs` writes the three norms the feed-forward reads (five become one),
+`gelu_mul` is a gated MLP's activation over one fused gate/up product, and the LM head's soft cap
+(`softcap`) and self-conditioning's softmax (`softmax_into`) are one pass each over the logits.
 
 The arithmetic is the reference's (`dfim.engine.model.ops.rms_norm`): the row in fp32, mean of squares,
 `rsqrt(mean + eps)`, times the weight in fp32, one rounding to the input's dtype at the end.
@@ -57,15 +58,16 @@ def available() -> bool:
     return triton_kernels.load(KERNELS) is not None
 
 
-def applies(x: Tensor) -> bool:
+def applies(x: Tensor, chunked: bool = False) -> bool:
     """Whether the layers' fused kernels (this module's, and the router's of `triton_moe`) should run on `x`:
     inference on CUDA, outside `torch.compile` (which fuses the reference itself and would only trip over an
-    opaque call), with Triton present, the kernels checked (`works`) and not `disabled`."""
+    opaque call), with Triton present, the kernels checked (`works`) and not `disabled`. A row-wise kernel
+    holds a row of up to 65,536 values; `chunked` ones (`softcap`, `softmax_into`) take rows of any width."""
     return (
         runs_on(x.device.type)
         and not torch.is_grad_enabled()
         and not torch.compiler.is_compiling()
-        and x.shape[-1] <= 65536
+        and (chunked or x.shape[-1] <= 65536)
         and not _disabled
         and available()
         and works(x.device.type)
@@ -250,4 +252,35 @@ def softcap(logits: Tensor, cap: float, out: Tensor | None = None) -> Tensor:
         kernels.softcap_rows[(rows, triton.cdiv(cols, 4096))](
             flat, dest, cols, flat.stride(0), dest.stride(0), cap, BLOCK=4096, num_warps=8
         )
+    return out
+
+
+def softmax_into(logits: Tensor, out: Tensor) -> Tensor:
+    """softmax(logits [..., V] fp32) over the last axis, written into `out` (the same shape, any float dtype,
+    contiguous) in two launches: each chunk's max and sum, then each chunk's probabilities in out's dtype.
+    PyTorch's softmax into fp32, cast and copy read a 256-token canvas's 268 MB three times (the fast path's
+    self-conditioning input: 0.37 ms a step on an H200); this reads it twice and writes out once."""
+    triton, kernels = triton_kernels.require(KERNELS)
+    cols = logits.shape[-1]
+    if out.shape != logits.shape or not out.is_contiguous() or logits.dtype != torch.float32:
+        raise ValueError(
+            f"softmax of {tuple(logits.shape)} {logits.dtype} into {tuple(out.shape)}: want fp32 logits and "
+            "a contiguous output of their shape"
+        )
+    flat = logits.reshape(-1, cols)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    dest = out.view(-1, cols)
+    if rows := flat.shape[0]:
+        block = min(4096, max(triton.next_power_of_2(cols), 16))
+        chunks = triton.cdiv(cols, block)
+        stats = torch.empty(rows, chunks, 2, dtype=torch.float32, device=logits.device)
+        warps = _warps(block)
+        kernels.row_chunk_max_sum[(rows, chunks)](
+            flat, stats, cols, flat.stride(0), chunks, BLOCK=block, num_warps=warps
+        )
+        kernels.softmax_rows_into[(rows, chunks)](
+            flat, stats, dest, cols, flat.stride(0), dest.stride(0), chunks, BLOCK=block,
+            CHUNKS=max(triton.next_power_of_2(chunks), 2), num_warps=warps,
+        )  # fmt: skip
     return out

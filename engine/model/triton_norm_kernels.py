@@ -164,3 +164,36 @@ def softcap_rows(x_ptr, out_ptr, n_cols, x_stride, out_stride, cap, BLOCK: tl.co
     z = tl.load(x_ptr + row * x_stride + cols, mask=inside, other=0.0).to(tl.float32) / cap
     tanh = 2.0 * tl.sigmoid(2.0 * z) - 1.0
     tl.store(out_ptr + row * out_stride + cols, tanh * cap, mask=inside)
+
+
+@triton.jit
+def row_chunk_max_sum(x_ptr, stats_ptr, n_cols, x_stride, n_chunks, BLOCK: tl.constexpr):
+    """One chunk of one fp32 row -> its largest value m and sum exp(x - m), for `softmax_rows_into`."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * x_stride + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+    m = tl.max(x, axis=0)
+    total = tl.sum(tl.where(x > -float("inf"), tl.exp(x - m), 0.0), axis=0)
+    at = (row * n_chunks + chunk) * 2
+    tl.store(stats_ptr + at, m)
+    tl.store(stats_ptr + at + 1, total)
+
+
+@triton.jit
+def softmax_rows_into(x_ptr, stats_ptr, out_ptr, n_cols, x_stride, out_stride, n_chunks, BLOCK: tl.constexpr,
+                      CHUNKS: tl.constexpr):  # fmt: skip
+    """One chunk of one row's softmax in the output's dtype: exp(x - logsumexp), the row's logsumexp combined
+    from its chunks' (m, sum) (every program combines them again: a few dozen numbers from L2)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunks = tl.arange(0, CHUNKS)
+    inside = chunks < n_chunks
+    m = tl.load(stats_ptr + (row * n_chunks + chunks) * 2, mask=inside, other=-float("inf"))
+    total = tl.load(stats_ptr + (row * n_chunks + chunks) * 2 + 1, mask=inside, other=0.0)
+    top = tl.max(m, axis=0)
+    lse = top + tl.log(tl.sum(tl.where(total > 0, total * tl.exp(m - top), 0.0), axis=0))
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    x = tl.load(x_ptr + row * x_stride + cols, mask=ok, other=-float("inf")).to(tl.float32)
+    p = tl.where(x > -float("inf"), tl.exp(x - lse), 0.0)
+    tl.store(out_ptr + row * out_stride + cols, p.to(out_ptr.dtype.element_ty), mask=ok)

@@ -147,8 +147,8 @@ def test_cancel_is_polled_between_steps():
 def test_the_chain_is_built_from_the_settings():
     names = [step.name for step in build_chain(SamplerSettings())]
     assert names == [
-        "mask_logits",
         "temperature",
+        "mask_logits",
         "sample",
         "pins",
         "entropy_bound",
@@ -160,7 +160,7 @@ def test_the_chain_is_built_from_the_settings():
     ]
     off = SamplerSettings(window=3, self_conditioning=False, early_stop=False)
     names = [step.name for step in build_chain(off)]
-    assert names == ["mask_logits", "temperature", "sample", "pins", "order_window", "entropy_bound", "renoise",
+    assert names == ["temperature", "mask_logits", "sample", "pins", "order_window", "entropy_bound", "renoise",
                      "max_steps"]  # fmt: skip
 
 
@@ -168,7 +168,26 @@ def test_steps_that_edit_the_logits_come_first():
     with pytest.raises(ValueError, match="first"):
         Chain([steps.Sample(), steps.MaskLogits()])
     chain = build_chain(SamplerSettings())
-    assert [s.name for s in chain.logit_steps] == ["mask_logits", "temperature"]
+    assert [s.name for s in chain.logit_steps] == ["temperature", "mask_logits"]
+
+
+def test_a_step_never_edits_the_denoisers_logits_and_keeps_its_own():
+    """A backend may hand out a buffer its next pass overwrites: the chain scales and masks a copy, and the
+    state keeps that copy (self-conditioning reads it at the next pass), whether or not a step edited."""
+    banned = torch.zeros(V, dtype=torch.bool)
+    banned[[1, 4]] = True
+    for settings in (SamplerSettings(max_steps=4, t_min=0.5, t_max=1.0), SamplerSettings(max_steps=1)):
+        state = make_state(length=3, banned=banned)
+        logits = torch.randn(1, 3, V, generator=torch.Generator().manual_seed(3))
+        given = logits.clone()
+        sampler.denoise_step(state, build_chain(settings), logits)
+        assert torch.equal(logits, given)
+        assert state.logits is not logits and state.owns_logits
+        want = given / state.temperature
+        want[..., [1, 4]] = -float("inf")
+        assert torch.equal(state.logits, want)
+        logits.fill_(7.0)  # the backend's next pass
+        assert torch.equal(state.self_cond, want)
 
 
 def test_a_chain_forgets_its_memory_on_a_new_canvas():

@@ -30,7 +30,18 @@ CHECK = textwrap.dedent(
             args = [t.to(device) for t in (x.to(dtype), weights, index, gate_up.to(dtype), down.to(dtype))]
             # the default tiles, and the down product on tiles of its own
             own_down = triton_moe.Tiles(down=triton_moe.Tiles(block_m=32, block_n=32, block_k=16))
-            for tiles in (None, own_down):
+            # 16-bit weights as the products' first operand, two down tiles a program (the last one half out)
+            first = triton_moe.Tiles(
+                block_m=16, block_n=64, block_k=32, weights_first=True,
+                down=triton_moe.Tiles(block_m=16, block_n=32, block_k=16, column_tiles=2),
+            )  # fmt: skip
+            if dtype == torch.float32:
+                try:
+                    triton_moe.moe_triton(*args, first)
+                    bad.append("fp32 weights went first")
+                except ValueError:
+                    pass
+            for tiles in (None, own_down) if dtype == torch.float32 else (None, own_down, first):
                 got = triton_moe.moe_triton(*args, tiles).float().cpu()
                 err = ((got - want).norm() / want.norm()).item()
                 limit = 1e-5 if dtype == torch.float32 else 2e-2
