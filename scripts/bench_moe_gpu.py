@@ -81,6 +81,11 @@ W8A8_SWEEP = [
        row_scale=True, down=_T(32, 64, 128, 4, 4, column_tiles=4))
     for n, k, w, st in [(128, 128, 4, 4), (128, 256, 4, 3), (64, 256, 4, 3), (128, 128, 8, 3), (256, 128, 8, 3),
                         (64, 128, 4, 4), (128, 64, 4, 5)]
+] + [  # the down product's wider tiles (its activations read fewer times a program), exact reduction steps
+    _T(block_m=32, block_n=128, block_k=128, weights_first=True, promote=False, row_scale=True,
+       down=_T(32, dn, dk, w, st, column_tiles=ct))
+    for dn, dk, w, st, ct in [(128, 128, 4, 4, 2), (128, 128, 8, 4, 2), (256, 128, 8, 3, 1), (128, 64, 4, 6, 2),
+                              (64, 64, 4, 6, 4), (128, 128, 8, 4, 1), (256, 64, 8, 4, 1), (64, 128, 4, 4, 2)]
 ]  # fmt: skip
 
 

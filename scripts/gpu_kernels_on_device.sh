@@ -33,8 +33,9 @@
 # confirm_ar gemv_tests profile_ar server_fp8 bench_gpu                         8 min: after the AR work
 # confirm   kernel_tests server_fp8 server bench_gpu                               5 min: a last run after changes
 # bf16_first kernel_tests moe_bf16                                                5 min: bf16 experts, weights first
-# glue_step bench_fp8_triton bench_bf16_variants                                 6 min: then confirm_glue
+# glue_step bench_fp8_triton profile_step_fp8                                    5 min: then confirm_glue
 # confirm_glue check bench_gpu server_fp8                                        8 min
+# down_tiles moe_w8a8                                                            2 min: W8A8 tiles, wider down ones
 # server    server profile_fill                                                    4 min
 set -uo pipefail
 source scripts/device_env.sh
@@ -188,8 +189,9 @@ case ${1:-check} in
   confirm_ar) jobs=(gemv_tests profile_ar server_fp8 bench_gpu) ;;
   confirm) jobs=(kernel_tests server_fp8 server bench_gpu) ;;
   bf16_first) jobs=(kernel_tests moe_bf16) ;;
-  glue_step) jobs=(bench_fp8_triton bench_bf16_variants) ;;
+  glue_step) jobs=(bench_fp8_triton profile_step_fp8) ;;
   confirm_glue) jobs=(check bench_gpu server_fp8) ;;
+  down_tiles) jobs=(moe_w8a8) ;;
   server) jobs=(server profile_fill) ;;
   *) echo "unknown mode ${1}: see the table at the top of $0"; exit 2 ;;
 esac
