@@ -104,9 +104,10 @@ def fill_request(
 
 
 def cut_as_the_server(text: str, prefix: str, suffix: str, language: str, max_tokens: int) -> str:
-    """A one-line fill in the middle of a line, after the server's inline post-processing (the chain of
-    dfim.server.postprocess): the model often writes the rest of the line again (`ret` before `return`),
-    which the editor never shows. "" when the server would show nothing."""
+    """A one-line fill after the server's inline post-processing (the chain of dfim.server.postprocess): in
+    the middle of a line the model often writes the rest of the line again (`ret` before `return`), and at
+    a line's start it may indent a line no block opens; the editor shows neither. "" when the server would
+    show nothing."""
     from dfim.server.context import FillContext, opens_line
     from dfim.server.languages import GRAMMARS
     from dfim.server.postprocess import clean
@@ -157,6 +158,6 @@ def fill_at_cursor(
     if lead and result.text.strip():  # the fill starts on the new line: the break comes with it
         result = replace(result, text=lead + result.text.lstrip(" \t"))
     raw = result.text
-    if not multiline and suffix.split("\n", 1)[0].strip():  # in the middle of a line
+    if not multiline and not lead:  # what the editor would show of a one-line fill (a lead's line: as it is)
         result = replace(result, text=cut_as_the_server(raw, prefix, suffix, language, request.max_tokens))
     return CursorFill(result, raw)

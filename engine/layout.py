@@ -182,6 +182,17 @@ def open_quote(line: str, lang: str | None = None) -> str:
     return next((line[i] for i in reversed(code) if line[i] in "'\"`"), "")
 
 
+def open_placeholder(line: str, lang: str | None = None) -> bool:
+    """Whether a line (up to the cursor) ends inside a string, inside a `{` of that string that nothing
+    closed yet: an f-string's or a format string's placeholder, a template literal's `${` (`f"a {b` ->
+    True, `"a {b} c` -> False)."""
+    code, end = scan_code(line, lang)
+    if end != "string" or not code:
+        return False
+    text = line[code[-1] + 1 :]  # the open string's text: after its opening quote, the last code character
+    return text.rfind("{") > text.rfind("}")
+
+
 def code_of_line(line: str, lang: str | None = None) -> str:
     """The line's code (`scan_line`); "" when it ends inside an unclosed quote."""
     return scan_line(line, lang)[0]

@@ -16,7 +16,8 @@ differ between the passes (they should not: the same state, the same settings). 
 p50 where the speculation held.
 
 `--cycling` counts instead the distinct items of an automatic and of an invoked request (triggerKind
-Invoked, which should bring several to cycle through) at each cut line.
+Invoked, which should bring several to cycle through) at each cut line, and times both (a fresh document
+each: the automatic request fills first, so the invoked one finds its context encoded).
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ async def one_pass(session: Session, docs, speculate: bool, think: float, tag: s
 async def cycling_pass(session: Session, docs) -> dict:
     """Distinct items of an automatic and of an invoked request (triggerKind Invoked) at each cut line."""
     counts: dict[str, list[int]] = {"automatic": [], "invoked": []}
+    times: dict[str, list[float]] = {"automatic": [], "invoked": []}
     for n, (doc, line, character) in enumerate(docs):
         uri = f"file:///bench/cycle/{n}.py"
         session.open(uri, doc)
@@ -119,6 +121,7 @@ async def cycling_pass(session: Session, docs) -> dict:
             (types.InlineCompletionTriggerKind.Automatic, "automatic"),
             (types.InlineCompletionTriggerKind.Invoked, "invoked"),
         ):
+            start = time.perf_counter()
             result = await session.client.text_document_inline_completion_async(
                 types.InlineCompletionParams(
                     text_document=types.TextDocumentIdentifier(uri=uri),
@@ -126,12 +129,15 @@ async def cycling_pass(session: Session, docs) -> dict:
                     context=types.InlineCompletionContext(trigger_kind=kind),
                 )
             )
+            times[name].append((time.perf_counter() - start) * 1000)
             counts[name].append(len({item.insert_text for item in result.items}) if result else 0)
     return {
         name: {
             "mean_items": round(statistics.mean(values), 2),
             "with_2_or_more": sum(v >= 2 for v in values),
             "none": sum(v == 0 for v in values),
+            "p50_ms": round(statistics.median(times[name])),
+            "p95_ms": round(sorted(times[name])[int(0.95 * (len(times[name]) - 1))]),
         }
         for name, values in counts.items()
     }

@@ -148,7 +148,7 @@ async def fill_for_inline(
         plan.request,
         plan.post,
         plan.pinned,
-        options.inline.retries,
+        0 if invoked else options.inline.retries,  # invoked: `add_distinct` is the one fill more
         cancelled,
         last_try=plan.last_try,
         again=plan.again,

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dfim.engine.layout import MATCH, OPENERS, code_of_line, open_quote, scan_brackets
+from dfim.engine.layout import MATCH, OPENERS, code_of_line, open_placeholder, open_quote, scan_brackets
 from dfim.server.context import FillContext
 from dfim.server.languages import error_count
 from dfim.server.lines import closers_provided, indent_width, is_word_char, open_brackets, split_lines
@@ -39,6 +39,7 @@ class PostContext:
     ends_line: bool  # a single-line fill that ends its line: it closes the brackets it opens...
     body_follows: bool  # ...unless the next line of code is indented deeper: what it opens goes on there
     in_string: str  # the quote the cursor's line leaves open before the cursor ("": the cursor is in code)
+    in_placeholder: bool  # ...and a `{` in that string that nothing closed yet (`f"{▮}"`, `` `${▮}` ``)
     in_word: bool  # the cursor is inside a word (`BUCK▮ETS`)
     line_above: str  # the last line of code above the cursor's (`\n` line ends, as the document has it)
     line_above_opens: bool  # its code (a comment aside) ends with `:`, a bracket, a comma or a backslash
@@ -76,6 +77,7 @@ def post_context(ctx: FillContext) -> PostContext:
         ends_line=ctx.mode == "line" and (ctx.opens_line or not ctx.rest_of_line.strip()),
         body_follows=bool(following) and indent_width(following) > indent_width(own_line),
         in_string=open_quote(ctx.before_on_line, ctx.lang) if not ctx.lead else "",
+        in_placeholder=not ctx.lead and open_placeholder(ctx.before_on_line, ctx.lang),
         in_word=is_word_char(ctx.prefix[-1:]) and is_word_char(ctx.rest_of_line[:1]),
         line_above=above,
         line_above_opens=code_above.endswith((":", "{", "(", "[", ",", "\\")),

@@ -156,6 +156,16 @@ def drop_new_syntax_errors(text: str, ctx: PostContext) -> str | None:
     return None if ctx.errors("") == 0 and ctx.errors(text) > 0 else text
 
 
+def _indent_must_fit(ctx: PostContext) -> bool:
+    """Whether a one-line fill's leading indentation must fit the line above (`fit_typed_indent`): after
+    indentation the user typed, and at a line's start with nothing typed where an indent can only be wrong:
+    the top of a file, and Python outside brackets (an unexpected indent does not parse there; in other
+    languages a continuation line, `.filter(...)` below `return xs`, is indented by choice)."""
+    if ctx.before_on_line:
+        return ctx.before_on_line.isspace()
+    return not ctx.line_above.strip() or (ctx.lang == "python" and not ctx.outer)
+
+
 def inline_chain(ctx: PostContext, max_lines: int = 40) -> Chain:
     """The rules for an inline fill (and `completeFunction`), in order, as they apply to this context: scope,
     loops, suffix overlap, quotes, brackets, usefulness, then the line's indentation."""
@@ -192,6 +202,7 @@ def inline_chain(ctx: PostContext, max_lines: int = 40) -> Chain:
                 close_open=c.ends_line and not c.body_follows,
                 in_string=c.in_string,
                 rest_of_line=c.rest_of_line,
+                in_placeholder=c.in_placeholder,
             ),
         )
     )
@@ -212,7 +223,7 @@ def inline_chain(ctx: PostContext, max_lines: int = 40) -> Chain:
             rules.append(Rule("drop_glued_to_the_next_word", drop_glued_to_the_next_word))
         if ctx.lang is not None:
             rules.append(Rule("drop_new_syntax_errors", drop_new_syntax_errors))
-    if line and not (ctx.lead or ctx.opens_line) and ctx.before_on_line.isspace():
+    if line and not (ctx.lead or ctx.opens_line) and _indent_must_fit(ctx):
         rules.append(Rule("fit_typed_indent", fit_typed_indent))
     if ctx.opens_line:  # the code after the cursor moves down a line, keeping its indentation
         rules += [

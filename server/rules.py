@@ -25,19 +25,29 @@ def balance_brackets(
     close_open: bool = False,
     in_string: str = "",
     rest_of_line: str = "",
+    in_placeholder: bool = False,
 ) -> str:
     """Cut the completion at the first closing bracket that the suffix already provides or that closes
     nothing (it may close `may_close` of the `outer` brackets open before it, innermost last); with
     `close_open`, append closers for brackets the completion left open. `in_string`: the quote the cursor
     is inside; the completion's text up to that quote's end is the string's, and its brackets close nothing
-    (`"/{v1` filled with `:[0-9]{3}}"`). A completion that leaves the brackets open as they were is kept
-    whole (`} catch (E e) {`), and so is one before code on its line (`rest_of_line`, such as the `)` an
-    editor that closes brackets leaves) where that code then closes what it reopened and nothing more than
-    was open before it: `expect(▮);` filled with `n).toBe(1`."""
+    (`"/{v1` filled with `:[0-9]{3}}"`), except in a placeholder (`in_placeholder`: `f"{▮}"`, `` `${▮}` ``)
+    whose `}` the line already holds: there the completion ends before the `}` that would close it again.
+    A completion that leaves the brackets open as they were is kept whole (`} catch (E e) {`), and so is
+    one before code on its line (`rest_of_line`, such as the `)` an editor that closes brackets leaves)
+    where that code then closes what it reopened and nothing more than was open before it: `expect(▮);`
+    filled with `n).toBe(1`. One that leaves that code closing a bracket of another kind is dropped
+    (`reduce((a, x) => ▮, 0)` filled with `{`: `{, 0)`)."""
     outer = list(outer)
     own: list[str] = []
     start = 0
     if in_string:
+        if in_placeholder and rest_of_line.lstrip().startswith("}"):
+            depth = 0
+            for i, c in enumerate(completion):
+                depth += (c == "{") - (c == "}")
+                if depth < 0:
+                    return completion[:i].rstrip(" \t")
         end = re.search(r"(?<!\\)(?:\\\\)*" + re.escape(in_string), completion)
         if end is None:
             return completion  # all of it is inside the string
@@ -62,7 +72,26 @@ def balance_brackets(
             break
     if close_open and own:
         completion = completion.rstrip() + "".join(CLOSER_OF[c] for c in reversed(own))
+    elif (
+        rest_of_line.strip()
+        and _mismatches(completion[start:] + rest_of_line, outer)
+        and not _mismatches(rest_of_line, outer)
+    ):
+        return ""  # the code after it on its line would close a bracket of another kind that it opened
     return completion
+
+
+def _mismatches(text: str, outer: list[str]) -> bool:
+    """Whether a closer in `text` meets an opener of another kind (`{)`), the `outer` ones open before it
+    (running out of openers is no mismatch: the code above may hold them)."""
+    stack = list(outer)
+    for _, c in scan_brackets(text):
+        if c in OPENERS:
+            stack.append(c)
+        elif stack:
+            if stack.pop() != MATCH[c]:
+                return True
+    return False
 
 
 def _leaves_open(text: str, outer: list[str]) -> list[str] | None:

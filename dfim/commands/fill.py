@@ -106,7 +106,9 @@ def split_at(text: str, line: int, col: int) -> tuple[str, str]:
     """(prefix, suffix) around a 1-based line/column; the column may sit just after the line's end."""
     lines = text.split("\n")
     if not 1 <= line <= len(lines):
-        raise InputError(f"line {line} is out of range (the file has {len(lines)} lines)")
+        raise InputError(
+            f"line {line} is out of range (the file has {len(lines)} line{'' if len(lines) == 1 else 's'})"
+        )
     content = lines[line - 1].removesuffix("\r")
     if not 1 <= col <= len(content) + 1:
         raise InputError(f"column {col} is out of range (line {line} has {len(content)} characters)")

@@ -128,3 +128,15 @@ def test_scan_brackets_finds_what_scan_code_reads_as_code(skip_comments):
     texts += [Path(layout.__file__).read_text(), Path(__file__).read_text()]
     for text in texts:
         assert layout.scan_brackets(text, skip_comments) == _brackets_by_scan_code(text, skip_comments), text
+
+
+def test_a_line_ends_in_a_placeholder_of_its_open_string():
+    from dfim.engine.layout import open_placeholder
+
+    assert open_placeholder('print(f"Hello, {', "python")
+    assert open_placeholder("const s = `Hi ${user.na", "typescript")
+    assert open_placeholder('println!("{', "rust")
+    assert not open_placeholder('print(f"a {b} c', "python")  # closed
+    assert not open_placeholder('print(f"a {b}")', "python")  # in code
+    assert not open_placeholder("x = {", "python")  # a dict, not a string
+    assert not open_placeholder('x = "{}" + f(', "python")

@@ -369,3 +369,25 @@ def test_a_several_line_fill_does_not_write_the_line_above_again():
     assert postprocess.clean("rows.append(row)\n        n += 1", ctx) == "n += 1"
     assert postprocess.clean("rows.append(row)\n        rows.append(row)", ctx) is None
     assert postprocess.clean("print(row)", ctx) == "print(row)"  # anything else stays
+
+
+def test_a_line_with_nothing_typed_before_it_is_indented_only_where_a_block_opens():
+    ctx, _, _ = single("|\n")  # an empty file
+    assert postprocess.clean("        self.x = 1", ctx) == "self.x = 1"
+    ctx, _, _ = single("x = 1\n|\n")
+    assert postprocess.clean("    y = 2", ctx) == "y = 2"
+    ctx, _, _ = single("def f():\n|\n")
+    assert postprocess.clean("    return 1", ctx) == "    return 1"
+
+
+def test_a_placeholders_brace_is_not_written_twice():
+    ctx, _, _ = single('def greet(name):\n    print(f"Hello, {|}")\n')
+    assert postprocess.clean("name}", ctx) == "name"
+    ctx, _, _ = single("function greet(name) {\n  console.log(`Hello, ${|}`);\n}\n", "javascript")
+    assert postprocess.clean("name}", ctx) == "name"
+
+
+def test_a_fill_that_breaks_the_brackets_after_it_on_its_line_is_dropped():
+    ctx, _, _ = single("const total = xs.reduce((acc, x) => |, 0);\n", "typescript")
+    assert not postprocess.clean("{", ctx)
+    assert postprocess.clean("acc + x", ctx) == "acc + x"

@@ -81,6 +81,27 @@ def test_balance_brackets_closes_what_it_opened_after_a_cut():
     assert balance("} catch (E e) {", ("{",), 0, close_open=True) == "} catch (E e) {"  # closed, reopened
 
 
+def test_a_fill_in_a_placeholder_ends_before_the_brace_the_line_holds():
+    balance = rules.balance_brackets
+    # `print(f"Hello, {▮}")` and `` `Hello, ${▮}` ``: the `}` after the cursor closes the placeholder
+    assert balance("name}", ("(",), 0, in_string='"', rest_of_line='}")', in_placeholder=True) == "name"
+    assert balance("name}, {age", ("(",), 0, in_string='"', rest_of_line='}")', in_placeholder=True) == "name"
+    assert balance("d[k]}", (), 0, in_string="`", rest_of_line="}`;", in_placeholder=True) == "d[k]"
+    # no `}` after the cursor: the fill closes the placeholder itself
+    assert balance('name}")', ("(",), 1, in_string='"', in_placeholder=True) == 'name}")'
+    # a string's text without a placeholder keeps its braces
+    assert balance(":[0-9]{3}}", (), 0, in_string='"', rest_of_line='"') == ":[0-9]{3}}"
+
+
+def test_a_fill_that_leaves_the_rest_of_its_line_closing_another_bracket_is_dropped():
+    balance = rules.balance_brackets
+    assert balance("{", ("(",), 0, rest_of_line=", 0);") == ""  # `reduce((acc, x) => ▮, 0);` -> `{, 0);`
+    assert balance("{", ("(",), 0, rest_of_line=");") == ""  # `a.map((x) => ▮);`
+    assert balance("x + 1", ("(",), 0, rest_of_line=", 0);") == "x + 1"
+    assert balance("{ a: 1 }", ("(",), 0, rest_of_line=");") == "{ a: 1 }"
+    assert balance("status ?? {", ("{",), 0, rest_of_line="}") == "status ?? {"  # the editor's closer
+
+
 def test_a_fill_inside_a_word_does_not_write_the_line_again():
     cut = rules.cut_repeated_line_end
     assert cut("S = len(values)", "ETS = len(values)") == "S"

@@ -246,6 +246,7 @@ more_checks = function(dfim, ghost)
   check('checkhealth: server', report:match('OK:? the server runs') ~= nil, report)
   check('checkhealth: model', report:match('OK:? model [^\n]+ on cpu') ~= nil, report)
   check('checkhealth: no error', not report:match('ERROR'), report)
+  check('checkhealth: buffers', report:match('OK:? %d+ of %d+ open file buffers attached') ~= nil, report)
 
   -- 13. one `dfim: ` in front of a server message that has its own: an action the server refuses (no hole in
   -- the line) is reported as `dfim: ...`, never `dfim: dfim: ...`

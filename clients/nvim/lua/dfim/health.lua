@@ -81,11 +81,22 @@ local function check_server(dfim)
   if not dfim.enabled() then
     warn('inline completions are off (:DfimToggle)')
   end
-  local bufnr = vim.api.nvim_get_current_buf()
-  if dfim.client_for(bufnr) then
-    ok('the current buffer is attached')
+  -- :checkhealth shows its report in a buffer of its own, so "the current buffer" is never the user's: count
+  -- the open file buffers instead
+  local files, attached = 0, 0
+  for _, b in ipairs(vim.api.nvim_list_bufs()) do
+    if vim.api.nvim_buf_is_loaded(b) and vim.bo[b].buflisted and vim.bo[b].buftype == ''
+      and vim.api.nvim_buf_get_name(b) ~= '' then
+      files = files + 1
+      if dfim.client_for(b) then
+        attached = attached + 1
+      end
+    end
+  end
+  if attached > 0 then
+    ok(string.format('%d of %d open file buffers attached', attached, files))
   else
-    info('the current buffer is not attached (no file name, another filetype, or not a normal buffer)')
+    info(string.format('none of %d open file buffers attached (another filetype, or opened before setup())', files))
   end
 end
 
