@@ -7,7 +7,10 @@ of 512, every key), for a 256-token canvas and the server's two 32-token rows, a
 the keys and bounds `FastDiffusionGemma` builds for that pass. The floor is the larger of the keys' and
 values' bytes read once over the bandwidth and the products' arithmetic over the tensor cores' peak.
 
-    source scripts/device_env.sh; python3 scripts/bench_attention_gpu.py [--sweep] --out $OUT/bench_attention_gpu.txt
+    source scripts/device_env.sh; python3 scripts/bench_attention_gpu.py [--sweep] [--flex] --out $OUT/bench_attention_gpu.txt
+
+`--flex` also times PyTorch's FlexAttention (compiled, the same intervals as a block mask, GQA), to see
+whether a compiled template beats the hand-written kernel at these shapes.
 
 Exit status 1 when a tile's output differs from the reference by more than 2% (relative, bf16).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -78,9 +82,33 @@ def reference(q: Tensor, k: Tensor, v: Tensor, lo: int, hi: int, bounds: Tensor)
     return out.transpose(1, 2).reshape(1, tokens, -1)
 
 
+def flex_attend(q: Tensor, k: Tensor, v: Tensor, lo: int, hi: int, bounds: Tensor) -> Callable[[], Tensor]:
+    """FlexAttention over keys [lo, hi) with each query's two intervals as its mask (block-sparse: the blocks
+    no query sees are skipped), the KV heads shared by their query heads, scale 1.0."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    lo1, hi1, lo2, hi2 = (bounds[:, i].contiguous() for i in range(4))
+
+    def seen(b, h, q_idx, kv_idx):  # noqa: ANN001 - FlexAttention's mask_mod signature
+        key = kv_idx + lo
+        return ((key >= lo1[q_idx]) & (key < hi1[q_idx])) | ((key >= lo2[q_idx]) & (key < hi2[q_idx]))
+
+    tokens = q.shape[2]
+    mask = create_block_mask(seen, B=None, H=None, Q_LEN=tokens, KV_LEN=hi - lo, device=q.device)
+    attend = torch.compile(flex_attention, dynamic=False)
+    ks, vs = k[:, :, lo:hi].contiguous(), v[:, :, lo:hi].contiguous()
+
+    def run() -> Tensor:
+        out = attend(q, ks, vs, block_mask=mask, scale=1.0, enable_gqa=True)
+        return out.transpose(1, 2).reshape(1, tokens, -1)
+
+    return run
+
+
 def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--tflops", type=float, default=989.0, help="the card's dense bf16 peak")
+    parser.add_argument("--flex", action="store_true", help="also time FlexAttention (compiled)")
     args = parser.parse_args()
     report = Report()
     say = report.say
@@ -121,6 +149,15 @@ def main() -> None:
                     f"error {err:.1e}{'' if ok else '  FAILED'}")  # fmt: skip
                 if ok and ms < best[0]:
                     best = (ms, label)
+            if args.flex:
+                try:
+                    fn = flex_attend(q, k, v, lo, hi, bounds)
+                    err = float((fn().float() - want).norm() / want.norm())
+                    ms, graphed = timed(fn, graphs=True, repeat=50)
+                    say(f"  {'flex_attention':16s} {1000 * ms:8.1f} us, {100 * floor_us / (1000 * ms):5.1f}% of the "
+                        f"floor, error {err:.1e} ({'graph' if graphed else 'eager'})")  # fmt: skip
+                except Exception as exc:  # noqa: BLE001 - FlexAttention may not take a shape: say so, go on
+                    say(f"  {'flex_attention':16s} failed: {type(exc).__name__}: {str(exc)[:160]}")
             say(f"  best: {best[1]} {1000 * best[0]:.1f} us")
     report.write(args.out)
     sys.exit(1 if failed else 0)

@@ -36,6 +36,7 @@
 # glue_step bench_fp8_triton profile_step_fp8                                    5 min: then confirm_glue
 # confirm_glue check bench_gpu server_fp8                                        8 min
 # down_tiles moe_w8a8                                                            2 min: W8A8 tiles, wider down ones
+# flex      attention_flex                                                       3 min: FlexAttention beside ours
 # server    server profile_fill                                                    4 min
 set -uo pipefail
 source scripts/device_env.sh
@@ -126,6 +127,9 @@ job() {
       [[ $1 == gemv_sweep ]] && extra=(--sweep)
       run "$1" 300 python3 scripts/bench_gemv_gpu.py "${extra[@]}" --out "$OUT/$1.txt"
       grep -E "^[0-9]|cublas|default|best|shapes" "$OUT/$1.txt" ;;
+    attention_flex)  # one layer's attention: the kernel's default tiles against FlexAttention (compiled)
+      run attention_flex 300 python3 scripts/bench_attention_gpu.py --flex --out "$OUT/attention_flex.txt"
+      grep -E "layer|default|flex|best" "$OUT/attention_flex.txt" ;;
     attention_sweep)  # one layer's attention in a pass, both layer kinds: the kernel's tiles against the floor
       run attention_sweep 150 python3 scripts/bench_attention_gpu.py --sweep --out "$OUT/attention_sweep.txt"
       grep -E "layer|default|best" "$OUT/attention_sweep.txt" ;;
@@ -192,6 +196,7 @@ case ${1:-check} in
   glue_step) jobs=(bench_fp8_triton profile_step_fp8) ;;
   confirm_glue) jobs=(check bench_gpu server_fp8) ;;
   down_tiles) jobs=(moe_w8a8) ;;
+  flex) jobs=(attention_flex) ;;
   server) jobs=(server profile_fill) ;;
   *) echo "unknown mode ${1}: see the table at the top of $0"; exit 2 ;;
 esac
