@@ -21,6 +21,7 @@ from dfim.server.inline_plan import (
     Place,
     ResultCache,
     ShownSuggestion,
+    closer_on_own_line,
     fill_until_shown,
     finite,
     fit_body_fill,
@@ -192,6 +193,8 @@ def inline_items(ls, place: Place, candidates: list[str], ctx: FillContext, sour
             # an empty body spanning lines (`{\n  ▮\n}`, or a blank line before a Python cursor): the fill
             # keeps the line breaks around the cursor's line, so that the edit can stay on it
             fill = fit_body_fill(fill, text, ctx, cursor)
+        elif ctx.mode == "block":
+            fill = closer_on_own_line(fill, text, ctx)
         edit = one_line_edit(text, ctx.start, ctx.end, fill, cursor)
         if edit is None or not edit[2]:
             continue

@@ -118,6 +118,18 @@ def fit_body_fill(fill: str, text: str, ctx: FillContext, cursor: int) -> str:
     return text[ctx.start : ls] + body + text[le : ctx.end]
 
 
+def closer_on_own_line(fill: str, text: str, ctx: FillContext) -> str:
+    """A several-line fill between a same-line `{` and its `}` (`get(): number {▮}`) ends with a line break
+    and the `{` line's indentation, so that the `}` goes on a line of its own instead of after the fill's
+    last statement (`return v;}`)."""
+    after = text[ctx.end : ctx.end + 1]
+    if ctx.start != ctx.end or after not in (")", "]", "}") or "\n" not in fill.rstrip():
+        return fill
+    line = text[line_start(text, ctx.start) : ctx.start]
+    indent = line[: len(line) - len(line.lstrip(" \t"))]
+    return fill.rstrip() + ctx.newline + indent
+
+
 async def fill_until_shown(
     fill_once: Callable[[FillRequest], Awaitable[FillResult | None]],
     request: FillRequest,

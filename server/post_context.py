@@ -19,6 +19,10 @@ from dfim.server.context import FillContext
 from dfim.server.languages import error_count
 from dfim.server.lines import closers_provided, indent_width, is_word_char, open_brackets, split_lines
 
+# A name that fills an expression or type slot in every language served: what "parses with the slot filled"
+# is measured with
+SLOT_NAME = "x"
+
 
 @dataclass(frozen=True)
 class PostContext:
@@ -36,6 +40,7 @@ class PostContext:
     # worked out from it
     outer: tuple[str, ...]  # brackets the prefix leaves open (innermost last)
     may_close: int  # how many of `outer` a fill may close: the suffix closes the others
+    line_opened: int  # how many of `outer` (the innermost) the cursor's line opened before the cursor
     ends_line: bool  # a single-line fill that ends its line: it closes the brackets it opens...
     body_follows: bool  # ...unless the next line of code is indented deeper: what it opens goes on there
     in_string: str  # the quote the cursor's line leaves open before the cursor ("": the cursor is in code)
@@ -49,6 +54,12 @@ class PostContext:
     following: str  # the suffix's first line of code (any line end), as it is
     # syntax errors of the code around the fill (`parse_window`) with a given fill in its place; cached
     errors: Callable[[str], int] = field(compare=False, repr=False)
+
+    def baseline_errors(self) -> int:
+        """The syntax errors around the fill before it: with nothing in its place, or with a name there where
+        that parses better. The cursor often sits in a slot that must be filled (`"a" + ▮)`, `=> ▮;`,
+        `Vec<▮>`), where the empty fill is an error of its own that a broken fill would hide behind."""
+        return min(self.errors(""), self.errors(SLOT_NAME))
 
 
 def post_context(ctx: FillContext) -> PostContext:
@@ -74,6 +85,7 @@ def post_context(ctx: FillContext) -> PostContext:
         before_on_line=ctx.before_on_line,
         outer=tuple(outer),
         may_close=len(outer) - closers_provided(ctx.suffix, outer),
+        line_opened=min(len(outer), len(open_brackets(ctx.before_on_line))),
         ends_line=ctx.mode == "line" and (ctx.opens_line or not ctx.rest_of_line.strip()),
         body_follows=bool(following) and indent_width(following) > indent_width(own_line),
         in_string=open_quote(ctx.before_on_line, ctx.lang) if not ctx.lead else "",

@@ -31,6 +31,8 @@ from dfim.server.rules import (
     limit_scope,
     normalize_newlines,
     remove_suffix_overlap,
+    trim_repeated_operator,
+    trim_space_after_opener,
 )
 
 log = logging.getLogger("dfim.server")
@@ -150,10 +152,11 @@ def drop_glued_to_the_next_word(text: str, ctx: PostContext) -> str | None:
 
 def drop_new_syntax_errors(text: str, ctx: PostContext) -> str | None:
     """A single-line fill into code that goes on after the cursor, where the code around it parses without
-    the fill and not with it (`users.find(id, id▮(u) => u.id === id)`): it breaks code the user did not ask
-    to change. Where the code is broken already (a line being typed: `forEach(next: (value:▮;`), counts of
-    errors say little (one error region may become two as the fill mends it), so the fill stays."""
-    return None if ctx.errors("") == 0 and ctx.errors(text) > 0 else text
+    the fill (or with a name in its place: `"a" + ▮)`) and not with it (`users.find(id, id▮(u) => u.id ===
+    id)`): it breaks code the user did not ask to change. Where the code is broken already (a line being
+    typed: `forEach(next: (value:▮;`), counts of errors say little (one error region may become two as the
+    fill mends it), so the fill stays."""
+    return None if ctx.baseline_errors() == 0 and ctx.errors(text) > 0 else text
 
 
 def _indent_must_fit(ctx: PostContext) -> bool:
@@ -185,6 +188,16 @@ def inline_chain(ctx: PostContext, max_lines: int = 40) -> Chain:
         rules.append(
             Rule("cut_repeat_of_line_start", lambda t, c: cut_repeat_of_line_start(t, c.before_on_line))
         )
+        if not ctx.lead and ctx.before_on_line.strip():
+            rules.append(
+                Rule("trim_space_after_opener", lambda t, c: trim_space_after_opener(t, c.before_on_line))
+            )
+            rules.append(
+                Rule(
+                    "trim_repeated_operator",
+                    lambda t, c: trim_repeated_operator(t, c.before_on_line, c.rest_of_line),
+                )
+            )
     rules.append(Rule("remove_suffix_overlap", lambda t, c: remove_suffix_overlap(t, c.suffix)))
     if line:
         rules.append(Rule("drop_duplicate_quote", lambda t, c: drop_duplicate_quote(t, c.rest_of_line)))
@@ -203,6 +216,8 @@ def inline_chain(ctx: PostContext, max_lines: int = 40) -> Chain:
                 in_string=c.in_string,
                 rest_of_line=c.rest_of_line,
                 in_placeholder=c.in_placeholder,
+                line_opened=c.line_opened,
+                one_line=line,
             ),
         )
     )
@@ -277,7 +292,7 @@ def _new_errors(candidates: list[str], ctx: PostContext) -> list[int]:
     """The syntax errors each candidate brings where it goes, beyond those already there. The rules' counter:
     parsed in a window around the fill and remembered per text, so a candidate the rules already parsed costs
     nothing here (a whole-document parse per candidate cost ~2 ms each)."""
-    base = ctx.errors("")
+    base = ctx.baseline_errors()
     return [max(0, ctx.errors(c) - base) for c in candidates]
 
 

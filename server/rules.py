@@ -26,6 +26,8 @@ def balance_brackets(
     in_string: str = "",
     rest_of_line: str = "",
     in_placeholder: bool = False,
+    line_opened: int = 0,
+    one_line: bool = False,
 ) -> str:
     """Cut the completion at the first closing bracket that the suffix already provides or that closes
     nothing (it may close `may_close` of the `outer` brackets open before it, innermost last); with
@@ -36,8 +38,13 @@ def balance_brackets(
     A completion that leaves the brackets open as they were is kept whole (`} catch (E e) {`), and so is
     one before code on its line (`rest_of_line`, such as the `)` an editor that closes brackets leaves)
     where that code then closes what it reopened and nothing more than was open before it: `expect(▮);`
-    filled with `n).toBe(1`. One that leaves that code closing a bracket of another kind is dropped
-    (`reduce((a, x) => ▮, 0)` filled with `{`: `{, 0)`)."""
+    filled with `n).toBe(1`. Where that code closes what its line opened before the cursor (`line_opened`
+    of `outer`), it must still close them after the completion: `fold(0, |acc, x| ▮)` filled with
+    `x.get_u(` would take the `)` of `fold(`, and is dropped; so is one that leaves that code closing a
+    bracket of another kind (`reduce((a, x) => ▮, 0)` filled with `{`: `{, 0)`), or go on inside what it
+    opened (`=> ▮;` filled with `{`). These three for a `one_line` fill only: a block's fill may leave its
+    last statement's block open for the lines still to come. A completion that ends with a block's `{` is
+    left open: the block's lines come next (`if x == 0 {}` is never meant)."""
     outer = list(outer)
     own: list[str] = []
     start = 0
@@ -54,9 +61,16 @@ def balance_brackets(
         start = end.end()
     if _leaves_open(completion[start:], outer) == outer:
         return completion  # what it closes it opens again (`} else {`): the code after reads the same
-    if rest_of_line.strip():
+    rest = rest_of_line.strip() != ""
+    # what the code after the cursor leaves open when it closes its own line's brackets, which it must then
+    # still close after the completion (None: no such duty)
+    duty = None
+    if rest and line_opened and one_line:
+        rest_left = _leaves_open(rest_of_line, outer)
+        duty = rest_left if rest_left == outer[: len(outer) - line_opened] else None
+    if rest:
         left = _leaves_open(completion[start:] + rest_of_line, outer)
-        if left is not None and left == outer[: len(left)]:
+        if left is not None and left == outer[: len(left)] and (duty is None or left == duty):
             return completion
     for i, c in scan_brackets(completion[start:]):
         i += start
@@ -70,15 +84,29 @@ def balance_brackets(
         else:  # a mismatched closer, or one the suffix provides / that closes nothing: cut, then close
             completion = completion[:i].rstrip(" \t")
             break
-    if close_open and own:
+    if close_open and own and not completion.rstrip().endswith("{"):
         completion = completion.rstrip() + "".join(CLOSER_OF[c] for c in reversed(own))
-    elif (
-        rest_of_line.strip()
-        and _mismatches(completion[start:] + rest_of_line, outer)
-        and not _mismatches(rest_of_line, outer)
-    ):
-        return ""  # the code after it on its line would close a bracket of another kind that it opened
+    elif rest and one_line:
+        after = completion[start:] + rest_of_line
+        if _mismatches(after, outer) and not _mismatches(rest_of_line, outer):
+            return ""  # the code after it on its line would close a bracket of another kind that it opened
+        if duty is not None and _leaves_open(after, outer) != duty:
+            return ""  # it takes a closer its line's own bracket needs
+        if _opens_past_the_line(completion[start:], rest_of_line):
+            return ""  # the code after it on its line would go inside what it opened (`=> {;`)
     return completion
+
+
+def _opens_past_the_line(completion: str, rest_of_line: str) -> bool:
+    """Whether a bracket the completion opens is still open at the end of its line, the code after it
+    included."""
+    stack: list[bool] = []  # per open bracket: whether the completion opened it
+    for i, c in scan_brackets(completion + rest_of_line):
+        if c in OPENERS:
+            stack.append(i < len(completion))
+        elif stack:
+            stack.pop()
+    return any(stack)
 
 
 def _mismatches(text: str, outer: list[str]) -> bool:
@@ -410,3 +438,36 @@ def fit_typed_indent(text: str, ctx: PostContext) -> str:
     if indent_width(ctx.before_on_line + lead) <= indent_width(previous):
         return text  # a dedent the model wrote out (not after typed indentation: rare) is its own
     return text.lstrip(" \t")
+
+
+def trim_space_after_opener(completion: str, before_on_line: str) -> str:
+    """A one-line fill right after an opener on its line starts without the model's indentation: none after
+    `(` or `[` (`vec![  1, 2]`), at most one space after `{` (`&User{\tID: name}`, where `{ a: 1 }` is a
+    style of its own)."""
+    lead = completion[: len(completion) - len(completion.lstrip(" \t"))]
+    if not lead or not before_on_line.endswith(("(", "[", "{")):
+        return completion
+    if before_on_line.endswith("{"):
+        return completion if lead == " " else " " + completion[len(lead) :]
+    return completion[len(lead) :]
+
+
+# Binary operators a one-line fill may write again on either side of the cursor; not `-` or `&` (a unary
+# minus or an address-of after an operator is real code: `x - -1`, `f(a, &b)`)
+_BINARY = ("&&", "||", "<<", ">>", "==", "!=", "+", "*", "/", "%", "|", ",")
+
+
+def trim_repeated_operator(completion: str, before_on_line: str, rest_of_line: str) -> str:
+    """A one-line fill between two operands does not repeat the operator typed before it or the one after
+    it (`"item-" + ▮ + "-end"` filled with `+ "-" +` would read `+ + "-" + +`)."""
+    before, rest = before_on_line.rstrip(), rest_of_line.lstrip()
+    text = completion
+    for op in _BINARY:
+        if before.endswith(op) and text.lstrip().startswith(op + " "):
+            text = text.lstrip()[len(op) :].lstrip()
+            break
+    for op in _BINARY:
+        if rest.startswith(op) and text.rstrip().endswith(" " + op):
+            text = text.rstrip()[: -len(op)].rstrip()
+            break
+    return text if text.strip() else completion

@@ -25,6 +25,18 @@ def test_an_empty_brace_body_fill_stays_on_the_cursors_line():
             assert "return w;" in text[:s] + insert + text[e:]
 
 
+def test_a_several_line_fill_of_a_same_line_brace_body_puts_the_closer_on_its_own_line():
+    from dfim.server.inline_plan import closer_on_own_line, one_line_edit
+
+    text, cursor = split("class A {\n  get(): number {|}\n}\n")
+    ctx = context.build_context(text, cursor, "typescript")
+    assert ctx.mode == "block" and ctx.start == ctx.end == cursor
+    fill = closer_on_own_line("\n    return v;", text, ctx)
+    s, e, insert = one_line_edit(text, ctx.start, ctx.end, fill, cursor)
+    assert text[:s] + insert + text[e:] == "class A {\n  get(): number {\n    return v;\n  }\n}\n"
+    assert closer_on_own_line(" return v; ", text, ctx) == " return v; "  # one line: as it is
+
+
 def test_fill_until_shown_asks_again_with_the_next_seed_only_when_nothing_is_left():
     import asyncio
 

@@ -257,6 +257,8 @@ def test_the_chain_holds_only_the_rules_that_apply_in_todays_order():
         "limit_scope",
         "cut_stutter",
         "cut_repeat_of_line_start",
+        "trim_space_after_opener",
+        "trim_repeated_operator",
         "remove_suffix_overlap",
         "drop_duplicate_quote",
         "balance_brackets",
@@ -289,7 +291,7 @@ def test_the_state_says_which_rules_changed_the_text_and_a_drop_ends_the_chain()
     state = postprocess.inline_chain(pc).run("bar(1))", pc)
     assert state.text == "bar(1)" and state.trace == ["balance_brackets"]
     state = postprocess.inline_chain(pc).run("  \n", pc)
-    assert state.text is None and state.trace == ["limit_scope", "drop_blank"]
+    assert state.text is None and state.trace == ["limit_scope", "trim_space_after_opener", "drop_blank"]
     pc = post_context(ctx_for("def f(x):\n    |\n    return y\n"))
     state = postprocess.inline_chain(pc).run("y = x + 1\n    return y", pc)
     assert state.text == "y = x + 1" and "remove_suffix_overlap" in state.trace
@@ -391,3 +393,42 @@ def test_a_fill_that_breaks_the_brackets_after_it_on_its_line_is_dropped():
     ctx, _, _ = single("const total = xs.reduce((acc, x) => |, 0);\n", "typescript")
     assert not postprocess.clean("{", ctx)
     assert postprocess.clean("acc + x", ctx) == "acc + x"
+
+
+def test_a_fill_may_not_take_the_closer_its_lines_own_bracket_needs():
+    ctx, _, _ = single("const top = Math.max(|);\n", "typescript")
+    assert not postprocess.clean("a, f(", ctx)  # `max(` would lose its `)`
+    assert postprocess.clean("a, b", ctx) == "a, b"
+    ctx, _, _ = single("expect(|);\n", "typescript")
+    assert postprocess.clean("n).toBe(1", ctx) == "n).toBe(1"  # it closes `expect(` and reopens `toBe(`
+
+
+def test_a_block_header_at_a_lines_end_is_left_open():
+    ctx, _, _ = single("func f(x int) {\n\tfor {\n\t\t|\n\t}\n}\n", "go")
+    assert postprocess.clean("if x == 0 {", ctx) == "if x == 0 {"
+    ctx, _, _ = single("x = |\n")
+    assert postprocess.clean("foo(1, 2", ctx) == "foo(1, 2)"  # a call is still closed
+
+
+def test_a_fill_after_an_opener_starts_without_the_models_indentation():
+    ctx, _, _ = single("fn f() {\n    let v = vec![|];\n}\n", "rust")
+    assert postprocess.clean("  1, 2, 3", ctx) == "1, 2, 3"
+    ctx, _, _ = single("func f() *User {\n\treturn &User{|}\n}\n", "go")
+    assert postprocess.clean("\tID: 1", ctx) == " ID: 1"
+
+
+def test_a_fill_that_leaves_a_slot_broken_is_dropped_though_the_empty_slot_is_an_error():
+    ctx, _, _ = single("const add = (a: number, b: number): number => |;\n", "typescript")
+    assert not postprocess.clean("{", ctx)  # `=> {;`: the block would take the line's `;`
+    assert postprocess.clean("a + b", ctx) == "a + b"
+    ctx, _, _ = single('console.log("a " + |);\n', "javascript")
+    assert not postprocess.clean('msg + " "b " + msg + " +', ctx)
+    assert postprocess.clean("msg", ctx) == "msg"
+
+
+def test_a_fill_between_operands_does_not_write_their_operators_again():
+    ctx, _, _ = single('const id = "item-" + | + "-end";\n', "javascript")
+    assert postprocess.clean('+ "-" +', ctx) == '"-"'
+    assert postprocess.clean("n", ctx) == "n"
+    ctx, _, _ = single("y = x - |\n")
+    assert postprocess.clean("-1", ctx) == "-1"  # a unary minus is not a repeat

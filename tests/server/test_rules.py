@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from dfim.server import rules
 from dfim.server.post_context import post_context
 from tests.server.helpers import ctx_for
@@ -95,11 +97,16 @@ def test_a_fill_in_a_placeholder_ends_before_the_brace_the_line_holds():
 
 def test_a_fill_that_leaves_the_rest_of_its_line_closing_another_bracket_is_dropped():
     balance = rules.balance_brackets
+    balance = functools.partial(rules.balance_brackets, one_line=True)
     assert balance("{", ("(",), 0, rest_of_line=", 0);") == ""  # `reduce((acc, x) => ▮, 0);` -> `{, 0);`
     assert balance("{", ("(",), 0, rest_of_line=");") == ""  # `a.map((x) => ▮);`
     assert balance("x + 1", ("(",), 0, rest_of_line=", 0);") == "x + 1"
     assert balance("{ a: 1 }", ("(",), 0, rest_of_line=");") == "{ a: 1 }"
     assert balance("status ?? {", ("{",), 0, rest_of_line="}") == "status ?? {"  # the editor's closer
+    # a block's fill may leave its last block open above the closer that follows
+    assert (
+        rules.balance_brackets("\n  if (x) {\n    y(", ("{",), 0, rest_of_line="}") == "\n  if (x) {\n    y("
+    )
 
 
 def test_a_fill_inside_a_word_does_not_write_the_line_again():
