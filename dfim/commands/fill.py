@@ -228,7 +228,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = {
             "text": result.text,
-            "raw_text": raw,  # the model's, before the server's post-processing (differs mid-line)
+            "raw_text": raw,  # the model's, before the server's post-processing
+            "alternatives": list(
+                result.alternatives
+            ),  # the other candidates (--candidates), as the model wrote
             "steps": result.steps,
             "tokens": result.tokens,
             "canvas_length": result.canvas_length,

@@ -447,7 +447,7 @@ def test_a_fill_mid_line_never_repeats_the_rest_of_the_line(capsys, checkpoint, 
     code, out, err = dfim_fill(capsys, *args)
     assert code == 0 and out.strip() == "" and "repeated the rest of the line" in err
     data = json.loads(dfim_fill(capsys, *args, "--json")[1])
-    assert data["text"] == "" and data["raw_text"] == model_text
+    assert data["text"] == "" and data["raw_text"] == model_text and data["alternatives"] == []
     # at the end of a line nothing is cut: the fill is the model's
     code, out, _ = dfim_fill(capsys, EXAMPLE, "--line", 14, "--col", 16, "--model", checkpoint)
     assert code == 0 and out == model_text + "\n"
@@ -473,3 +473,15 @@ def test_an_empty_fill_says_why():
     assert empty_fill_reason("  ", "x)\n") == "wrote nothing here"
     assert empty_fill_reason("urn size", "urn size\nnext") == "only repeated the rest of the line"
     assert "--json has its raw text" in empty_fill_reason("a, 2, 1) => 3", ");\n")
+
+
+def test_the_json_output_lists_the_other_candidates(capsys, checkpoint, monkeypatch):
+    from dfim.engine.api import FillResult
+    from dfim.engine.inference.fill import Engine
+
+    def fake_fill(self, request):
+        return FillResult("a", 1, 16, 1, 10, 10, 1.0, "stable", alternatives=["b", "c"])
+
+    monkeypatch.setattr(Engine, "fill", fake_fill)
+    out = dfim_fill(capsys, EXAMPLE, "--line", 14, "--col", 16, "--model", checkpoint, "--json")[1]
+    assert json.loads(out)["alternatives"] == ["b", "c"]
