@@ -144,6 +144,14 @@ def drop_start_of_what_follows(text: str, ctx: PostContext) -> str | None:
     return None if body and ctx.rest_of_line.lstrip().startswith(body) else text
 
 
+def drop_end_of_what_follows(text: str, ctx: PostContext) -> str | None:
+    """A single-line fill that is the end of the text after the cursor (`"a" + ▮ + "-end";` filled with
+    `"-end";`), three characters or more besides spaces: inserting it writes that end twice."""
+    body = text.strip()
+    rest = ctx.rest_of_line.rstrip()
+    return None if len(body.replace(" ", "")) >= 3 and rest.endswith(body) else text
+
+
 def drop_glued_to_the_next_word(text: str, ctx: PostContext) -> str | None:
     """A single-line fill before a word of the line (not inside one) that ends in a word character: the two
     run together into a name nobody wrote (`(this.h + this.h▮this.w` -> `this.hthis`)."""
@@ -233,6 +241,7 @@ def inline_chain(ctx: PostContext, max_lines: int = 40) -> Chain:
     ]
     if line and not ctx.opens_line:
         rules.append(Rule("drop_start_of_what_follows", drop_start_of_what_follows))
+        rules.append(Rule("drop_end_of_what_follows", drop_end_of_what_follows))
     if line and not ctx.ends_line:  # code goes on after the cursor: the fill must not spoil it
         if not ctx.in_word:
             rules.append(Rule("drop_glued_to_the_next_word", drop_glued_to_the_next_word))

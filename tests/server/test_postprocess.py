@@ -267,6 +267,7 @@ def test_the_chain_holds_only_the_rules_that_apply_in_todays_order():
         "drop_copy_of_line_above",
         "drop_copy_of_line_below",
         "drop_start_of_what_follows",
+        "drop_end_of_what_follows",
         "drop_glued_to_the_next_word",
         "drop_new_syntax_errors",
     ]
@@ -432,3 +433,10 @@ def test_a_fill_between_operands_does_not_write_their_operators_again():
     assert postprocess.clean("n", ctx) == "n"
     ctx, _, _ = single("y = x - |\n")
     assert postprocess.clean("-1", ctx) == "-1"  # a unary minus is not a repeat
+
+
+def test_a_fill_that_is_the_end_of_its_line_again_is_dropped():
+    ctx, _, _ = single('const id = "item-" + | + "-end";\n', "javascript")
+    assert not postprocess.clean('"-end";', ctx)
+    assert not postprocess.clean('+ "-end";', ctx)
+    assert postprocess.clean("n", ctx) == "n"
