@@ -37,6 +37,7 @@
 # confirm_glue check bench_gpu server_fp8                                        8 min
 # down_tiles moe_w8a8                                                            2 min: W8A8 tiles, wider down ones
 # flex      attention_flex                                                       3 min: FlexAttention beside ours
+# repeat_fp8 bench_fp8_variants                                  4 min: W8A8_VARIANTS='promote=0;promote=0': 3 runs
 # server    server profile_fill                                                    4 min
 set -uo pipefail
 source scripts/device_env.sh
@@ -197,6 +198,7 @@ case ${1:-check} in
   confirm_glue) jobs=(check bench_gpu server_fp8) ;;
   down_tiles) jobs=(moe_w8a8) ;;
   flex) jobs=(attention_flex) ;;
+  repeat_fp8) jobs=(bench_fp8_variants) ;;
   server) jobs=(server profile_fill) ;;
   *) echo "unknown mode ${1}: see the table at the top of $0"; exit 2 ;;
 esac

@@ -45,7 +45,7 @@ def balance_brackets(
     opened (`=> ▮;` filled with `{`). These three for a `one_line` fill only: a block's fill may leave its
     last statement's block open for the lines still to come. A completion that ends with a block's `{` is
     left open: the block's lines come next (`if x == 0 {}` is never meant)."""
-    outer = list(outer)
+    given, outer = tuple(outer), list(outer)
     own: list[str] = []
     start = 0
     if in_string:
@@ -87,10 +87,11 @@ def balance_brackets(
     if close_open and own and not completion.rstrip().endswith("{"):
         completion = completion.rstrip() + "".join(CLOSER_OF[c] for c in reversed(own))
     elif rest and one_line:
+        before = list(given)  # the loop above took from `outer` what the completion closes
         after = completion[start:] + rest_of_line
-        if _mismatches(after, outer) and not _mismatches(rest_of_line, outer):
+        if _mismatches(after, before) and not _mismatches(rest_of_line, before):
             return ""  # the code after it on its line would close a bracket of another kind that it opened
-        if duty is not None and _leaves_open(after, outer) != duty:
+        if duty is not None and _leaves_open(after, before) != duty:
             return ""  # it takes a closer its line's own bracket needs
         if _opens_past_the_line(completion[start:], rest_of_line):
             return ""  # the code after it on its line would go inside what it opened (`=> {;`)
