@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from dfim.engine.api import FillRequest, FillResult, Hole, SamplerSettings
-from dfim.server.context import FillContext, with_lead
+from dfim.server.context import FillContext, leading_ws, with_lead
 from dfim.server.lines import line_end, line_start
 from dfim.server.options import Options
 from dfim.server.post_context import PostContext, post_context
@@ -125,9 +125,7 @@ def closer_on_own_line(fill: str, text: str, ctx: FillContext) -> str:
     after = text[ctx.end : ctx.end + 1]
     if ctx.start != ctx.end or after not in (")", "]", "}") or "\n" not in fill.rstrip():
         return fill
-    line = text[line_start(text, ctx.start) : ctx.start]
-    indent = line[: len(line) - len(line.lstrip(" \t"))]
-    return fill.rstrip() + ctx.newline + indent
+    return fill.rstrip() + ctx.newline + leading_ws(text[line_start(text, ctx.start) : ctx.start])
 
 
 async def fill_until_shown(

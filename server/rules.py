@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from dfim.engine.layout import CLOSER_OF, CLOSERS, MATCH, OPENERS, scan_brackets, statement_indent
+from dfim.engine.layout import CLOSER_OF, CLOSERS, MATCH, OPENERS, leading_ws, scan_brackets, statement_indent
 from dfim.server.context import FillContext
 from dfim.server.lines import indent_width, is_word_char, split_lines
 from dfim.server.post_context import PostContext
@@ -87,7 +87,7 @@ def balance_brackets(
     if close_open and own and not completion.rstrip().endswith("{"):
         completion = completion.rstrip() + "".join(CLOSER_OF[c] for c in reversed(own))
     elif rest and one_line:
-        before = list(given)  # the loop above took from `outer` what the completion closes
+        before = given  # the loop above took from `outer` what the completion closes
         after = completion[start:] + rest_of_line
         if _mismatches(after, before) and not _mismatches(rest_of_line, before):
             return ""  # the code after it on its line would close a bracket of another kind that it opened
@@ -110,31 +110,32 @@ def _opens_past_the_line(completion: str, rest_of_line: str) -> bool:
     return any(stack)
 
 
-def _mismatches(text: str, outer: list[str]) -> bool:
+def _walk(text: str, outer: Sequence[str]) -> tuple[list[str], bool, bool]:
+    """(the brackets open after `text`, the `outer` ones open before it first; whether a closer met an opener
+    of another kind; whether a closer met none): one pass for `_mismatches` and `_leaves_open`."""
+    stack = list(outer)
+    mismatched = unopened = False
+    for _, c in scan_brackets(text):
+        if c in OPENERS:
+            stack.append(c)
+        elif not stack:
+            unopened = True
+        elif stack.pop() != MATCH[c]:
+            mismatched = True
+    return stack, mismatched, unopened
+
+
+def _mismatches(text: str, outer: Sequence[str]) -> bool:
     """Whether a closer in `text` meets an opener of another kind (`{)`), the `outer` ones open before it
     (running out of openers is no mismatch: the code above may hold them)."""
-    stack = list(outer)
-    for _, c in scan_brackets(text):
-        if c in OPENERS:
-            stack.append(c)
-        elif stack:
-            if stack.pop() != MATCH[c]:
-                return True
-    return False
+    return _walk(text, outer)[1]
 
 
-def _leaves_open(text: str, outer: list[str]) -> list[str] | None:
+def _leaves_open(text: str, outer: Sequence[str]) -> list[str] | None:
     """The brackets open after `text` that come after the `outer` ones open before it (None at a closer
     that matches nothing)."""
-    stack = list(outer)
-    for _, c in scan_brackets(text):
-        if c in OPENERS:
-            stack.append(c)
-        elif stack and stack[-1] == MATCH[c]:
-            stack.pop()
-        else:
-            return None
-    return stack
+    stack, mismatched, unopened = _walk(text, outer)
+    return None if mismatched or unopened else stack
 
 
 def _same_line(line: str, suffix_line: str, indented: bool) -> bool:
@@ -445,7 +446,7 @@ def trim_space_after_opener(completion: str, before_on_line: str) -> str:
     """A one-line fill right after an opener on its line starts without the model's indentation: none after
     `(` or `[` (`vec![  1, 2]`), at most one space after `{` (`&User{\tID: name}`, where `{ a: 1 }` is a
     style of its own)."""
-    lead = completion[: len(completion) - len(completion.lstrip(" \t"))]
+    lead = leading_ws(completion)
     if not lead or not before_on_line.endswith(("(", "[", "{")):
         return completion
     if before_on_line.endswith("{"):

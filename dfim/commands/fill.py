@@ -229,9 +229,8 @@ def run(args: argparse.Namespace) -> int:
         out = {
             "text": result.text,
             "raw_text": raw,  # the model's, before the server's post-processing
-            "alternatives": list(
-                result.alternatives
-            ),  # the other candidates (--candidates), as the model wrote
+            # the other candidates (--candidates), as the model wrote them
+            "alternatives": list(result.alternatives),
             "steps": result.steps,
             "tokens": result.tokens,
             "canvas_length": result.canvas_length,
